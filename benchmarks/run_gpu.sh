@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, `fastconv check`, and the benchmark suites.
+# Usage (on the device machine, from the repository root):
+#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep]
+# Full logs and results go under $OUT (default: ./out); the last lines are a short summary.
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+steps=${*:-tests check bench}
+status=0
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), 'cudnn', torch.backends.cudnn.version())"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+for step in $steps; do
+  case $step in
+    tests) python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
+    check) python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
+    bench) python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
+             --out "$OUT/results" 2>"$OUT/bench.err" | tee "$OUT/bench.log" | grep -E "geomean|seed000" || status=1 ;;
+    sweep) python3 benchmarks/sweep_fprop.py 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,17 @@
+"""fastconv: fast, correct convolutions for PyTorch on NVIDIA GPUs.
+
+Public names only; importing fastconv compiles nothing and queries no device.
+"""
+
+from .epilogue import ACTIVATIONS, Epilogue
+from .errors import ConvError, ConvTypeError, NotSupported
+from .functional import conv1d, conv2d
+from .precision import TOLERANCE, Precision
+from .problem import ConvProblem
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ACTIVATIONS", "ConvError", "ConvProblem", "ConvTypeError", "Epilogue", "NotSupported",
+    "Precision", "TOLERANCE", "conv1d", "conv2d", "__version__",
+]

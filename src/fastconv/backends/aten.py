@@ -1,0 +1,73 @@
+"""The aten backend: torch.nn.functional (cuDNN on the GPU) plus the epilogue in torch.
+
+Always available, on every device and dtype: the CPU path, the fallback, and the reference
+every other backend is compared with.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..precision import Precision
+from ..problem import ConvProblem
+from .base import Backend
+
+
+class AtenBackend(Backend):
+    NAME = "aten"
+    SUPPORTED_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16})
+    SUPPORTS_TRANSPOSED = True
+    IS_DETERMINISTIC = False  # cuDNN may pick non-deterministic algorithms
+    TAKES_BIAS = True  # and scale/shift as given, so autograd flows through every operand
+
+    @classmethod
+    def not_supported_reasons(cls, problem):
+        reasons = super().not_supported_reasons(problem)
+        if problem.transposed and problem.pad_pre != problem.pad_post:
+            reasons.append("asymmetric padding of a transposed convolution")
+        return reasons
+
+    @classmethod
+    def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
+        y = conv_aten(problem, input, weight, bias)
+        y = problem.epilogue.apply(y, scale, shift, residual)
+        if out is None:
+            return y
+        return out.copy_(y)
+
+
+def conv_aten(problem: ConvProblem, input: torch.Tensor, weight: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+    """The bare convolution of ``problem`` through torch, honouring its precision."""
+    symmetric = problem.pad_pre == problem.pad_post
+    if not symmetric and not problem.transposed:
+        # torch takes only symmetric padding: pad explicitly (F.pad wants last dim first).
+        flat = []
+        for a, b in reversed(list(zip(problem.pad_pre, problem.pad_post))):
+            flat += [a, b]
+        input = F.pad(input, flat)
+        padding = 0
+    else:
+        padding = problem.pad_pre
+    with _precision(problem.precision):
+        if problem.transposed:
+            fn = F.conv_transpose1d if problem.rank == 1 else F.conv_transpose2d
+            return fn(input, weight, bias, problem.stride, padding, problem.output_padding,
+                      problem.groups, problem.dilation)
+        fn = F.conv1d if problem.rank == 1 else F.conv2d
+        return fn(input, weight, bias, problem.stride, padding, problem.dilation, problem.groups)
+
+
+class _precision:
+    """Set cuDNN's TF32 switch for the duration of one call (restored afterwards)."""
+
+    def __init__(self, precision: Precision):
+        self.allow = precision == Precision.TF32
+
+    def __enter__(self):
+        self.saved = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = self.allow
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.allow_tf32 = self.saved

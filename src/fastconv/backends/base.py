@@ -1,0 +1,76 @@
+"""The backend interface: capabilities as data, refusals as readable reasons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..problem import ConvProblem
+
+
+class Backend:
+    """One way to run a convolution.
+
+    Subclasses fill in the capability attributes and implement ``forward``. Every refusal is
+    a sentence in ``not_supported_reasons``; dispatch and error messages show them as they are.
+    """
+
+    NAME: str = ""
+    SUPPORTED_DTYPES: frozenset[torch.dtype] = frozenset()
+    SUPPORTED_RANKS: frozenset[int] = frozenset({1, 2})
+    SUPPORTED_DEVICES: frozenset[str] = frozenset({"cpu", "cuda"})
+    SUPPORTS_GROUPS: bool = True
+    SUPPORTS_DILATION: bool = True
+    SUPPORTS_TRANSPOSED: bool = False
+    MIN_CAPABILITY: tuple[int, int] = (0, 0)
+    IS_DETERMINISTIC: bool = True
+    TAKES_BIAS: bool = False
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        """(usable at all in this process, why not)."""
+        return True, ""
+
+    @classmethod
+    def not_supported_reasons(cls, problem: ConvProblem) -> list[str]:
+        """Every reason this backend cannot run ``problem``; empty when it can."""
+        reasons = []
+        ok, why = cls.available()
+        if not ok:
+            reasons.append(f"{cls.NAME} is unavailable: {why}")
+        if problem.dtype not in cls.SUPPORTED_DTYPES:
+            reasons.append(f"dtype {problem.dtype} not supported (supported: "
+                           f"{', '.join(sorted(map(str, cls.SUPPORTED_DTYPES)))})")
+        if problem.rank not in cls.SUPPORTED_RANKS:
+            reasons.append(f"rank {problem.rank} not supported")
+        if problem.device not in cls.SUPPORTED_DEVICES:
+            reasons.append(f"device {problem.device!r} not supported")
+        if problem.groups > 1 and not cls.SUPPORTS_GROUPS:
+            reasons.append("groups > 1 not supported")
+        if any(d != 1 for d in problem.dilation) and not cls.SUPPORTS_DILATION:
+            reasons.append("dilation > 1 not supported")
+        if problem.transposed and not cls.SUPPORTS_TRANSPOSED:
+            reasons.append("transposed convolution not supported")
+        if problem.device == "cuda" and cls.MIN_CAPABILITY > (0, 0) and torch.cuda.is_available():
+            cap = torch.cuda.get_device_capability()
+            if cap < cls.MIN_CAPABILITY:
+                reasons.append(f"needs compute capability >= {cls.MIN_CAPABILITY}, GPU has {cap}")
+        return reasons
+
+    @classmethod
+    def candidates(cls, problem: ConvProblem) -> list[Any]:
+        """The configurations worth trying for ``problem`` (first = the heuristic's pick)."""
+        return [None]
+
+    @classmethod
+    def forward(cls, problem: ConvProblem, config: Any, input: torch.Tensor,
+                weight: torch.Tensor, bias: torch.Tensor | None, *,
+                scale: torch.Tensor | None, shift: torch.Tensor | None,
+                residual: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+        """Compute the convolution with its epilogue and return it (in ``out`` if given).
+
+        ``bias`` is passed only to backends whose ``TAKES_BIAS`` is true; the others get it
+        folded into ``shift`` (fp32), with ``scale`` in fp32 too.
+        """
+        raise NotImplementedError

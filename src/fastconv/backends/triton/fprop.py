@@ -1,0 +1,203 @@
+"""Forward convolution as an implicit GEMM, with the fused epilogue.
+
+The convolution of one group is a matrix product ``out[m, k] = Σ_red A[m, red] · B[red, k]``:
+
+* ``m`` runs over output pixels ``(n, p, q)`` — ``M = N·P·Q`` rows;
+* ``k`` runs over the group's output channels — ``K_G`` columns;
+* ``red`` runs over ``(r, s, c)``: kernel tap and input channel of the group —
+  ``R·S·C_G`` terms. ``A[m, (r, s, c)] = x[n, c, p·σh − pad_h + r·δh, q·σw − pad_w + s·δw]``
+  (zero outside the input) is never materialised: each tile is gathered from ``x`` with a
+  mask, which is why this is an *implicit* GEMM.
+
+Two ways to walk the reduction, chosen by the constexpr ``FLAT_K``:
+
+* ``FLAT_K = False`` (channels per group >= 16): tap by tap, ``BLOCK_K`` channels at a time.
+  The tap's pixel coordinates and the padding mask are per-row scalars of the tile, and the
+  channel offsets are contiguous, so NHWC inputs load as wide vectors.
+* ``FLAT_K = True`` (few channels per group: the RGB stem, depthwise): the flattened
+  ``(r, s, c)`` index is decomposed per element, so no lane of the reduction is wasted on
+  channel padding.
+
+Every tensor is addressed through its strides, so NCHW, NHWC and non-contiguous inputs are
+all correct; the wrapper hands NHWC copies to the kernel for speed where it pays (see
+``backend.py``). Rank-1 problems arrive as ``H = P = R = 1``. The epilogue is
+``act(scale[k]·acc + shift[k] + residual)``, in fp32, then one cast to the output dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton import knobs
+
+#: Whether this module's kernels were created for the interpreter (TRITON_INTERPRET=1 at
+#: import): they then run on CPU tensors only, and on the GPU not at all.
+INTERPRETED: bool = bool(knobs.runtime.interpret)
+
+
+@triton.jit
+def _activation(y, ACT: tl.constexpr, negative_slope):
+    # Codes follow epilogue.ACTIVATIONS. Comparisons are written so that NaN passes through,
+    # as in torch (``where(y < 0, 0, y)`` keeps a NaN; ``maximum(y, 0)`` need not).
+    if ACT == 1:  # relu
+        y = tl.where(y < 0, 0.0, y)
+    elif ACT == 2:  # relu6
+        y = tl.where(y < 0, 0.0, tl.where(y > 6.0, 6.0, y))
+    elif ACT == 3:  # leaky_relu
+        y = tl.where(y < 0, y * negative_slope, y)
+    elif ACT == 4:  # silu
+        y = y * tl.sigmoid(y)
+    elif ACT == 5:  # gelu (erf)
+        y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+    elif ACT == 6:  # gelu_tanh
+        inner = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+        y = 0.5 * y * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))
+    elif ACT == 7:  # sigmoid
+        y = tl.sigmoid(y)
+    elif ACT == 8:  # tanh
+        y = 2.0 * tl.sigmoid(2.0 * y) - 1.0
+    elif ACT == 9:  # hardswish
+        y = y * tl.where(y < -3.0, 0.0, tl.where(y > 3.0, 6.0, y + 3.0)) / 6.0
+    return y
+
+
+@triton.jit
+def _conv_fprop_kernel(
+    # pointers
+    x_ptr, w_ptr, out_ptr, scale_ptr, shift_ptr, res_ptr,
+    # sizes
+    N, H, W, C_G, P, Q, K_G, R, S,
+    # geometry
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    # strides (elements)
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_wk, stride_wc, stride_wr, stride_ws,
+    stride_on, stride_ok, stride_op, stride_oq,
+    stride_rn, stride_rk, stride_rp, stride_rq,
+    negative_slope,
+    # meta-parameters
+    HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
+    ACT: tl.constexpr, PRECISION: tl.constexpr, FLAT_K: tl.constexpr, INT64: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    group = tl.program_id(1)
+    M = N * P * Q
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(K_G, BLOCK_N)
+    # Grouped ordering: GROUP_M row-tiles share each weight column-tile while it is in L2.
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < K_G
+    img = offs_m // (P * Q)
+    pq = offs_m % (P * Q)
+    p = pq // Q
+    q = pq % Q
+    if INT64:  # byte offsets can pass 2**31: widen before any stride product
+        img = img.to(tl.int64)
+        p = p.to(tl.int64)
+        q = q.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    ih0 = p * stride_h - pad_h
+    iw0 = q * stride_w - pad_w
+    x_rows = x_ptr + img * stride_xn + (group * C_G) * stride_xc  # [BLOCK_M] pointers
+    k_glob = group * K_G + offs_n
+    w_cols = w_ptr + k_glob * stride_wk  # [BLOCK_N] pointers
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if FLAT_K:
+        red_total = R * S * C_G
+        for red0 in range(0, red_total, BLOCK_K):
+            offs_red = red0 + tl.arange(0, BLOCK_K)
+            mask_red = offs_red < red_total
+            c = offs_red % C_G
+            rs = offs_red // C_G
+            r = rs // S
+            s = rs % S
+            ih = ih0[:, None] + (r * dil_h)[None, :]
+            iw = iw0[:, None] + (s * dil_w)[None, :]
+            a_mask = mask_m[:, None] & mask_red[None, :] & \
+                (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.load(x_rows[:, None] + c[None, :] * stride_xc + ih * stride_xh + iw * stride_xw,
+                        mask=a_mask, other=0.0)
+            b = tl.load(w_cols[None, :] + (c * stride_wc + r * stride_wr + s * stride_ws)[:, None],
+                        mask=mask_red[:, None] & mask_n[None, :], other=0.0)
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    else:
+        c_steps = tl.cdiv(C_G, BLOCK_K)
+        for it in range(0, R * S * c_steps):
+            rs = it // c_steps
+            c0 = (it % c_steps) * BLOCK_K
+            r = rs // S
+            s = rs % S
+            ih = ih0 + r * dil_h
+            iw = iw0 + s * dil_w
+            row_ok = mask_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            offs_c = c0 + tl.arange(0, BLOCK_K)
+            mask_c = offs_c < C_G
+            a = tl.load((x_rows + ih * stride_xh + iw * stride_xw)[:, None] +
+                        (offs_c * stride_xc)[None, :],
+                        mask=row_ok[:, None] & mask_c[None, :], other=0.0)
+            b = tl.load((w_cols + r * stride_wr + s * stride_ws)[None, :] +
+                        (offs_c * stride_wc)[:, None],
+                        mask=mask_c[:, None] & mask_n[None, :], other=0.0)
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+
+    # epilogue: act(scale·acc + shift + residual), in fp32
+    if HAS_SCALE:
+        acc = acc * tl.load(scale_ptr + k_glob, mask=mask_n, other=0.0)[None, :]
+    if HAS_SHIFT:
+        acc = acc + tl.load(shift_ptr + k_glob, mask=mask_n, other=0.0)[None, :]
+    out_mask = mask_m[:, None] & mask_n[None, :]
+    if HAS_RES:
+        res = tl.load(res_ptr + (img * stride_rn + p * stride_rp + q * stride_rq)[:, None] +
+                      (k_glob * stride_rk)[None, :], mask=out_mask, other=0.0)
+        acc = acc + res.to(tl.float32)
+    acc = _activation(acc, ACT, negative_slope)
+    out_ptrs = out_ptr + (img * stride_on + p * stride_op + q * stride_oq)[:, None] + \
+        (k_glob * stride_ok)[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, groups,
+                 act_code, negative_slope, precision, config, int64):
+    """Launch the kernel on 4-D (N, C, H, W)-indexed views; see ``backend.py`` for the checks."""
+    n, c, h, w = x4.shape
+    k, c_g, r, s = w4.shape
+    _, _, p, q = out4.shape
+    k_g = k // groups
+    grid = (triton.cdiv(n * p * q, config.block_m) * triton.cdiv(k_g, config.block_n), groups)
+    dummy = out4  # never read: the matching HAS_* flag is False
+    res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    _conv_fprop_kernel[grid](
+        x4, w4, out4,
+        scale if scale is not None else dummy, shift if shift is not None else dummy,
+        res4 if res4 is not None else dummy,
+        n, h, w, c_g, p, q, k_g, r, s,
+        stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
+        *x4.stride(), *w4.stride(), *out4.stride(), *res_strides,
+        float(negative_slope),
+        HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None, HAS_RES=res4 is not None,
+        ACT=act_code, PRECISION=precision, FLAT_K=config.flat_k, INT64=int64,
+        # The interpreter computes a bf16 tl.dot wrongly (seen with triton 3.6): give it fp32.
+        DOT_FP32=INTERPRETED and x4.dtype == torch.bfloat16,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        GROUP_M=8, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out4

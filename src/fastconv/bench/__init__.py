@@ -1,0 +1,1 @@
+"""Benchmarks: named suites of problems, a GPU timing runner, reports."""

@@ -1,0 +1,142 @@
+"""The ``fastconv`` command: info, check, bench."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def _prepare_cpu() -> bool:
+    """True when a CUDA GPU is present; otherwise switch Triton to its interpreter (before
+    any kernel module is imported) so the kernels still run, slowly, on the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    return False
+
+
+def cmd_info(args) -> int:
+    has_gpu = _prepare_cpu()
+    import platform
+
+    import torch
+
+    import fastconv
+    from fastconv import backends
+
+    print(f"fastconv {fastconv.__version__}  python {platform.python_version()}  "
+          f"torch {torch.__version__}")
+    try:
+        import triton
+        print(f"triton {triton.__version__}")
+    except ImportError:
+        print("triton: not installed")
+    if has_gpu:
+        cap = torch.cuda.get_device_capability()
+        print(f"GPU: {torch.cuda.get_device_name()} (compute capability {cap[0]}.{cap[1]}), "
+              f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+    else:
+        print("GPU: no GPU found (CPU only; Triton kernels run in the interpreter)")
+    for name, cls in backends.REGISTRY.items():
+        ok, why = cls.available()
+        print(f"backend {name:<8} {'available' if ok else 'unavailable: ' + why}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    has_gpu = _prepare_cpu()
+    from fastconv.check import format_rows, run_check
+
+    if not has_gpu:
+        print("No GPU found: checking on the CPU, Triton kernels in the interpreter on small "
+              "sizes (tf32/fp16/bf16 tensor-core numerics need a GPU).")
+    t0 = time.time()
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        if sys.stderr.isatty() and done[0] % 10 == 0:
+            print(f"\r{done[0]} problems checked", end="", file=sys.stderr, flush=True)
+
+    rows = run_check(count=args.count, seed=args.seed, verbose=args.verbose, progress=tick)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    print(format_rows(rows))
+    bad = [r for r in rows if not r.ok]
+    total = sum(r.count for r in rows if r.count > 1) + sum(1 for r in rows if r.count == 1
+                                                          and r.case.startswith("seed"))
+    print(f"{total} problems in {time.time() - t0:.0f} s: "
+          + ("all within the contract" if not bad else f"{len(bad)} VIOLATIONS"))
+    return 1 if bad else 0
+
+
+def cmd_bench(args) -> int:
+    has_gpu = _prepare_cpu()
+    from fastconv.bench import suites
+
+    if args.list:
+        for name, cases in suites.SUITES.items():
+            print(f"{name}: {len(cases)} cases: {', '.join(c.name for c in cases)}")
+        return 0
+    if not has_gpu:
+        print("No GPU found: fastconv bench times kernels on a CUDA GPU. On this machine, "
+              "`fastconv check` verifies the kernels' numerics in the Triton interpreter.")
+        return 1
+    from fastconv.bench import report, runner
+    from fastconv.precision import Precision
+
+    providers = args.provider.split(",")
+    for p in providers:
+        if p not in runner.PROVIDERS:
+            print(f"--provider: got {p!r}; allowed: {', '.join(runner.PROVIDERS)}")
+            return 2
+    written = []
+    for suite in args.suite.split(","):
+        cases = suites.get(suite)
+        for prec_name in args.precision.split(","):
+            prec = Precision(prec_name)
+            layout = args.layout or ("nchw" if prec in (Precision.IEEE, Precision.TF32)
+                                     else "nhwc")
+            ceilings = runner.measure_ceilings(prec)
+            rows = []
+            for i, case in enumerate(cases):
+                print(f"[{i + 1}/{len(cases)}] {suite} {case.name} {prec} {layout}",
+                      file=sys.stderr, flush=True)
+                rows += runner.run_case(case, providers, prec, layout, reps=args.reps)
+            doc = {"meta": report.environment(ceilings, suite), "rows": rows}
+            stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"])
+            written += report.write(doc, args.out, stem)
+            print(report.table(rows, ceilings))
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fastconv", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, GPU, backends").set_defaults(fn=cmd_info)
+    p = sub.add_parser("check", help="verify the precision contract on this machine")
+    p.add_argument("--count", type=int, default=50, help="random problems per backend/precision")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", action="store_true", help="one row per random problem")
+    p.set_defaults(fn=cmd_check)
+    p = sub.add_parser("bench", help="time suites on the GPU")
+    p.add_argument("--suite", default="seed000")
+    p.add_argument("--provider", default="fastconv,fastconv_triton,torch")
+    p.add_argument("--precision", default="tf32")
+    p.add_argument("--layout", choices=("nchw", "nhwc"), default=None,
+                   help="default: nchw for fp32 data, nhwc (channels_last) for fp16/bf16")
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--list", action="store_true", help="list the suites")
+    p.set_defaults(fn=cmd_bench)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

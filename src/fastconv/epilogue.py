@@ -1,0 +1,116 @@
+"""The fused epilogue shared by every backend: ``y = act(scale[k]·conv + shift[k] + residual)``.
+
+A convolution bias is a shift; a folded BatchNorm is a scale and a shift. The residual is
+added before the activation (as in a ResNet block: ``relu(bn(conv(x)) + identity)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .errors import ConvError, ConvTypeError
+
+#: Activation names in the order of their integer codes (the Triton kernels use the code).
+ACTIVATIONS: tuple[str, ...] = ("none", "relu", "relu6", "leaky_relu", "silu", "gelu",
+                                "gelu_tanh", "sigmoid", "tanh", "hardswish")
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """What is applied to the convolution result before it is stored.
+
+    Only the *signature* lives here (which operands exist, which activation); the per-call
+    tensors travel beside it.
+    """
+
+    activation: str = "none"
+    negative_slope: float = 0.01  # leaky_relu only
+    has_scale: bool = False
+    has_shift: bool = False
+    has_residual: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.activation, str):
+            raise ConvTypeError(f"activation: expected a str, got {type(self.activation).__name__}")
+        if self.activation not in ACTIVATIONS:
+            raise ConvError(f"activation: got {self.activation!r}; allowed: "
+                            f"{', '.join(map(repr, ACTIVATIONS))}")
+        if not math.isfinite(self.negative_slope):
+            raise ConvError(f"negative_slope: got {self.negative_slope}; must be finite")
+
+    @property
+    def act_code(self) -> int:
+        return ACTIVATIONS.index(self.activation)
+
+    @property
+    def is_identity(self) -> bool:
+        return self == Epilogue()
+
+    def signature(self) -> str:
+        parts = [self.activation if self.activation != "leaky_relu"
+                 else f"leaky_relu{self.negative_slope:g}"]
+        parts += [name for name, on in (("scale", self.has_scale), ("shift", self.has_shift),
+                                        ("res", self.has_residual)) if on]
+        return "+".join(parts)
+
+    def apply(self, y: torch.Tensor, scale: torch.Tensor | None = None,
+              shift: torch.Tensor | None = None,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply the epilogue in torch, in ``y``'s dtype; channels are dimension 1.
+
+        Used by the aten backend and, on float64 tensors, as the reference in tests.
+        """
+        view = (1, -1) + (1,) * (y.dim() - 2)
+        if scale is not None:
+            y = y * scale.to(y.dtype).view(view)
+        if shift is not None:
+            y = y + shift.to(y.dtype).view(view)
+        if residual is not None:
+            y = y + residual.to(y.dtype)
+        return activate(y, self.activation, self.negative_slope)
+
+
+def activate(y: torch.Tensor, activation: str, negative_slope: float = 0.01) -> torch.Tensor:
+    """``activation`` applied with torch's own functions (NaN propagates as in torch)."""
+    if activation == "none":
+        return y
+    if activation == "relu":
+        return F.relu(y)
+    if activation == "relu6":
+        return F.hardtanh(y, 0.0, 6.0)
+    if activation == "leaky_relu":
+        return F.leaky_relu(y, negative_slope)
+    if activation == "silu":
+        return F.silu(y)
+    if activation == "gelu":
+        return F.gelu(y)
+    if activation == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    if activation == "sigmoid":
+        return torch.sigmoid(y)
+    if activation == "tanh":
+        return torch.tanh(y)
+    if activation == "hardswish":
+        return F.hardswish(y)
+    raise ConvError(f"activation: got {activation!r}; allowed: {', '.join(map(repr, ACTIVATIONS))}")
+
+
+def fold_bias(bias: torch.Tensor | None, scale: torch.Tensor | None,
+              shift: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Fold a convolution bias into the epilogue: ``scale·(conv + bias) + shift``.
+
+    Returns fp32 ``(scale, shift)`` (``None`` where absent) as the backends want them.
+    """
+    f32 = torch.float32
+    scale32 = None if scale is None else scale.detach().to(f32).contiguous()
+    shift32 = None if shift is None else shift.detach().to(f32).contiguous()
+    if bias is not None:
+        b = bias.detach().to(f32)
+        if scale32 is not None:
+            b = b * scale32
+        shift32 = b.contiguous() if shift32 is None else (shift32 + b).contiguous()
+    return scale32, shift32

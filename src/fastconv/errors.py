@@ -1,0 +1,30 @@
+"""Exceptions raised by fastconv.
+
+Every argument error is a :class:`ConvError` (a ``ValueError``) whose message names the
+argument, the value received and what is allowed. Where PyTorch raises ``TypeError`` for the
+same mistake (a non-tensor input, a float stride) fastconv raises :class:`ConvTypeError`,
+which is both a ``ConvError`` and a ``TypeError``.
+"""
+
+from __future__ import annotations
+
+
+class ConvError(ValueError):
+    """An invalid argument to a fastconv operator."""
+
+
+class ConvTypeError(ConvError, TypeError):
+    """An argument of the wrong type (where PyTorch raises ``TypeError``)."""
+
+
+class NotSupported(ConvError):
+    """A backend that was asked for by name cannot run the problem.
+
+    ``reasons`` lists every reason, one readable sentence each.
+    """
+
+    def __init__(self, backend: str, reasons: list[str]):
+        self.backend = backend
+        self.reasons = list(reasons)
+        lines = "\n".join(f"  - {r}" for r in self.reasons)
+        super().__init__(f"backend {backend!r} cannot run this convolution:\n{lines}")

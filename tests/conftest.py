@@ -1,0 +1,33 @@
+"""Test set-up: the Triton interpreter on CPU-only machines, seeded RNGs, the gpu marker."""
+
+import os
+import random
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before fastconv's kernel modules are first imported (triton.jit decides
+    # at decoration time whether a kernel is compiled or interpreted).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+HAS_GPU = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def device():
+    return "cuda" if HAS_GPU else "cpu"

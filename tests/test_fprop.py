@@ -1,0 +1,144 @@
+"""The Triton forward kernel against float64 references (interpreter on the CPU).
+
+Every run writes into a NaN-poisoned ``out=`` buffer, so an unwritten element fails the
+check; inputs are fresh random values each time, never zeros.
+"""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastconv
+from fastconv import testing
+from fastconv.precision import TOLERANCE, Precision, relative_error
+
+BACKEND = "triton"
+PRECISIONS = list(Precision)
+N_RANDOM = 300
+CHUNK = 20
+
+
+@pytest.mark.parametrize("chunk", range(N_RANDOM // CHUNK))
+def test_random_problems(chunk, device):
+    """300 random valid problems (20 per test), every precision, both ranks."""
+    rng = random.Random(1000 + chunk)
+    gen = torch.Generator().manual_seed(chunk)
+    for _ in range(CHUNK):
+        case = testing.random_case(rng, small=device == "cpu")
+        prec = rng.choice(PRECISIONS)
+        err = testing.check_case(case, backend=BACKEND, precision=prec, device=device,
+                                 generator=gen)
+        assert err <= TOLERANCE[prec], f"{testing.describe(case)} {prec}: {err:.3g}\n{case}"
+
+
+def _case(**kw):
+    base = dict(rank=2, n=2, c=5, k=7, spatial=(9, 11), kernel=(3, 3), stride=(1, 1),
+                padding=((1, 1), (1, 1)), dilation=(1, 1), groups=1, bias=True, scale=False,
+                shift=False, residual=False, activation="none", negative_slope=0.01,
+                channels_last=False, noncontiguous=False)
+    base.update(kw)
+    return base
+
+
+NAMED = {
+    "odd_channels": _case(c=19, k=23),
+    "one_by_one": _case(kernel=(1, 1), padding=((0, 0), (0, 0)), c=33, k=17),
+    "one_by_one_stride2": _case(kernel=(1, 1), padding=((0, 0), (0, 0)), stride=(2, 2), c=20),
+    "depthwise": _case(c=6, k=6, groups=6),
+    "depthwise_multiplier": _case(c=4, k=8, groups=4, kernel=(5, 5), padding=((2, 2), (2, 2))),
+    "grouped_wide": _case(c=36, k=18, groups=2),
+    "stride_gt_kernel": _case(kernel=(2, 2), stride=(3, 3), padding=((0, 0), (0, 0))),
+    "dilation": _case(dilation=(2, 3), padding=((2, 2), (3, 3))),
+    "asymmetric_padding": _case(padding=((0, 2), (3, 1)), kernel=(2, 4)),
+    "rectangular_kernel": _case(kernel=(1, 5), padding=((0, 0), (2, 2))),
+    "channels_last": _case(channels_last=True, c=24, k=9),
+    "noncontiguous": _case(noncontiguous=True),
+    "stem_7x7_s2": _case(c=3, k=8, kernel=(7, 7), stride=(2, 2), padding=((3, 3), (3, 3)),
+                         spatial=(15, 14)),
+    "kernel_covers_input": _case(spatial=(3, 3), kernel=(3, 3), padding=((0, 0), (0, 0))),
+    "conv1d": _case(rank=1, spatial=(37,), kernel=(4,), stride=(2,), padding=((3, 1),),
+                    dilation=(2,)),
+    "conv1d_depthwise_causal": _case(rank=1, c=8, k=8, groups=8, spatial=(21,), kernel=(4,),
+                                     padding=((3, 0),), stride=(1,), dilation=(1,)),
+    "scale_shift_residual": _case(scale=True, shift=True, residual=True, activation="relu"),
+    "batch1": _case(n=1, channels_last=True, c=16),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS, ids=str)
+@pytest.mark.parametrize("name", NAMED)
+def test_named_shapes(name, precision, device):
+    case = NAMED[name]
+    err = testing.check_case(case, backend=BACKEND, precision=precision, device=device)
+    assert err <= TOLERANCE[precision], f"{name} {precision}: {err:.3g}"
+
+
+@pytest.mark.parametrize("activation", fastconv.ACTIVATIONS)
+def test_every_activation_with_residual(activation, device):
+    case = _case(activation=activation, residual=True, scale=True, negative_slope=0.2)
+    err = testing.check_case(case, backend=BACKEND, precision=Precision.IEEE, device=device)
+    assert err <= TOLERANCE[Precision.IEEE], f"{activation}: {err:.3g}"
+
+
+def test_poisoned_output_is_fully_written(device):
+    case = _case(c=17, k=29, spatial=(13, 7))
+    t = testing.make_inputs(case, Precision.IEEE, device)
+    out = testing.run_case(case, t, backend=BACKEND, precision=Precision.IEEE)
+    assert torch.isfinite(out).all()
+    # and the same buffer object is returned
+    buf = torch.full_like(out, float("nan"))
+    res = fastconv.conv2d(t["input"], t["weight"], t["bias"], padding=1, out=buf, backend=BACKEND)
+    assert res is buf and torch.isfinite(buf).all()
+
+
+def test_channels_last_output_layout_follows_input(device):
+    x = torch.randn(2, 16, 6, 5, device=device).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(8, 16, 3, 3, device=device)
+    y = fastconv.conv2d(x, w, padding=1, backend=BACKEND, precision="ieee")
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert relative_error(y, F.conv2d(x.double(), w.double(), padding=1)) < 1e-5
+
+
+def test_unbatched_input(device):
+    x, w = torch.randn(5, 8, 9, device=device), torch.randn(4, 5, 3, 3, device=device)
+    y = fastconv.conv2d(x, w, stride=2, backend=BACKEND, precision="ieee")
+    assert y.shape == (4, 3, 4)
+    assert relative_error(y, F.conv2d(x.double(), w.double(), stride=2)) < 1e-5
+
+
+def test_non_finite_inputs_propagate_like_torch(device):
+    x = torch.randn(2, 4, 8, 8, device=device)
+    x[0, 1, 2, 3] = float("nan")
+    x[1, 0, 5, 5] = float("inf")
+    w = torch.randn(6, 4, 3, 3, device=device)
+    ours = fastconv.conv2d(x, w, padding=1, backend=BACKEND, activation="relu")
+    ref = F.relu(F.conv2d(x.double(), w.double(), padding=1))
+    assert torch.equal(torch.isnan(ours), torch.isnan(ref))
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    finite = torch.isfinite(ref)
+    assert relative_error(ours[finite], ref[finite]) < TOLERANCE[Precision.TF32]
+
+
+def test_empty_batch(device):
+    y = fastconv.conv2d(torch.randn(0, 4, 5, 5, device=device), torch.randn(3, 4, 3, 3,
+                        device=device), backend=BACKEND)
+    assert y.shape == (0, 3, 3, 3)
+
+
+@pytest.mark.parametrize("flat_k", [False, True])
+def test_int64_indexing_path(flat_k, device):
+    """The 64-bit addressing variant computes the same result (its trigger, tensors of more
+    than 2**31 elements, is exercised on the GPU in test_gpu.py)."""
+    from fastconv.backends.triton.configs import FpropConfig
+    from fastconv.backends.triton.fprop import launch_fprop
+
+    x = torch.randn(2, 20, 7, 6, device=device)
+    w = torch.randn(8, 10, 3, 2, device=device)
+    out = torch.full((2, 8, 4, 7), float("nan"), device=device)
+    launch_fprop(x, w, out, None, None, None, stride=(2, 1), pad=(1, 1), dilation=(1, 1),
+                 groups=2, act_code=0, negative_slope=0.0, precision="ieee",
+                 config=FpropConfig(32, 16, 16, 4, 1, flat_k), int64=True)
+    ref = F.conv2d(x.double(), w.double(), stride=(2, 1), padding=(1, 1), groups=2)
+    assert relative_error(out, ref) < 1e-5
