@@ -103,14 +103,17 @@ def fold_bias(bias: torch.Tensor | None, scale: torch.Tensor | None,
               shift: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Fold a convolution bias into the epilogue: ``scale·(conv + bias) + shift``.
 
-    Returns fp32 ``(scale, shift)`` (``None`` where absent) as the backends want them.
+    Returns ``(scale, shift)`` for backends that take no bias. A lone bias is passed through
+    as the shift, untouched (kernels read it in its own dtype); only a bias combined with a
+    scale or a shift costs a small fp32 computation.
     """
-    f32 = torch.float32
-    scale32 = None if scale is None else scale.detach().to(f32).contiguous()
-    shift32 = None if shift is None else shift.detach().to(f32).contiguous()
-    if bias is not None:
-        b = bias.detach().to(f32)
-        if scale32 is not None:
-            b = b * scale32
-        shift32 = b.contiguous() if shift32 is None else (shift32 + b).contiguous()
-    return scale32, shift32
+    if bias is None:
+        return scale, shift
+    if scale is None and shift is None:
+        return None, bias
+    b = bias.detach().float()
+    if scale is not None:
+        b = b * scale.detach().float()
+    if shift is not None:
+        b = b + shift.detach().float()
+    return scale, b.contiguous()

@@ -75,8 +75,6 @@ def _conv(rank, input, weight, bias, stride, padding, dilation, groups, activati
           negative_slope, residual, scale, shift, out, backend, precision):
     if not isinstance(input, torch.Tensor):
         raise ConvTypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
-    if not isinstance(backend, str):
-        raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
     unbatched = input.dim() == rank + 1
     if unbatched:
         input = input.unsqueeze(0)
@@ -84,23 +82,71 @@ def _conv(rank, input, weight, bias, stride, padding, dilation, groups, activati
         out_b = out.unsqueeze(0) if isinstance(out, torch.Tensor) else out
     else:
         out_b = out
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad
+        for t in (input, weight, bias, scale, shift, residual))
+    # Fast path: a call whose every validated property (shapes, strides, dtypes, devices,
+    # arguments, global precision flag) was seen before reuses its plan; only the checks
+    # that depend on the data pointers run again.
+    try:
+        sig = (rank, _sig(input), _sig(weight), _sig(bias), _sig(residual), _sig(scale),
+               _sig(shift), _sig(out_b), stride, padding, dilation, groups, activation,
+               negative_slope, backend, precision, needs_grad, torch.backends.cudnn.allow_tf32)
+        plan = _PLANS.get(sig)
+    except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
+        sig, plan = None, None
+    if plan is None:
+        plan = _plan(rank, input, weight, bias, stride, padding, dilation, groups, activation,
+                     negative_slope, residual, scale, shift, out_b, backend, precision,
+                     needs_grad)
+        if sig is not None:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.pop(next(iter(_PLANS)))
+            _PLANS[sig] = plan
+    elif out_b is not None:
+        plan.problem._check_overlap(out_b, input, bias, residual, scale, shift)
+    result = plan.run(input, weight, bias, scale, shift, residual, out_b)
+    if out is not None:
+        return out
+    return result.squeeze(0) if unbatched else result
+
+
+def _sig(t):
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
+class _Plan:
+    """A validated problem bound to the backend and configuration that runs it."""
+
+    __slots__ = ("problem", "run")
+
+    def __init__(self, problem: ConvProblem, run):
+        self.problem = problem
+        self.run = run
+
+
+_PLANS: dict[tuple, _Plan] = {}
+_PLANS_MAX = 1024
+
+
+def clear_plans() -> None:
+    """Forget every cached plan (tests; after changing FASTCONV_DISPATCH in-process)."""
+    _PLANS.clear()
+
+
+def _plan(rank, input, weight, bias, stride, padding, dilation, groups, activation,
+          negative_slope, residual, scale, shift, out, backend, precision, needs_grad):
+    if not isinstance(backend, str):
+        raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
     epilogue = Epilogue(activation=activation, negative_slope=float(negative_slope),
                         has_scale=scale is not None,
                         has_shift=shift is not None or bias is not None,
                         has_residual=residual is not None)
     problem = ConvProblem.from_tensors(
         input, weight, bias, stride, padding, dilation, groups, rank=rank, precision=precision,
-        epilogue=epilogue, residual=residual, scale=scale, shift=shift, out=out_b)
-    result = _run(problem, backend, input, weight, bias, scale, shift, residual, out_b)
-    if out is not None:
-        return out
-    return result.squeeze(0) if unbatched else result
-
-
-def _run(problem: ConvProblem, backend: str, input, weight, bias, scale, shift, residual, out):
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad
-        for t in (input, weight, bias, scale, shift, residual))
+        epilogue=epilogue, residual=residual, scale=scale, shift=shift, out=out)
     if needs_grad:
         if out is not None:
             raise ConvError("out: cannot be used when an input requires grad (as in torch, "
@@ -111,23 +157,24 @@ def _run(problem: ConvProblem, backend: str, input, weight, bias, scale, shift, 
                 "backend='aten' or torch.no_grad()"])
         backend = "aten"
     if problem.n == 0:  # empty batch: empty output, nothing to launch
-        empty = problem.new_output()
-        return empty if out is None else out
-    folded = fold_bias(bias, scale, shift)
+        return _Plan(problem, lambda *a: problem.new_output() if a[-1] is None else a[-1])
 
-    def run(cls, config, dest=out):
+    def bound(cls, config):
+        run = cls.bind(problem, config)
         if cls.TAKES_BIAS:
-            return cls.forward(problem, config, input, weight, bias, scale=scale, shift=shift,
-                               residual=residual, out=dest)
-        return cls.forward(problem, config, input, weight, None, scale=folded[0],
-                           shift=folded[1], residual=residual, out=dest)
+            return run
+
+        def run_folded(input, weight, bias, scale, shift, residual, out):
+            scale, shift = fold_bias(bias, scale, shift)
+            return run(input, weight, None, scale, shift, residual, out)
+        return run_folded
 
     scratch: list[torch.Tensor] = []  # allocated only if dispatch times candidates
 
     def trial(cls, config):
         if not scratch:
             scratch.append(out if out is not None else problem.new_output())
-        run(cls, config, scratch[0])
+        bound(cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
 
     choice = dispatch.choose(problem, backend, run=trial)
-    return run(backends.REGISTRY[choice.backend], choice.config)
+    return _Plan(problem, bound(backends.REGISTRY[choice.backend], choice.config))

@@ -255,11 +255,15 @@ class ConvProblem:
             if t.dtype != self.dtype:
                 raise ConvError(f"{name}: dtype {t.dtype} differs from input dtype {self.dtype}")
         if out is not None:
-            for name, t in (("input", input), ("residual", residual), ("bias", bias),
-                            ("scale", scale), ("shift", shift)):
-                if t is not None and overlaps(out, t):
-                    raise ConvError(f"out: overlaps {name} in memory; out must not share memory "
-                                    "with any input")
+            self._check_overlap(out, input, bias, residual, scale, shift)
+
+    @staticmethod
+    def _check_overlap(out, input, bias, residual, scale, shift) -> None:
+        for name, t in (("input", input), ("residual", residual), ("bias", bias),
+                        ("scale", scale), ("shift", shift)):
+            if t is not None and overlaps(out, t):
+                raise ConvError(f"out: overlaps {name} in memory; out must not share memory "
+                                "with any input")
 
 
 def layout_of(t: torch.Tensor) -> str:

@@ -29,12 +29,19 @@ class AtenBackend(Backend):
         return reasons
 
     @classmethod
+    def bind(cls, problem, config):
+        epilogue = None if problem.epilogue.is_identity else problem.epilogue
+
+        def run(input, weight, bias, scale, shift, residual, out):
+            y = conv_aten(problem, input, weight, bias)
+            if epilogue is not None:
+                y = epilogue.apply(y, scale, shift, residual)
+            return y if out is None else out.copy_(y)
+        return run
+
+    @classmethod
     def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
-        y = conv_aten(problem, input, weight, bias)
-        y = problem.epilogue.apply(y, scale, shift, residual)
-        if out is None:
-            return y
-        return out.copy_(y)
+        return cls.bind(problem, config)(input, weight, bias, scale, shift, residual, out)
 
 
 def conv_aten(problem: ConvProblem, input: torch.Tensor, weight: torch.Tensor,
@@ -50,24 +57,17 @@ def conv_aten(problem: ConvProblem, input: torch.Tensor, weight: torch.Tensor,
         padding = 0
     else:
         padding = problem.pad_pre
-    with _precision(problem.precision):
+    allow_tf32 = problem.precision == Precision.TF32
+    saved = torch.backends.cudnn.allow_tf32
+    if saved != allow_tf32:  # cuDNN's TF32 switch, for this call only
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+    try:
         if problem.transposed:
             fn = F.conv_transpose1d if problem.rank == 1 else F.conv_transpose2d
             return fn(input, weight, bias, problem.stride, padding, problem.output_padding,
                       problem.groups, problem.dilation)
         fn = F.conv1d if problem.rank == 1 else F.conv2d
         return fn(input, weight, bias, problem.stride, padding, problem.dilation, problem.groups)
-
-
-class _precision:
-    """Set cuDNN's TF32 switch for the duration of one call (restored afterwards)."""
-
-    def __init__(self, precision: Precision):
-        self.allow = precision == Precision.TF32
-
-    def __enter__(self):
-        self.saved = torch.backends.cudnn.allow_tf32
-        torch.backends.cudnn.allow_tf32 = self.allow
-
-    def __exit__(self, *exc):
-        torch.backends.cudnn.allow_tf32 = self.saved
+    finally:
+        if saved != allow_tf32:
+            torch.backends.cudnn.allow_tf32 = saved

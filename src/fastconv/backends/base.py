@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -64,6 +65,17 @@ class Backend:
         return [None]
 
     @classmethod
+    def bind(cls, problem: ConvProblem, config: Any) -> Callable[..., torch.Tensor]:
+        """A callable ``(input, weight, bias, scale, shift, residual, out) -> output`` for
+        this problem and configuration. The functional API caches it per call signature, so
+        a backend can precompute launch parameters here once."""
+
+        def run(input, weight, bias, scale, shift, residual, out):
+            return cls.forward(problem, config, input, weight, bias, scale=scale, shift=shift,
+                               residual=residual, out=out)
+        return run
+
+    @classmethod
     def forward(cls, problem: ConvProblem, config: Any, input: torch.Tensor,
                 weight: torch.Tensor, bias: torch.Tensor | None, *,
                 scale: torch.Tensor | None, shift: torch.Tensor | None,
@@ -71,6 +83,6 @@ class Backend:
         """Compute the convolution with its epilogue and return it (in ``out`` if given).
 
         ``bias`` is passed only to backends whose ``TAKES_BIAS`` is true; the others get it
-        folded into ``shift`` (fp32), with ``scale`` in fp32 too.
+        as ``shift`` (folded with ``scale``/``shift`` when those are given too).
         """
         raise NotImplementedError

@@ -52,16 +52,18 @@ def git_sha() -> str:
         return "unknown"
 
 
-def speedups(rows: list[dict], baseline: str = "torch") -> dict[str, dict[str, float]]:
-    """Per provider: speed-up over ``baseline`` per case and their geometric mean."""
-    base = {(r["case"], r["precision"], r.get("layout")): r["ms_p50"] for r in rows
-            if r["provider"] == baseline and "ms_p50" in r}
+def speedups(rows: list[dict], baseline: str = "torch",
+             field: str = "ms_p50") -> dict[str, dict[str, float]]:
+    """Per provider: speed-up over ``baseline`` in ``field`` (``ms_p50`` eager or
+    ``graph_ms_p50``) per case, and their geometric mean."""
+    base = {(r["case"], r["precision"], r.get("layout")): r[field] for r in rows
+            if r["provider"] == baseline and r.get(field)}
     out: dict[str, dict[str, float]] = {}
     for r in rows:
         key = (r["case"], r["precision"], r.get("layout"))
-        if r["provider"] == baseline or "ms_p50" not in r or key not in base:
+        if r["provider"] == baseline or not r.get(field) or key not in base:
             continue
-        out.setdefault(r["provider"], {})[r["case"]] = base[key] / r["ms_p50"]
+        out.setdefault(r["provider"], {})[r["case"]] = base[key] / r[field]
     for prov, per_case in out.items():
         vals = list(per_case.values())
         per_case["geomean"] = math.exp(sum(map(math.log, vals)) / len(vals))
@@ -71,8 +73,9 @@ def speedups(rows: list[dict], baseline: str = "torch") -> dict[str, dict[str, f
 def table(rows: list[dict], ceilings: dict[str, float] | None = None) -> str:
     """A plain-text table (fits a terminal and a log file alike)."""
     sp = speedups(rows)
-    head = f"{'case':<26} {'provider':<16} {'prec':<5} {'ms p50':>8} {'TFLOPS':>7} " \
-           f"{'%peak':>6} {'rel err':>8} {'vs torch':>8}  choice"
+    spg = speedups(rows, field="graph_ms_p50")
+    head = f"{'case':<26} {'provider':<16} {'prec':<5} {'ms p50':>8} {'graph ms':>8} " \
+           f"{'TFLOPS':>7} {'%peak':>6} {'rel err':>8} {'vs torch':>8} {'graph':>6}  choice"
     lines = [head, "-" * len(head)]
     for r in rows:
         if "ms_p50" not in r:
@@ -82,12 +85,17 @@ def table(rows: list[dict], ceilings: dict[str, float] | None = None) -> str:
         peak = (ceilings or {}).get(f"{r['precision']}_tflops")
         pct = f"{100 * r['tflops'] / peak:6.1f}" if peak else f"{'':>6}"
         ratio = sp.get(r["provider"], {}).get(r["case"])
+        gratio = spg.get(r["provider"], {}).get(r["case"])
+        gms = r.get("graph_ms_p50")
         lines.append(f"{r['case']:<26} {r['provider']:<16} {r['precision']:<5} "
-                     f"{r['ms_p50']:8.4f} {r['tflops']:7.1f} {pct} {r['rel_err']:8.1e} "
-                     f"{(f'{ratio:.2f}x' if ratio else ''):>8}  {r.get('choice', '')}")
+                     f"{r['ms_p50']:8.4f} {(f'{gms:8.4f}' if gms else f'{chr(45):>8}')} "
+                     f"{r['tflops']:7.1f} {pct} {r['rel_err']:8.1e} "
+                     f"{(f'{ratio:.2f}x' if ratio else ''):>8} "
+                     f"{(f'{gratio:.2f}x' if gratio else ''):>6}  {r.get('choice', '')}")
     for prov, per_case in sp.items():
-        lines.append(f"geomean speed-up of {prov} over torch: {per_case['geomean']:.3f}x "
-                     f"({len(per_case) - 1} cases)")
+        g = spg.get(prov, {}).get("geomean")
+        lines.append(f"geomean speed-up of {prov} over torch: eager {per_case['geomean']:.3f}x"
+                     + (f", CUDA graph {g:.3f}x" if g else "") + f" ({len(per_case) - 1} cases)")
     return "\n".join(lines)
 
 

@@ -1,8 +1,10 @@
 """Timing convolutions on the GPU: providers, rotating inputs, CUDA events, medians.
 
-Each (case, provider) is timed the way triton.testing.do_bench does it — a CUDA event pair
-around every call, no synchronisation between calls, the median of ``reps`` — after a
-warm-up that includes any compilation and autotuning. Small problems rotate over several
+Each (case, provider) is timed twice after a warm-up that includes any compilation and
+autotuning: eagerly, the way triton.testing.do_bench does it (a CUDA event pair around every
+call, no synchronisation between calls, the median of ``reps``; host overhead included when
+the host is the bottleneck), and as replays of a CUDA graph of the same calls (GPU time
+alone: ``graph_ms_p50``). Small problems rotate over several
 input sets whose total size exceeds the L2 cache, so the cache cannot flatter them. Inputs
 are random normal values, never zeros.
 """
@@ -45,6 +47,31 @@ def time_calls(fns: list[Callable[[], object]], reps: int, warmup: int = 5) -> l
         ends[i].record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def time_graph(fns: list[Callable[[], object]], reps: int = 20, calls: int = 16) -> list[float]:
+    """Milliseconds per call when ``calls`` calls (cycling through ``fns``) are captured in
+    one CUDA graph and replayed ``reps`` times: the GPU time without host overhead."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture requires
+        for i in range(3):
+            fns[i % len(fns)]()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        starts[i].record()
+        graph.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / calls for s, e in zip(starts, ends)]
 
 
 def measure_ceilings(precision: Precision) -> dict[str, float]:
@@ -134,6 +161,10 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                                  mode="fwd", layout=layout, error=f"{type(exc).__name__}: {exc}"))
                 continue
             p50, p20, p80 = percentiles(times)
+            try:
+                graph_p50 = statistics.median(time_graph(fns))
+            except Exception:  # not capturable: report eager timings only
+                graph_p50 = None
             err = relative_error(fns[0](), ref)
             choice = ""
             if provider.startswith("fastconv"):
@@ -144,7 +175,7 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                 case=case.name, provider=provider, precision=precision.value, mode="fwd",
                 layout=layout, ms_p50=p50, ms_p20=p20, ms_p80=p80,
                 tflops=problem.flops() / p50 / 1e9, gbps=problem.min_bytes() / p50 / 1e6,
-                rel_err=err, choice=choice, flops=problem.flops(),
+                graph_ms_p50=graph_p50, rel_err=err, choice=choice, flops=problem.flops(),
                 min_bytes=problem.min_bytes()))
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = cudnn_flags

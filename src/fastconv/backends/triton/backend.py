@@ -12,6 +12,7 @@ import os
 import sys
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from ...precision import Precision
 from ...problem import ConvProblem
@@ -63,35 +64,80 @@ class TritonBackend(Backend):
         return fprop_candidates(problem)
 
     @classmethod
-    def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
+    def bind(cls, problem: ConvProblem, config: FpropConfig | None):
         from .fprop import launch_fprop
 
-        if config is None:
-            config = cls.candidates(problem)[0]
-        if out is None:
-            out = problem.new_output()
-        x4, w4, o4, r4 = (_as4d(t, problem) for t in (input, weight, out, residual))
-        if problem.device == "cuda":
-            # NHWC operands load as wide, coalesced vectors along the channels; an NCHW input
-            # is copied once (one pass over x) rather than gathered with stride H·W.
-            x4 = x4.contiguous(memory_format=torch.channels_last)
-            w4 = w4.contiguous(memory_format=torch.channels_last)
-        pad = problem.pad_pre if problem.rank == 2 else (0, problem.pad_pre[0])
-        stride = problem.stride if problem.rank == 2 else (1, problem.stride[0])
-        dil = problem.dilation if problem.rank == 2 else (1, problem.dilation[0])
+        config = config or cls.candidates(problem)[0]
+        two_d = problem.rank == 2
+        pad = problem.pad_pre if two_d else (0, problem.pad_pre[0])
+        stride = problem.stride if two_d else (1, problem.stride[0])
+        dil = problem.dilation if two_d else (1, problem.dilation[0])
         precision = "tf32" if problem.precision == Precision.TF32 else "ieee"
-        int64 = any(_max_offset(t) >= 2**31 - 1 for t in (x4, w4, o4, r4) if t is not None)
-        launch_fprop(x4, w4, o4, scale, shift, r4, stride=stride, pad=pad, dilation=dil,
-                     groups=problem.groups, act_code=problem.epilogue.act_code,
-                     negative_slope=problem.epilogue.negative_slope, precision=precision,
-                     config=config, int64=int64)
-        return out
+        on_gpu = problem.device == "cuda"
+        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
+        state = {}
+
+        def run(input, weight, bias, scale, shift, residual, out):
+            if out is None:
+                out = problem.new_output()
+            if on_gpu:
+                # Channels-fastest operands load as wide, coalesced vectors: an NCHW input is
+                # copied once per call, an NCHW weight once per version (cached).
+                input, weight = channels_last(input), packed_weight(weight)
+            x4, o4 = (input, out) if two_d else (input.unsqueeze(2), out.unsqueeze(2))
+            r4 = residual if residual is None or two_d else residual.unsqueeze(2)
+            w4 = weight if two_d else weight.unsqueeze(2)
+            if "int64" not in state:  # depends on shapes and strides only: decide once
+                state["int64"] = any(_max_offset(t) >= 2**31 - 1
+                                     for t in (x4, w4, o4, r4) if t is not None)
+            launch_fprop(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=stride,
+                         pad=pad, dilation=dil, groups=problem.groups, act_code=act,
+                         negative_slope=slope, precision=precision, config=config,
+                         int64=state["int64"])
+            return out
+        return run
+
+    @classmethod
+    def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
+        return cls.bind(problem, config)(input, weight, bias, scale, shift, residual, out)
 
 
-def _as4d(t: torch.Tensor | None, problem: ConvProblem) -> torch.Tensor | None:
-    if t is None or problem.rank == 2:
+_PACKED = WeakTensorKeyDictionary()  # weight -> (version, packed copy); dies with the weight
+
+
+def _channels_fastest(t: torch.Tensor) -> bool:
+    expect = 1
+    for d in (1, *range(t.dim() - 1, 1, -1), 0):
+        if t.shape[d] != 1 and t.stride(d) != expect:
+            return False
+        expect *= t.shape[d]
+    return True
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with channels (dimension 1) fastest, the rest in order: NHWC / NLC."""
+    if _channels_fastest(t):
         return t
-    return t.unsqueeze(2)
+    perm = (0, *range(2, t.dim()), 1)
+    inverse = (0, t.dim() - 1, *range(1, t.dim() - 1))
+    return t.permute(perm).contiguous().permute(inverse)
+
+
+def packed_weight(w: torch.Tensor) -> torch.Tensor:
+    """``w`` with its input channels fastest, cached per weight tensor and *version*: an
+    in-place update (an optimizer step) bumps ``w._version`` and the next call repacks."""
+    if _channels_fastest(w):
+        return w
+    hit = _PACKED.get(w)
+    if hit is not None and hit[0] == w._version:
+        return hit[1]
+    packed = channels_last(w)
+    _PACKED[w] = (w._version, packed)
+    return packed
+
+
+def _contig(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t if t is None else t.contiguous()
 
 
 def _max_offset(t: torch.Tensor) -> int:

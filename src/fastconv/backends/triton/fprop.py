@@ -161,9 +161,9 @@ def _conv_fprop_kernel(
 
     # epilogue: act(scale·acc + shift + residual), in fp32
     if HAS_SCALE:
-        acc = acc * tl.load(scale_ptr + k_glob, mask=mask_n, other=0.0)[None, :]
+        acc = acc * tl.load(scale_ptr + k_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if HAS_SHIFT:
-        acc = acc + tl.load(shift_ptr + k_glob, mask=mask_n, other=0.0)[None, :]
+        acc = acc + tl.load(shift_ptr + k_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     out_mask = mask_m[:, None] & mask_n[None, :]
     if HAS_RES:
         res = tl.load(res_ptr + (img * stride_rn + p * stride_rp + q * stride_rq)[:, None] +
