@@ -127,18 +127,26 @@ def test_empty_batch(device):
     assert y.shape == (0, 3, 3, 3)
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("int64", [False, True])
 @pytest.mark.parametrize("flat_k", [False, True])
-def test_int64_indexing_path(flat_k, device):
-    """The 64-bit addressing variant computes the same result (its trigger, tensors of more
-    than 2**31 elements, is exercised on the GPU in test_gpu.py)."""
+def test_kernel_variants(flat_k, int64, split_k, device):
+    """Every walk of the reduction, 64-bit addressing (its trigger, tensors of more than 2**31
+    elements, is exercised on the GPU in test_gpu.py) and split-K with its reduce kernel give
+    the same result, epilogue included."""
     from fastconv.backends.triton.configs import FpropConfig
     from fastconv.backends.triton.fprop import launch_fprop
 
     x = torch.randn(2, 20, 7, 6, device=device)
     w = torch.randn(8, 10, 3, 2, device=device)
+    scale, shift = torch.randn(8, device=device), torch.randn(8, device=device)
+    res = torch.randn(2, 8, 4, 7, device=device)
     out = torch.full((2, 8, 4, 7), float("nan"), device=device)
-    launch_fprop(x, w, out, None, None, None, stride=(2, 1), pad=(1, 1), dilation=(1, 1),
-                 groups=2, act_code=0, negative_slope=0.0, precision="ieee",
-                 config=FpropConfig(32, 16, 16, 4, 1, flat_k), int64=True)
-    ref = F.conv2d(x.double(), w.double(), stride=(2, 1), padding=(1, 1), groups=2)
+    launch_fprop(x, w, out, scale, shift, res, stride=(2, 1), pad=(1, 1), dilation=(1, 1),
+                 groups=2, act_code=fastconv.ACTIVATIONS.index("silu"), negative_slope=0.0,
+                 precision="ieee", config=FpropConfig(32, 16, 16, 4, 1, flat_k, split_k),
+                 int64=int64)
+    conv = F.conv2d(x.double(), w.double(), stride=(2, 1), padding=(1, 1), groups=2)
+    ref = F.silu(conv * scale.double().view(1, -1, 1, 1) + shift.double().view(1, -1, 1, 1)
+                 + res.double())
     assert relative_error(out, ref) < 1e-5

@@ -9,6 +9,8 @@ the first one is the heuristic's pick.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import torch
 
@@ -23,10 +25,12 @@ class FpropConfig:
     num_warps: int
     num_stages: int
     flat_k: bool
+    split_k: int = 1  # >1: the reduction split over programs, partial sums reduced after
 
     def name(self) -> str:
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}"
-                f"s{self.num_stages}{'f' if self.flat_k else ''}")
+                f"s{self.num_stages}{'f' if self.flat_k else ''}"
+                + (f"x{self.split_k}" if self.split_k > 1 else ""))
 
 
 def _flat_k(problem: ConvProblem) -> bool:
@@ -38,35 +42,52 @@ def interpreter_config(problem: ConvProblem) -> FpropConfig:
     return FpropConfig(32, 16, 16, 4, 1, _flat_k(problem))
 
 
+# Tile shapes (block_m, block_n, block_k, warps, stages) that won at least one ResNet-50 layer
+# in the H200 sweep (benchmarks/NOTES.md), most often first.
+_HALF = [(128, 128, 64, 8, 3), (256, 128, 64, 8, 3), (128, 64, 32, 4, 5), (128, 128, 32, 4, 4),
+         (64, 128, 64, 4, 4), (64, 64, 64, 4, 4), (256, 64, 64, 8, 3), (128, 64, 64, 4, 4)]
+_TF32 = [(128, 128, 32, 4, 3), (256, 128, 32, 8, 3), (128, 128, 32, 8, 3), (64, 128, 32, 4, 4),
+         (64, 64, 64, 4, 3), (128, 128, 16, 4, 4), (64, 64, 32, 4, 4)]
+_FLAT = [(128, 64, 32, 4, 3), (64, 64, 32, 4, 3), (128, 128, 32, 8, 3), (128, 16, 32, 4, 3),
+         (64, 16, 32, 4, 3)]
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def fprop_candidates(problem: ConvProblem) -> list[FpropConfig]:
-    """GPU tile configurations for ``problem``, best guess first."""
-    flat = _flat_k(problem)
-    narrow = problem.k_per_group <= 32
+    """GPU tile configurations for ``problem``, the heuristic's pick first.
+
+    Split-K variants are added when the output tiles alone cannot fill the GPU and the
+    reduction is long enough to share (late ResNet stages: few pixels, many channels).
+    """
+    m = problem.n * math.prod(problem.out_size)
+    if _flat_k(problem):
+        narrow = problem.k_per_group <= 16
+        shapes = [s for s in _FLAT if (s[1] == 16) == narrow]
+        return [FpropConfig(*s, True) for s in shapes]
     half = problem.dtype in (torch.float16, torch.bfloat16)
-    bk = 64 if half else 32
-    if flat:
-        bn = 16 if narrow else 64
-        return [FpropConfig(128, bn, 32, 4, 3, True), FpropConfig(64, bn, 32, 4, 3, True),
-                FpropConfig(128, 2 * bn, 32, 8, 3, True)]
-    if problem.c_per_group < bk:
-        bk = 16 if problem.c_per_group < 32 else 32
-    bn_big = 64 if problem.k_per_group <= 64 else 128
-    m = problem.n
-    for o in problem.out_size:
-        m *= o
-    cands = [
-        FpropConfig(128, bn_big, bk, 8 if bn_big == 128 else 4, 3, False),
-        FpropConfig(128, 64, bk, 4, 4, False),
-        FpropConfig(64, 64, bk, 4, 4, False),
-        FpropConfig(64, bn_big, bk, 4, 3, False),
-        FpropConfig(128, bn_big, bk, 8, 4, False),
-        FpropConfig(256, bn_big, bk, 8, 3, False),
-    ]
-    if m < 4096:  # few output pixels (late ResNet stages): small tiles to fill the SMs
-        cands.insert(0, cands.pop(2))
-    out, seen = [], set()
-    for cfg in cands:
-        if cfg not in seen:
-            seen.add(cfg)
-            out.append(cfg)
-    return out
+    cands = []
+    for bm, bn, bk, w, st in (_HALF if half else _TF32):
+        bk = min(bk, 16 if problem.c_per_group < 32 else 32 if problem.c_per_group < 64 else bk)
+        if bn > 64 and problem.k_per_group <= 64:
+            continue  # a wide tile over a narrow output wastes half its work
+        cfg = FpropConfig(bm, bn, bk, w, st, False)
+        if cfg not in cands:
+            cands.append(cfg)
+    if not cands:
+        cands = [FpropConfig(128, 64, 32, 4, 4, False)]
+    if m < 4096:  # few output pixels: small tiles first
+        cands.sort(key=lambda c: c.block_m * c.block_n)
+    sms = _sm_count(torch.cuda.current_device()) if torch.cuda.is_available() else 132
+    steps = math.prod(problem.kernel) * -(-problem.c_per_group // 32)
+    for base in list(cands[:3]):
+        tiles = -(-m // base.block_m) * -(-problem.k_per_group // base.block_n) * problem.groups
+        if tiles >= sms:
+            continue
+        for split in (2, 3, 4, 6):
+            if tiles * split <= 3 * sms and steps // split >= 4:
+                cands.append(dataclasses.replace(base, split_k=split))
+    return cands

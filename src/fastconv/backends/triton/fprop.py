@@ -29,7 +29,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from triton import knobs
 
 #: Whether this module's kernels were created for the interpreter (TRITON_INTERPRET=1 at
@@ -64,9 +63,40 @@ def _activation(y, ACT: tl.constexpr, negative_slope):
 
 
 @triton.jit
+def _epilogue_store(acc, offs_m, k_glob, mask_m, mask_n, P, Q,
+                    out_ptr, stride_on, stride_ok, stride_op, stride_oq,
+                    scale_ptr, shift_ptr, res_ptr, stride_rn, stride_rk, stride_rp, stride_rq,
+                    negative_slope, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                    HAS_RES: tl.constexpr, ACT: tl.constexpr, INT64: tl.constexpr):
+    """act(scale·acc + shift + residual) in fp32, one cast, one masked store."""
+    img = offs_m // (P * Q)
+    pq = offs_m % (P * Q)
+    p = pq // Q
+    q = pq % Q
+    if INT64:
+        img = img.to(tl.int64)
+        p = p.to(tl.int64)
+        q = q.to(tl.int64)
+        k_glob = k_glob.to(tl.int64)
+    if HAS_SCALE:
+        acc = acc * tl.load(scale_ptr + k_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if HAS_SHIFT:
+        acc = acc + tl.load(shift_ptr + k_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_mask = mask_m[:, None] & mask_n[None, :]
+    if HAS_RES:
+        res = tl.load(res_ptr + (img * stride_rn + p * stride_rp + q * stride_rq)[:, None] +
+                      (k_glob * stride_rk)[None, :], mask=out_mask, other=0.0)
+        acc = acc + res.to(tl.float32)
+    acc = _activation(acc, ACT, negative_slope)
+    out_ptrs = out_ptr + (img * stride_on + p * stride_op + q * stride_oq)[:, None] + \
+        (k_glob * stride_ok)[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
 def _conv_fprop_kernel(
     # pointers
-    x_ptr, w_ptr, out_ptr, scale_ptr, shift_ptr, res_ptr,
+    x_ptr, w_ptr, out_ptr, scale_ptr, shift_ptr, res_ptr, ws_ptr,
     # sizes
     N, H, W, C_G, P, Q, K_G, R, S,
     # geometry
@@ -80,11 +110,12 @@ def _conv_fprop_kernel(
     # meta-parameters
     HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
     ACT: tl.constexpr, PRECISION: tl.constexpr, FLAT_K: tl.constexpr, INT64: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     group = tl.program_id(1)
+    pid_k = tl.program_id(2)
     M = N * P * Q
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(K_G, BLOCK_N)
@@ -103,21 +134,33 @@ def _conv_fprop_kernel(
     pq = offs_m % (P * Q)
     p = pq // Q
     q = pq % Q
-    if INT64:  # byte offsets can pass 2**31: widen before any stride product
+    if INT64:  # element offsets can pass 2**31: widen before any stride product
         img = img.to(tl.int64)
         p = p.to(tl.int64)
         q = q.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
     ih0 = p * stride_h - pad_h
     iw0 = q * stride_w - pad_w
     x_rows = x_ptr + img * stride_xn + (group * C_G) * stride_xc  # [BLOCK_M] pointers
     k_glob = group * K_G + offs_n
-    w_cols = w_ptr + k_glob * stride_wk  # [BLOCK_N] pointers
+    if INT64:
+        w_cols = w_ptr + k_glob.to(tl.int64) * stride_wk  # [BLOCK_N] pointers
+    else:
+        w_cols = w_ptr + k_glob * stride_wk
+
+    # This program's share of the reduction (all of it unless split-K).
+    if FLAT_K:
+        red_total = R * S * C_G
+        steps = tl.cdiv(red_total, BLOCK_K)
+    else:
+        c_steps = tl.cdiv(C_G, BLOCK_K)
+        steps = R * S * c_steps
+    per_split = tl.cdiv(steps, SPLIT_K)
+    it_begin = pid_k * per_split
+    it_end = min(steps, it_begin + per_split)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FLAT_K:
-        red_total = R * S * C_G
-        for red0 in range(0, red_total, BLOCK_K):
+        for red0 in range(it_begin * BLOCK_K, it_end * BLOCK_K, BLOCK_K):
             offs_red = red0 + tl.arange(0, BLOCK_K)
             mask_red = offs_red < red_total
             c = offs_red % C_G
@@ -137,8 +180,7 @@ def _conv_fprop_kernel(
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
     else:
-        c_steps = tl.cdiv(C_G, BLOCK_K)
-        for it in range(0, R * S * c_steps):
+        for it in range(it_begin, it_end):
             rs = it // c_steps
             c0 = (it % c_steps) * BLOCK_K
             r = rs // S
@@ -159,45 +201,79 @@ def _conv_fprop_kernel(
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
 
-    # epilogue: act(scale·acc + shift + residual), in fp32
-    if HAS_SCALE:
-        acc = acc * tl.load(scale_ptr + k_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    if HAS_SHIFT:
-        acc = acc + tl.load(shift_ptr + k_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    out_mask = mask_m[:, None] & mask_n[None, :]
-    if HAS_RES:
-        res = tl.load(res_ptr + (img * stride_rn + p * stride_rp + q * stride_rq)[:, None] +
-                      (k_glob * stride_rk)[None, :], mask=out_mask, other=0.0)
-        acc = acc + res.to(tl.float32)
-    acc = _activation(acc, ACT, negative_slope)
-    out_ptrs = out_ptr + (img * stride_on + p * stride_op + q * stride_oq)[:, None] + \
-        (k_glob * stride_ok)[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    if SPLIT_K == 1:
+        _epilogue_store(acc, offs_m, k_glob, mask_m, mask_n, P, Q,
+                        out_ptr, stride_on, stride_ok, stride_op, stride_oq,
+                        scale_ptr, shift_ptr, res_ptr, stride_rn, stride_rk, stride_rp, stride_rq,
+                        negative_slope, HAS_SCALE, HAS_SHIFT, HAS_RES, ACT, INT64)
+    else:
+        # fp32 partial sums, [SPLIT_K, M, K] row-major; _splitk_reduce_kernel adds them in a
+        # fixed order (deterministic) and applies the epilogue.
+        k_total = K_G * tl.num_programs(1)
+        rows = (pid_k * M + offs_m).to(tl.int64) * k_total
+        tl.store(ws_ptr + rows[:, None] + k_glob[None, :], acc,
+                 mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    ws_ptr, out_ptr, scale_ptr, shift_ptr, res_ptr,
+    M, K, P, Q, split_stride,
+    stride_on, stride_ok, stride_op, stride_oq,
+    stride_rn, stride_rk, stride_rp, stride_rq,
+    negative_slope,
+    HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
+    ACT: tl.constexpr, INT64: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < K
+    mask = mask_m[:, None] & mask_n[None, :]
+    ptrs = ws_ptr + offs_m.to(tl.int64)[:, None] * K + offs_n[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for split in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ptrs + split * split_stride, mask=mask, other=0.0)
+    _epilogue_store(acc, offs_m, offs_n, mask_m, mask_n, P, Q,
+                    out_ptr, stride_on, stride_ok, stride_op, stride_oq,
+                    scale_ptr, shift_ptr, res_ptr, stride_rn, stride_rk, stride_rp, stride_rq,
+                    negative_slope, HAS_SCALE, HAS_SHIFT, HAS_RES, ACT, INT64)
 
 
 def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, groups,
                  act_code, negative_slope, precision, config, int64):
-    """Launch the kernel on 4-D (N, C, H, W)-indexed views; see ``backend.py`` for the checks."""
+    """Launch on 4-D (N, C, H, W)-indexed views (any strides); ``config.split_k > 1`` adds a
+    partial-sum buffer and the reduce kernel, which applies the epilogue."""
     n, c, h, w = x4.shape
     k, c_g, r, s = w4.shape
     _, _, p, q = out4.shape
     k_g = k // groups
-    grid = (triton.cdiv(n * p * q, config.block_m) * triton.cdiv(k_g, config.block_n), groups)
+    m = n * p * q
+    split = config.split_k
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(k_g, config.block_n), groups, split)
     dummy = out4  # never read: the matching HAS_* flag is False
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    ws = torch.empty((split, m, k), device=x4.device, dtype=torch.float32) if split > 1 else dummy
+    epi = dict(HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None,
+               HAS_RES=res4 is not None, ACT=act_code, INT64=int64)
+    epi_ptrs = (scale if scale is not None else dummy, shift if shift is not None else dummy,
+                res4 if res4 is not None else dummy)
     _conv_fprop_kernel[grid](
-        x4, w4, out4,
-        scale if scale is not None else dummy, shift if shift is not None else dummy,
-        res4 if res4 is not None else dummy,
+        x4, w4, out4, *epi_ptrs, ws,
         n, h, w, c_g, p, q, k_g, r, s,
         stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
         *x4.stride(), *w4.stride(), *out4.stride(), *res_strides,
         float(negative_slope),
-        HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None, HAS_RES=res4 is not None,
-        ACT=act_code, PRECISION=precision, FLAT_K=config.flat_k, INT64=int64,
+        PRECISION=precision, FLAT_K=config.flat_k,
         # The interpreter computes a bf16 tl.dot wrongly (seen with triton 3.6): give it fp32.
-        DOT_FP32=INTERPRETED and x4.dtype == torch.bfloat16,
+        DOT_FP32=INTERPRETED and x4.dtype == torch.bfloat16, SPLIT_K=split,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=8, num_warps=config.num_warps, num_stages=config.num_stages,
+        GROUP_M=8, num_warps=config.num_warps, num_stages=config.num_stages, **epi,
     )
+    if split > 1:
+        bm, bn = 64, 64
+        _splitk_reduce_kernel[(triton.cdiv(m, bm), triton.cdiv(k, bn))](
+            ws, out4, *epi_ptrs, m, k, p, q, m * k, *out4.stride(), *res_strides,
+            float(negative_slope), SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **epi)
     return out4
