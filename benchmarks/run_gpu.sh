@@ -17,6 +17,7 @@ for step in $steps; do
     check) python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     bench) python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
              --out "$OUT/results" 2>"$OUT/bench.err" | tee "$OUT/bench.log" | grep -E "geomean|seed000" || status=1 ;;
+    probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
     sweep) python3 benchmarks/sweep_fprop.py 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
   esac
 done

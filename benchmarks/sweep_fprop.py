@@ -46,7 +46,7 @@ def main(names):
                     launch_fprop(x, w, out, None, None, None, stride=(case.stride,) * 2,
                                  pad=(case.padding,) * 2, dilation=(1, 1), groups=1,
                                  act_code=0, negative_slope=0.0, precision=prec, config=cfg,
-                                 int64=False)
+                                 int64=False, bounds_post=False)
                 try:
                     fn()
                     err = relative_error(out, ref)

@@ -51,20 +51,28 @@ def test_tf32_is_really_tf32_and_ieee_is_not():
     assert e_ieee < 1e-6 < e_tf32 < TOLERANCE[Precision.TF32], (e_ieee, e_tf32)
 
 
-def test_every_candidate_config_is_correct():
-    """Each tile configuration dispatch may time is itself correct."""
-    from fastconv.backends.triton import TritonBackend
-
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_candidate_config_is_correct(backend):
+    """Each configuration dispatch may time is itself correct, epilogue included."""
+    cls = backends.REGISTRY[backend]
     for dtype in (torch.float32, torch.bfloat16):
-        for c, k, ks in ((64, 64, 3), (3, 64, 7), (256, 512, 1), (32, 32, 3)):
+        for c, k, ks in ((64, 64, 3), (3, 64, 7), (256, 512, 1), (32, 32, 3), (512, 512, 3)):
             x = torch.randn(4, c, 23, 19, device="cuda").to(dtype)
             w = (torch.randn(k, c, ks, ks, device="cuda") / (c * ks * ks) ** 0.5).to(dtype)
-            prob = fastconv.ConvProblem.from_tensors(x, w, padding=ks // 2, rank=2)
-            ref = F.conv2d(x.double(), w.double(), padding=ks // 2)
-            for cfg in TritonBackend.candidates(prob):
+            b = torch.randn(k, device="cuda").to(dtype)
+            res = torch.randn(4, k, 23, 19, device="cuda").to(dtype)
+            ep = fastconv.Epilogue(activation="relu", has_shift=True, has_residual=True)
+            prob = fastconv.ConvProblem.from_tensors(x, w, b, padding=ks // 2, rank=2,
+                                                     epilogue=ep, residual=res)
+            ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), padding=ks // 2)
+                         + res.double())
+            for cfg in cls.candidates(prob):
                 out = torch.full(prob.output_shape(), float("nan"), device="cuda", dtype=dtype)
-                TritonBackend.forward(prob, cfg, x, w, None, scale=None, shift=None,
-                                      residual=None, out=out)
+                run = cls.bind(prob, cfg)
+                if cls.TAKES_BIAS:
+                    run(x, w, b, None, None, res, out)
+                else:
+                    run(x, w, None, None, b, res, out)
                 err = relative_error(out, ref)
                 assert err <= TOLERANCE[prob.precision], (cfg, c, k, ks, dtype, err)
 

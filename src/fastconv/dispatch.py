@@ -83,7 +83,8 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    if mode == "benchmark" and run is not None and problem.device == "cuda":
+    if mode == "benchmark" and run is not None and problem.device == "cuda" \
+            and not torch.cuda.is_current_stream_capturing():
         choice = _benchmark(problem, names, run)
     else:
         name = _rule(problem, names)
@@ -114,7 +115,7 @@ def _benchmark(problem: ConvProblem, names: list[str], run) -> Choice:
         cls = backends.REGISTRY[name]
         for config in cls.candidates(problem):
             try:
-                ms = time_ms(lambda: run(cls, config))
+                ms = time_ms(lambda cls=cls, config=config: run(cls, config))
             except Exception:  # a config that cannot compile here (e.g. shared memory) is skipped
                 continue
             if best is None or ms < best.ms:
@@ -124,19 +125,23 @@ def _benchmark(problem: ConvProblem, names: list[str], run) -> Choice:
     return best
 
 
-def time_ms(fn: Callable[[], None], warmup: int = 3, reps: int = 10) -> float:
-    """Median milliseconds of ``fn`` on the current CUDA stream (events around each call)."""
+def time_ms(fn: Callable[[], None], warmup: int = 3, batches: int = 5,
+            per_batch: int = 8) -> float:
+    """Milliseconds per call of ``fn``: the median over ``batches`` of ``per_batch``
+    back-to-back calls between one CUDA event pair (batching keeps launch gaps and event
+    jitter from deciding between candidates that differ by a few microseconds)."""
     for _ in range(warmup):
         fn()
     times = []
-    for _ in range(reps):
+    for _ in range(batches):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(per_batch):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / per_batch)
     return statistics.median(times)
 
 

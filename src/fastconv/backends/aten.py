@@ -29,7 +29,16 @@ class AtenBackend(Backend):
         return reasons
 
     @classmethod
+    def candidates(cls, problem):
+        cands = [None]
+        if _cudnn_fusable(problem):
+            cands.append(CUDNN_RELU)
+        return cands
+
+    @classmethod
     def bind(cls, problem, config):
+        if config == CUDNN_RELU:
+            return _bind_cudnn_relu(problem)
         epilogue = None if problem.epilogue.is_identity else problem.epilogue
 
         def run(input, weight, bias, scale, shift, residual, out):
@@ -42,6 +51,48 @@ class AtenBackend(Backend):
     @classmethod
     def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
         return cls.bind(problem, config)(input, weight, bias, scale, shift, residual, out)
+
+
+class _Named(str):
+    def name(self) -> str:
+        return str(self)
+
+
+#: Configuration of the aten backend that runs cuDNN's fused convolution + bias (+ residual)
+#: + ReLU through torch.cudnn_convolution_relu / torch.cudnn_convolution_add_relu: one
+#: cuDNN kernel instead of three.
+CUDNN_RELU = _Named("cudnn_relu")
+
+
+def _cudnn_fusable(problem: ConvProblem) -> bool:
+    ep = problem.epilogue
+    return (problem.device == "cuda" and problem.rank == 2 and not problem.transposed
+            and ep.activation == "relu" and not ep.has_scale
+            and problem.pad_pre == problem.pad_post
+            and problem.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and hasattr(torch, "cudnn_convolution_add_relu"))
+
+
+def _bind_cudnn_relu(problem: ConvProblem):
+    geo = (problem.stride, problem.pad_pre, problem.dilation, problem.groups)
+    allow_tf32 = problem.precision == Precision.TF32
+
+    def run(input, weight, bias, scale, shift, residual, out):
+        if shift is not None:
+            bias = shift if bias is None else bias.float() + shift.float()
+        if bias is not None:
+            bias = bias.to(input.dtype)
+        saved = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+        try:
+            if residual is None:
+                y = torch.cudnn_convolution_relu(input, weight, bias, *geo)
+            else:
+                y = torch.cudnn_convolution_add_relu(input, weight, residual, 1.0, bias, *geo)
+        finally:
+            torch.backends.cudnn.allow_tf32 = saved
+        return y if out is None else out.copy_(y)
+    return run
 
 
 def conv_aten(problem: ConvProblem, input: torch.Tensor, weight: torch.Tensor,

@@ -70,6 +70,7 @@ class TritonBackend(Backend):
         config = config or cls.candidates(problem)[0]
         two_d = problem.rank == 2
         pad = problem.pad_pre if two_d else (0, problem.pad_pre[0])
+        bounds_post = any(problem.pad_post)
         stride = problem.stride if two_d else (1, problem.stride[0])
         dil = problem.dilation if two_d else (1, problem.dilation[0])
         precision = "tf32" if problem.precision == Precision.TF32 else "ieee"
@@ -93,7 +94,7 @@ class TritonBackend(Backend):
             launch_fprop(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=stride,
                          pad=pad, dilation=dil, groups=problem.groups, act_code=act,
                          negative_slope=slope, precision=precision, config=config,
-                         int64=state["int64"])
+                         int64=state["int64"], bounds_post=bounds_post)
             return out
         return run
 
