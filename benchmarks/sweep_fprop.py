@@ -2,7 +2,8 @@
 
 For each case and dtype: cuDNN's time (torch, cudnn.benchmark, channels-last) and each
 candidate configuration's time for the bare kernel on channels-last tensors — the numbers
-that say what the kernel itself reaches, without host overhead or layout copies. Prints one
+that say what the kernel itself reaches, without host overhead or layout copies (through
+TritonBackend.bind, so the launch is the one the library makes). Prints one
 line per case: best configuration, its time, cuDNN's, the ratio, the runners-up.
 """
 
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 from fastconv import ConvProblem
 from fastconv.backends.triton.configs import fprop_candidates
-from fastconv.backends.triton.fprop import launch_fprop
+from fastconv.backends.triton import TritonBackend
 from fastconv.bench.runner import time_graph
 from fastconv.bench.suites import SUITES
 from fastconv.precision import relative_error
@@ -29,7 +30,6 @@ def main(names):
           "  (runners-up)")
     ratios = {}
     for dtype in (torch.float32, torch.bfloat16):
-        prec = "tf32" if dtype == torch.float32 else "ieee"
         for case in cases:
             x = torch.randn(case.n, case.c, *case.spatial, device="cuda").to(dtype)
             x = x.contiguous(memory_format=torch.channels_last)
@@ -39,14 +39,15 @@ def main(names):
             t_cudnn = statistics.median(time_graph(
                 [lambda: F.conv2d(x, w, None, case.stride, case.padding)]))
             out = torch.empty_like(ref)
-            problem = ConvProblem.from_tensors(x, w, None, case.stride, case.padding, rank=2)
+            problem = ConvProblem.from_tensors(x, w, None, case.stride, case.padding, rank=2,
+                                               precision="tf32" if dtype == torch.float32
+                                               else None)
             results = []
             for cfg in fprop_candidates(problem):
-                def fn(cfg=cfg):
-                    launch_fprop(x, w, out, None, None, None, stride=(case.stride,) * 2,
-                                 pad=(case.padding,) * 2, dilation=(1, 1), groups=1,
-                                 act_code=0, negative_slope=0.0, precision=prec, config=cfg,
-                                 int64=False, bounds_post=False)
+                run = TritonBackend.bind(problem, cfg)
+
+                def fn(run=run):
+                    run(x, w, None, None, None, None, out)
                 try:
                     fn()
                     err = relative_error(out, ref)
