@@ -76,8 +76,6 @@ class TritonBackend(Backend):
         precision = "tf32" if problem.precision == Precision.TF32 else "ieee"
         on_gpu = problem.device == "cuda"
         act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
-        pointwise = all(k == 1 for k in problem.kernel) and all(s == 1 for s in problem.stride) \
-            and not any(problem.pad_pre) and not bounds_post
         state = {}
 
         def run(input, weight, bias, scale, shift, residual, out):
@@ -90,8 +88,6 @@ class TritonBackend(Backend):
             x4, o4 = (input, out) if two_d else (input.unsqueeze(2), out.unsqueeze(2))
             r4 = residual if residual is None or two_d else residual.unsqueeze(2)
             w4 = weight if two_d else weight.unsqueeze(2)
-            if pointwise:
-                x4, o4, r4 = _flatten_pixels(x4, o4, r4)
             if "int64" not in state:  # depends on shapes and strides only: decide once
                 state["int64"] = any(_max_offset(t) >= 2**31 - 1
                                      for t in (x4, w4, o4, r4) if t is not None)
@@ -139,30 +135,6 @@ def packed_weight(w: torch.Tensor) -> torch.Tensor:
     packed = channels_last(w)
     _PACKED[w] = (w._version, packed)
     return packed
-
-
-def _flatten_pixels(*ts: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """Views of 1x1, stride-1, unpadded convolution operands with the pixels merged.
-
-    Input and output pixels then correspond one to one, so (H, W) merge into one dimension
-    (height 1) and, where the batch stride allows (channels last), (N, H, W) into the first
-    (one pixel per "image"). The kernel's per-row div/mod by P·Q and Q then folds away: Triton
-    specialises sizes equal to 1. Measured on the H200: the unflattened kernel ran 1x1
-    convolutions about 2x slower than a plain Triton GEMM of the same shape.
-    """
-    def mergeable_hw(t):
-        return t.stride(2) == t.shape[3] * t.stride(3) or t.shape[2] == 1
-
-    present = [t for t in ts if t is not None]
-    if not all(mergeable_hw(t) for t in present):
-        return ts
-    if all(t.stride(0) == t.shape[2] * t.shape[3] * t.stride(3) for t in present):
-        return tuple(None if t is None else t.as_strided(
-            (t.shape[0] * t.shape[2] * t.shape[3], t.shape[1], 1, 1),
-            (t.stride(3), t.stride(1), 1, 1)) for t in ts)
-    return tuple(None if t is None else t.as_strided(
-        (t.shape[0], t.shape[1], 1, t.shape[2] * t.shape[3]),
-        (t.stride(0), t.stride(1), 1, t.stride(3))) for t in ts)
 
 
 def _contig(t: torch.Tensor | None) -> torch.Tensor | None:
