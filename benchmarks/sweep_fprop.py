@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from fastconv import ConvProblem
-from fastconv.backends.triton.configs import fprop_candidates
 from fastconv.backends.triton import TritonBackend
+from fastconv.backends.triton.configs import fprop_candidates
 from fastconv.bench.runner import time_graph
 from fastconv.bench.suites import SUITES
 from fastconv.precision import relative_error

@@ -19,7 +19,7 @@ BACKENDS = list(backends.REGISTRY)
 def test_random_real_size_problems(backend, precision):
     rng = random.Random(hash((backend, precision.value)) % 1000)
     gen = torch.Generator().manual_seed(7)
-    for _ in range(25):
+    for _ in range(15):
         case = testing.random_case(rng, small=False)
         err = testing.check_case(case, backend=backend, precision=precision, device="cuda",
                                  generator=gen)
