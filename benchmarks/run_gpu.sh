@@ -17,7 +17,7 @@ for step in $steps; do
     # tile candidate for each of hundreds of random keys (each candidate is checked on its own
     # by test_every_candidate_config_is_correct).
     tests) FASTCONV_DISPATCH=heuristic timeout 240 python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
-    check) FASTCONV_DISPATCH=heuristic timeout 200 python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
+    check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     bench) python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
              --out "$OUT/results" 2>"$OUT/bench.err" | tee "$OUT/bench.log" | grep -E "geomean|seed000" || status=1
            rm -f "$OUT"/results/*.csv "$OUT/bench.err" ;;  # JSON and the log come back (8-file limit)

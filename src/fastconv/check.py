@@ -44,9 +44,10 @@ def seed_cases(device: str) -> list[tuple[str, dict]]:
 
 
 def run_check(count: int = 50, seed: int = 0, verbose: bool = False,
-              progress=None) -> list[CheckRow]:
+              progress=None, emit=None) -> list[CheckRow]:
     """Every (case, backend, precision) result; random problems aggregated to their worst
-    unless ``verbose``."""
+    unless ``verbose``. ``emit(row)`` is called as each row is final (a long GPU run shows
+    its results as it goes)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -59,6 +60,8 @@ def run_check(count: int = 50, seed: int = 0, verbose: bool = False,
                 err = testing.check_case(case, backend=name, precision=prec, device=device,
                                          generator=gen)
                 rows.append(CheckRow(label, name, prec.value, err, bound))
+                if emit:
+                    emit(rows[-1])
                 if progress:
                     progress()
             worst = CheckRow(f"random x{count} (worst)", name, prec.value, 0.0, bound, count)
@@ -68,17 +71,20 @@ def run_check(count: int = 50, seed: int = 0, verbose: bool = False,
                                          generator=gen)
                 if verbose or err > bound:
                     rows.append(CheckRow(testing.describe(case), name, prec.value, err, bound))
+                    if emit:
+                        emit(rows[-1])
                 worst.rel_err = max(worst.rel_err, err)
                 if progress:
                     progress()
             rows.append(worst)
+            if emit:
+                emit(worst)
     return rows
 
 
-def format_rows(rows: list[CheckRow]) -> str:
-    head = f"{'case':<44} {'backend':<8} {'prec':<5} {'rel err':>9} {'bound':>7}  ok"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r.case[:44]:<44} {r.backend:<8} {r.precision:<5} {r.rel_err:9.2e} "
-                     f"{r.bound:7.0e}  {'ok' if r.ok else 'FAIL'}")
-    return "\n".join(lines)
+HEADER = f"{'case':<44} {'backend':<8} {'prec':<5} {'rel err':>9} {'bound':>7}  ok"
+
+
+def format_row(r: CheckRow) -> str:
+    return (f"{r.case[:44]:<44} {r.backend:<8} {r.precision:<5} {r.rel_err:9.2e} "
+            f"{r.bound:7.0e}  {'ok' if r.ok else 'FAIL'}")

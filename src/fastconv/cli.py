@@ -49,7 +49,7 @@ def cmd_info(args) -> int:
 
 def cmd_check(args) -> int:
     has_gpu = _prepare_cpu()
-    from fastconv.check import format_rows, run_check
+    from fastconv.check import HEADER, format_row, run_check
 
     if not has_gpu:
         print("No GPU found: checking on the CPU, Triton kernels in the interpreter on small "
@@ -62,10 +62,10 @@ def cmd_check(args) -> int:
         if sys.stderr.isatty() and done[0] % 10 == 0:
             print(f"\r{done[0]} problems checked", end="", file=sys.stderr, flush=True)
 
-    rows = run_check(count=args.count, seed=args.seed, verbose=args.verbose, progress=tick)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
-    print(format_rows(rows))
+    print(HEADER)
+    print("-" * len(HEADER))
+    rows = run_check(count=args.count, seed=args.seed, verbose=args.verbose, progress=tick,
+                     emit=lambda r: print(format_row(r), flush=True))
     bad = [r for r in rows if not r.ok]
     total = sum(r.count for r in rows if r.count > 1) + sum(1 for r in rows if r.count == 1
                                                           and r.case.startswith("seed"))
