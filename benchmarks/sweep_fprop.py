@@ -66,7 +66,8 @@ def main(names):
             print(f"{case.name:<24} {str(dtype)[6:]:<9} {t_cudnn:9.4f} {best[0]:9.4f} "
                   f"{t_cudnn / best[0]:6.2f}  {best[1]}  ({others})", flush=True)
     for dt, r in ratios.items():
-        print(f"{dt}: geomean kernel/cuDNN speed ratio {math.exp(sum(map(math.log, r)) / len(r)):.3f}")
+        geo = math.exp(sum(map(math.log, r)) / len(r))
+        print(f"{dt}: geomean kernel/cuDNN speed ratio {geo:.3f}")
 
 
 if __name__ == "__main__":

@@ -195,7 +195,8 @@ class ConvProblem:
             if c != weight.shape[1] * groups:
                 raise ConvError(
                     f"weight: input has {c} channels but weight.shape[1] * groups = "
-                    f"{weight.shape[1]} * {groups} = {weight.shape[1] * groups}; they must be equal")
+                    f"{weight.shape[1]} * {groups} = {weight.shape[1] * groups}; "
+                    "they must be equal")
             if k % groups:
                 raise ConvError(f"groups: {groups} does not divide the output channels "
                                 f"{k} (weight.shape[0])")
@@ -237,7 +238,8 @@ class ConvProblem:
             if t is None:
                 continue
             if not isinstance(t, torch.Tensor):
-                raise ConvTypeError(f"{name}: expected a torch.Tensor or None, got {type(t).__name__}")
+                raise ConvTypeError(f"{name}: expected a torch.Tensor or None, "
+                                    f"got {type(t).__name__}")
             if tuple(t.shape) != (self.k,):
                 raise ConvError(f"{name}: expected shape ({self.k},) (one value per output "
                                 f"channel), got {tuple(t.shape)}")
@@ -249,9 +251,11 @@ class ConvProblem:
             if t is None:
                 continue
             if not isinstance(t, torch.Tensor):
-                raise ConvTypeError(f"{name}: expected a torch.Tensor or None, got {type(t).__name__}")
+                raise ConvTypeError(f"{name}: expected a torch.Tensor or None, "
+                                    f"got {type(t).__name__}")
             if tuple(t.shape) != oshape:
-                raise ConvError(f"{name}: expected shape {oshape} (the output's), got {tuple(t.shape)}")
+                raise ConvError(f"{name}: expected shape {oshape} (the output's), "
+                                f"got {tuple(t.shape)}")
             if t.dtype != self.dtype:
                 raise ConvError(f"{name}: dtype {t.dtype} differs from input dtype {self.dtype}")
         if out is not None:

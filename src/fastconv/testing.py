@@ -138,9 +138,11 @@ def check_case(case: dict, *, backend: str, precision: Precision, device: str = 
 def describe(case: dict) -> str:
     sp = "x".join(map(str, case["spatial"]))
     ks = "x".join(map(str, case["kernel"]))
+    def tag(prefix, values):
+        return prefix + "x".join(map(str, values)) if any(v > 1 for v in values) else ""
+
     extras = [f"g{case['groups']}" if case["groups"] > 1 else "",
-              f"s{'x'.join(map(str, case['stride']))}" if any(s > 1 for s in case["stride"]) else "",
-              f"d{'x'.join(map(str, case['dilation']))}" if any(d > 1 for d in case["dilation"]) else "",
+              tag("s", case["stride"]), tag("d", case["dilation"]),
               "cl" if case.get("channels_last") else "", case["activation"]
               if case["activation"] != "none" else "", "res" if case["residual"] else ""]
     return f"{case['rank']}d N{case['n']} {case['c']}->{case['k']} {sp} k{ks} " + \

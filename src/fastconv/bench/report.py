@@ -64,7 +64,7 @@ def speedups(rows: list[dict], baseline: str = "torch",
         if r["provider"] == baseline or not r.get(field) or key not in base:
             continue
         out.setdefault(r["provider"], {})[r["case"]] = base[key] / r[field]
-    for prov, per_case in out.items():
+    for per_case in out.values():
         vals = list(per_case.values())
         per_case["geomean"] = math.exp(sum(map(math.log, vals)) / len(vals))
     return out

@@ -122,7 +122,9 @@ def _call(provider: str, case: BenchCase, precision: Precision, t: dict) -> Call
 
         def run():  # conv2d -> add -> activation, as a PyTorch user writes it
             y = tconv(t["x"], t["w"], None, *geo)
-            return ep.apply(y, shift=t["b"]) if t["b"] is not None or case.activation != "none" else y
+            if t["b"] is None and case.activation == "none":
+                return y
+            return ep.apply(y, shift=t["b"])
         return run
     backend = {"fastconv": "auto", "fastconv_triton": "triton"}[provider]
     return lambda: conv(t["x"], t["w"], t["b"], *geo, activation=case.activation,
