@@ -127,32 +127,18 @@ def _benchmark(problem: ConvProblem, names: list[str], run) -> Choice:
 
 def time_ms(fn: Callable[[], None], warmup: int = 3, batches: int = 5,
             per_batch: int = 8) -> float:
-    """GPU milliseconds per call of ``fn``: the median over ``batches`` replays of a CUDA graph
-    holding ``per_batch`` calls. Graph replays leave the host out, so candidates are ranked
-    by what they cost the GPU (timed eagerly, a host-bound small problem measured the host
-    and picked tiles at random: 54 µs chosen where 28 µs existed, H200). A candidate that
-    cannot be captured is timed eagerly, back to back between one event pair."""
-    for _ in range(warmup):  # compiles and caches outside any capture
+    """Milliseconds per call of ``fn``: the median over ``batches`` of ``per_batch``
+    back-to-back calls between one CUDA event pair (batching keeps launch gaps and event
+    jitter from deciding between candidates that differ by a few microseconds)."""
+    for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(per_batch):
-                fn()
-        step = graph.replay
-    except Exception:
-        torch.cuda.synchronize()
-
-        def step():
-            for _ in range(per_batch):
-                fn()
     times = []
     for _ in range(batches):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
-        step()
+        for _ in range(per_batch):
+            fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / per_batch)
