@@ -76,42 +76,71 @@ def cmd_check(args) -> int:
 
 def cmd_bench(args) -> int:
     has_gpu = _prepare_cpu()
-    from fastconv.bench import suites
+    from fastconv.bench import compare, report, runner, suites
+    from fastconv.precision import Precision
 
     if args.list:
         for name, cases in suites.SUITES.items():
             print(f"{name}: {len(cases)} cases: {', '.join(c.name for c in cases)}")
         return 0
-    if not has_gpu:
-        print("No GPU found: fastconv bench times kernels on a CUDA GPU. On this machine, "
-              "`fastconv check` verifies the kernels' numerics in the Triton interpreter.")
-        return 1
-    from fastconv.bench import report, runner
-    from fastconv.precision import Precision
-
     providers = args.provider.split(",")
     for p in providers:
         if p not in runner.PROVIDERS:
             print(f"--provider: got {p!r}; allowed: {', '.join(runner.PROVIDERS)}")
             return 2
-    written = []
+    old = compare.load(args.compare) if args.compare else None
+    out_dir = args.out or ("benchmarks/results" if has_gpu else "out/bench-cpu")
+    if not has_gpu:
+        print("No GPU found: timings need a CUDA GPU. Running a small correctness-only "
+              "version of each case (Triton kernels in the interpreter); the JSON marks "
+              "every timing as not measured.")
+    written, all_deltas = [], []
     for suite in args.suite.split(","):
         cases = suites.get(suite)
+        if not has_gpu:
+            cases = [suites.shrink(c) for c in cases[:args.cpu_cases]]
         for prec_name in args.precision.split(","):
             prec = Precision(prec_name)
             layout = args.layout or ("nchw" if prec in (Precision.IEEE, Precision.TF32)
                                      else "nhwc")
-            ceilings = runner.measure_ceilings(prec)
+            ceilings = runner.measure_ceilings(prec) if has_gpu else {}
             rows = []
             for i, case in enumerate(cases):
                 print(f"[{i + 1}/{len(cases)}] {suite} {case.name} {prec} {layout}",
                       file=sys.stderr, flush=True)
-                rows += runner.run_case(case, providers, prec, layout, reps=args.reps)
+                rows += runner.run_case(case, providers, prec, layout, reps=args.reps,
+                                        device="cuda" if has_gpu else "cpu")
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"])
-            written += report.write(doc, args.out, stem)
+            written += report.write(doc, out_dir, stem)
             print(report.table(rows, ceilings))
+            if old is not None:
+                all_deltas += compare.deltas(old["rows"], rows)
     print("wrote " + ", ".join(map(str, written)))
+    if old is not None:
+        return _report_deltas(all_deltas, args.fail_if_regression)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from fastconv.bench import compare
+
+    old, new = compare.load(args.old), compare.load(args.new)
+    return _report_deltas(compare.deltas(old["rows"], new["rows"]), args.fail_if_regression)
+
+
+def _report_deltas(deltas, threshold) -> int:
+    """Print per-case deltas; 3 when ``threshold`` is set and some case is slower by more."""
+    from fastconv.bench import compare
+
+    print(compare.format_deltas(deltas, threshold))
+    if threshold is None:
+        return 0
+    bad = compare.regressions(deltas, threshold)
+    if bad:
+        print(f"{len(bad)} case(s) more than {threshold:g}% slower")
+        return 3
+    print(f"no case more than {threshold:g}% slower ({len(deltas)} compared)")
     return 0
 
 
@@ -131,9 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", choices=("nchw", "nhwc"), default=None,
                    help="default: nchw for fp32 data, nhwc (channels_last) for fp16/bf16")
     p.add_argument("--reps", type=int, default=50)
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default=None,
+                   help="default: benchmarks/results on a GPU, out/bench-cpu without one")
     p.add_argument("--list", action="store_true", help="list the suites")
+    p.add_argument("--compare", metavar="OLD.json", help="print per-case deltas against it")
+    p.add_argument("--fail-if-regression", type=float, metavar="PCT", default=None,
+                   help="with --compare: exit 3 if any case is more than PCT%% slower")
+    p.add_argument("--cpu-cases", type=int, default=3,
+                   help="without a GPU: how many cases of each suite to check (shrunk)")
     p.set_defaults(fn=cmd_bench)
+    p = sub.add_parser("compare", help="per-case deltas between two bench result files")
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--fail-if-regression", type=float, metavar="PCT", default=None,
+                   help="exit 3 if any case is more than PCT%% slower")
+    p.set_defaults(fn=cmd_compare)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -78,9 +78,14 @@ def table(rows: list[dict], ceilings: dict[str, float] | None = None) -> str:
            f"{'TFLOPS':>7} {'%peak':>6} {'rel err':>8} {'vs torch':>8} {'graph':>6}  choice"
     lines = [head, "-" * len(head)]
     for r in rows:
-        if "ms_p50" not in r:
+        if "error" in r:
             lines.append(f"{r['case']:<26} {r['provider']:<16} {r['precision']:<5} "
-                         f"{'error: ' + r.get('error', '?')[:80]}")
+                         f"{'error: ' + r['error'][:80]}")
+            continue
+        if r.get("ms_p50") is None:
+            lines.append(f"{r['case']:<26} {r['provider']:<16} {r['precision']:<5} "
+                         f"{'-':>8} {'-':>8} {'-':>7} {'':>6} {r['rel_err']:8.1e}  "
+                         f"{r.get('timing', '')} {r.get('choice', '')}")
             continue
         peak = (ceilings or {}).get(f"{r['precision']}_tflops")
         pct = f"{100 * r['tflops'] / peak:6.1f}" if peak else f"{'':>6}"

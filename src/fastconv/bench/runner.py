@@ -93,22 +93,36 @@ def measure_ceilings(precision: Precision) -> dict[str, float]:
             "hbm_gbps": 2 * src.numel() * 4 / copy_ms / 1e6}
 
 
-def _input_sets(case: BenchCase, precision: Precision, layout: str) -> list[dict]:
+class GpuTimer:
+    """Eager and CUDA-graph timings of a list of calls (see the module docstring)."""
+
+    def eager(self, fns: list[Callable[[], object]], reps: int) -> list[float]:
+        return time_calls(fns, reps)
+
+    def graph(self, fns: list[Callable[[], object]]) -> list[float] | None:
+        try:
+            return time_graph(fns)
+        except Exception:  # not capturable: eager timings only
+            return None
+
+
+def _input_sets(case: BenchCase, precision: Precision, layout: str,
+                device: str = "cuda") -> list[dict]:
     dtype = DTYPE[precision]
     one = (case.n * case.c * math.prod(case.spatial) + case.k * case.c // case.groups *
            math.prod(case.kernel)) * torch.empty((), dtype=dtype).element_size()
-    count = max(1, min(8, math.ceil(2 * _L2_BYTES / one)))
+    count = max(1, min(8, math.ceil(2 * _L2_BYTES / one))) if device == "cuda" else 1
     sets = []
     for _ in range(count):
-        x = torch.randn(case.n, case.c, *case.spatial, device="cuda").to(dtype)
+        x = torch.randn(case.n, case.c, *case.spatial, device=device).to(dtype)
         if layout == "nhwc" and case.rank == 2:
             x = x.contiguous(memory_format=torch.channels_last)
         fan_in = case.c // case.groups * math.prod(case.kernel)
-        w = (torch.randn(case.k, case.c // case.groups, *case.kernel, device="cuda")
+        w = (torch.randn(case.k, case.c // case.groups, *case.kernel, device=device)
              / fan_in**0.5).to(dtype)
         if layout == "nhwc" and case.rank == 2:
             w = w.contiguous(memory_format=torch.channels_last)
-        b = torch.randn(case.k, device="cuda").to(dtype) if case.bias else None
+        b = torch.randn(case.k, device=device).to(dtype) if case.bias else None
         sets.append(dict(x=x, w=w, b=b))
     return sets
 
@@ -141,9 +155,16 @@ def _reference(case: BenchCase, t: dict) -> torch.Tensor:
 
 
 def run_case(case: BenchCase, providers: list[str], precision: Precision, layout: str,
-             reps: int = 50) -> list[dict]:
-    """Rows (DESIGN.md §7) for one case and every provider, measured in this process."""
-    sets = _input_sets(case, precision, layout)
+             reps: int = 50, device: str = "cuda", timer=None) -> list[dict]:
+    """Rows (DESIGN.md §7) for one case and every provider, measured in this process.
+
+    ``timer`` (default: :class:`GpuTimer` on the GPU, none on the CPU) has ``eager(fns, reps)``
+    and ``graph(fns)``; without one the rows carry errors only, marked ``timing: "not
+    measured"``.
+    """
+    if timer is None and device == "cuda":
+        timer = GpuTimer()
+    sets = _input_sets(case, precision, layout, device)
     ref = _reference(case, sets[0])
     problem = ConvProblem.from_tensors(
         sets[0]["x"], sets[0]["w"], sets[0]["b"], case.stride, case.padding, case.dilation,
@@ -155,30 +176,31 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
     torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
     try:
         for provider in providers:
+            row = dict(case=case.name, provider=provider, precision=precision.value,
+                       mode="fwd", layout=layout, flops=problem.flops(),
+                       min_bytes=problem.min_bytes())
             fns = [_call(provider, case, precision, t) for t in sets]
             try:
-                times = time_calls(fns, reps)
+                row["rel_err"] = relative_error(fns[0](), ref)
+                if timer is not None:
+                    p50, p20, p80 = percentiles(timer.eager(fns, reps))
+                    graph = timer.graph(fns)
+                    row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80,
+                               tflops=problem.flops() / p50 / 1e9,
+                               gbps=problem.min_bytes() / p50 / 1e6,
+                               graph_ms_p50=statistics.median(graph) if graph else None)
+                else:
+                    row.update(ms_p50=None, ms_p20=None, ms_p80=None, tflops=None, gbps=None,
+                               graph_ms_p50=None, timing="not measured (no GPU)")
             except Exception as exc:  # an unsupported provider is reported, not fatal
-                rows.append(dict(case=case.name, provider=provider, precision=precision.value,
-                                 mode="fwd", layout=layout, error=f"{type(exc).__name__}: {exc}"))
+                row["error"] = f"{type(exc).__name__}: {exc}"
+                rows.append(row)
                 continue
-            p50, p20, p80 = percentiles(times)
-            try:
-                graph_p50 = statistics.median(time_graph(fns))
-            except Exception:  # not capturable: report eager timings only
-                graph_p50 = None
-            err = relative_error(fns[0](), ref)
-            choice = ""
             if provider.startswith("fastconv"):
                 backend = "auto" if provider == "fastconv" else provider.split("_", 1)[1]
                 hit = dispatch.cached(problem, backend)
-                choice = hit.name() if hit else "?"
-            rows.append(dict(
-                case=case.name, provider=provider, precision=precision.value, mode="fwd",
-                layout=layout, ms_p50=p50, ms_p20=p20, ms_p80=p80,
-                tflops=problem.flops() / p50 / 1e9, gbps=problem.min_bytes() / p50 / 1e6,
-                graph_ms_p50=graph_p50, rel_err=err, choice=choice, flops=problem.flops(),
-                min_bytes=problem.min_bytes()))
+                row["choice"] = hit.name() if hit else "?"
+            rows.append(row)
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = cudnn_flags
     return rows

@@ -71,6 +71,18 @@ SUITES: dict[str, list[BenchCase]] = {
 }
 
 
+def shrink(case: BenchCase) -> BenchCase:
+    """A small version of ``case`` (same geometry, few channels and pixels) for correctness
+    runs under the Triton interpreter."""
+    g = case.groups
+    c = g * min(case.c // g, 8)
+    k = g * min(case.k // g, 8)
+    reach = [case.dilation * (kk - 1) + 1 for kk in case.kernel]
+    spatial = tuple(max(r - 2 * case.padding, min(s, r + 2 * case.stride)) for s, r
+                    in zip(case.spatial, reach))
+    return dataclasses.replace(case, n=1, c=c, k=k, spatial=spatial)
+
+
 def get(name: str) -> list[BenchCase]:
     from ..errors import ConvError
 

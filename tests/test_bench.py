@@ -1,0 +1,121 @@
+"""The benchmark tooling on the CPU: runner logic with a fake timer, the JSON schema, the CPU
+correctness-only mode, compare and the regression gate."""
+
+import json
+
+import pytest
+import torch
+
+from fastconv import cli
+from fastconv.bench import compare, report, runner, suites
+from fastconv.precision import Precision
+
+ROW_KEYS = {"case", "provider", "precision", "mode", "ms_p50", "ms_p20", "ms_p80", "tflops",
+            "gbps", "rel_err"}
+
+
+class FakeTimer:
+    """Provider-dependent, deterministic 'timings': torch 2 ms, fastconv 1 ms."""
+
+    def __init__(self):
+        self.calls = []
+
+    def eager(self, fns, reps):
+        for fn in fns:
+            fn()  # the runner must hand over runnable calls
+        self.calls.append(reps)
+        return [self.ms] * reps
+
+    def graph(self, fns):
+        return [self.ms / 2] * 3
+
+
+def _rows_with(timer_ms):
+    case = suites.shrink(suites.get("seed000")[1])  # conv + bias + relu
+    rows = []
+    for provider, ms in timer_ms.items():
+        timer = FakeTimer()
+        timer.ms = ms
+        rows += runner.run_case(case, [provider], Precision.IEEE, "nchw", reps=21,
+                                device="cpu", timer=timer)
+        assert timer.calls == [21]
+    return rows
+
+
+def test_runner_rows_follow_the_schema_and_the_timer():
+    rows = _rows_with({"torch": 2.0, "fastconv": 1.0, "fastconv_triton": 4.0})
+    for r in rows:
+        assert ROW_KEYS <= set(r), r
+        assert r["rel_err"] < 1e-5
+        assert r["tflops"] == pytest.approx(r["flops"] / r["ms_p50"] / 1e9)
+    sp = report.speedups(rows)
+    assert sp["fastconv"]["geomean"] == pytest.approx(2.0)
+    assert sp["fastconv_triton"]["geomean"] == pytest.approx(0.5)
+    assert report.speedups(rows, field="graph_ms_p50")["fastconv"]["geomean"] == pytest.approx(2)
+    assert "geomean speed-up of fastconv over torch: eager 2.000x" in report.table(rows)
+
+
+def test_written_json_has_meta_and_rows(tmp_path):
+    rows = _rows_with({"torch": 2.0, "fastconv": 1.0})
+    doc = {"meta": report.environment({"ieee_tflops": 1.0}, "seed000"), "rows": rows}
+    paths = report.write(doc, tmp_path, "seed000-test")
+    loaded = json.loads(paths[0].read_text())
+    for key in ("suite", "gpu", "torch", "triton", "cudnn", "fastconv", "git_sha", "date",
+                "ceilings"):
+        assert key in loaded["meta"]
+    assert loaded["rows"] == json.loads(json.dumps(rows))
+    assert paths[1].read_text().count("\n") == len(rows) + 1  # CSV header + rows
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only mode")
+def test_cpu_bench_marks_timings_not_measured(tmp_path, capsys):
+    rc = cli.main(["bench", "--suite", "seed000", "--precision", "ieee", "--out",
+                   str(tmp_path)])
+    assert rc == 0
+    assert "No GPU found" in capsys.readouterr().out
+    doc = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert doc["rows"] and all(r["ms_p50"] is None and r["timing"].startswith("not measured")
+                               for r in doc["rows"])
+    assert all(r["rel_err"] < 1e-5 for r in doc["rows"])
+
+
+def _doc(ms):
+    return {"meta": {"suite": "s"}, "rows": [
+        {"case": c, "provider": "fastconv", "precision": "bf16", "mode": "fwd",
+         "layout": "nhwc", "ms_p50": v} for c, v in ms.items()]}
+
+
+def test_deltas_and_regressions():
+    old = _doc({"a": 1.0, "b": 2.0, "gone": 1.0})["rows"]
+    new = _doc({"a": 1.04, "b": 2.4, "new": 1.0})["rows"]
+    ds = compare.deltas(old, new)
+    assert [d.key[0] for d in ds] == ["a", "b"]
+    assert ds[0].pct == pytest.approx(4.0) and ds[1].pct == pytest.approx(20.0)
+    assert [d.key[0] for d in compare.regressions(ds, 5)] == ["b"]
+    assert "REGRESSION" in compare.format_deltas(ds, 5)
+
+
+def test_fail_if_regression_exits_non_zero(tmp_path):
+    old, slower, same = tmp_path / "old.json", tmp_path / "slower.json", tmp_path / "same.json"
+    old.write_text(json.dumps(_doc({"a": 1.0, "b": 1.0})))
+    slower.write_text(json.dumps(_doc({"a": 1.0, "b": 1.06})))
+    same.write_text(json.dumps(_doc({"a": 0.99, "b": 1.04})))
+    assert cli.main(["compare", str(old), str(slower), "--fail-if-regression", "5"]) == 3
+    assert cli.main(["compare", str(old), str(same), "--fail-if-regression", "5"]) == 0
+    assert cli.main(["compare", str(old), str(slower)]) == 0  # deltas only, no gate
+
+
+def test_compare_rejects_a_foreign_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(Exception, match="not a fastconv bench result"):
+        compare.load(bad)
+
+
+def test_shrunk_cases_stay_valid():
+    for cases in suites.SUITES.values():
+        for case in cases:
+            small = suites.shrink(case)
+            assert small.c <= 8 * small.groups and small.n == 1
+            for s, k in zip(small.spatial, small.kernel):
+                assert s + 2 * small.padding >= small.dilation * (k - 1) + 1
