@@ -119,3 +119,16 @@ def test_shrunk_cases_stay_valid():
             assert small.c <= 8 * small.groups and small.n == 1
             for s, k in zip(small.spatial, small.kernel):
                 assert s + 2 * small.padding >= small.dilation * (k - 1) + 1
+
+
+def test_plots_are_written_and_not_empty(tmp_path):
+    from fastconv.bench.plot import plot
+
+    rows = _rows_with({"torch": 2.0, "fastconv": 1.0, "fastconv_triton": 3.0})
+    doc = {"meta": {"suite": "seed000", "gpu": "fake",
+                    "ceilings": {"ieee_tflops": 50.0, "hbm_gbps": 3000.0}}, "rows": rows}
+    paths = plot(doc, tmp_path, "seed000-test")
+    assert [p.name for p in paths] == ["seed000-test-speedup.png", "seed000-test-roofline.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    assert plot({"meta": {}, "rows": [dict(r, ms_p50=None) for r in rows]}, tmp_path, "x") == []

@@ -113,6 +113,9 @@ def cmd_bench(args) -> int:
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"])
             written += report.write(doc, out_dir, stem)
+            if args.plot:
+                from fastconv.bench.plot import plot
+                written += plot(doc, out_dir, stem)
             print(report.table(rows, ceilings))
             if old is not None:
                 all_deltas += compare.deltas(old["rows"], rows)
@@ -166,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", metavar="OLD.json", help="print per-case deltas against it")
     p.add_argument("--fail-if-regression", type=float, metavar="PCT", default=None,
                    help="with --compare: exit 3 if any case is more than PCT%% slower")
+    p.add_argument("--plot", action="store_true", help="also write PNG plots (matplotlib)")
     p.add_argument("--cpu-cases", type=int, default=3,
                    help="without a GPU: how many cases of each suite to check (shrunk)")
     p.set_defaults(fn=cmd_bench)
