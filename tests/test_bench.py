@@ -132,3 +132,14 @@ def test_plots_are_written_and_not_empty(tmp_path):
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     assert plot({"meta": {}, "rows": [dict(r, ms_p50=None) for r in rows]}, tmp_path, "x") == []
+
+
+@pytest.mark.slow
+def test_torch_compile_row_reports_its_compile_time():
+    case = suites.shrink(suites.get("seed000")[1])
+    timer = FakeTimer()
+    timer.ms = 1.0
+    (row,) = runner.run_case(case, ["torch_compile"], Precision.IEEE, "nchw", reps=5,
+                             device="cpu", timer=timer)
+    assert "error" not in row, row.get("error")
+    assert row["compile_s"] > 0 and row["rel_err"] < 1e-5

@@ -4,7 +4,8 @@ Each (case, provider) is timed twice after a warm-up that includes any compilati
 autotuning: eagerly, the way triton.testing.do_bench does it (a CUDA event pair around every
 call, no synchronisation between calls, the median of ``reps``; host overhead included when
 the host is the bottleneck), and as replays of a CUDA graph of the same calls (GPU time
-alone: ``graph_ms_p50``). Small problems rotate over several
+alone: ``graph_ms_p50``). torch.compile rows exclude compilation and report its duration
+(``compile_s``, the first call). Small problems rotate over several
 input sets whose total size exceeds the L2 cache, so the cache cannot flatter them. Inputs
 are random normal values, never zeros.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -24,7 +26,7 @@ from ..precision import DTYPE, Precision, relative_error
 from ..problem import ConvProblem
 from .suites import BenchCase
 
-PROVIDERS = ("fastconv", "fastconv_triton", "torch")
+PROVIDERS = ("fastconv", "fastconv_triton", "torch", "torch_compile")
 _L2_BYTES = 60 * 2**20  # H200's L2; an over-estimate on smaller parts is harmless
 
 
@@ -127,19 +129,32 @@ def _input_sets(case: BenchCase, precision: Precision, layout: str,
     return sets
 
 
-def _call(provider: str, case: BenchCase, precision: Precision, t: dict) -> Callable[[], object]:
-    conv = functional.conv1d if case.rank == 1 else functional.conv2d
+def _torch_conv(case: BenchCase):
+    """conv -> add bias -> activation, as a PyTorch user writes it."""
     tconv = F.conv1d if case.rank == 1 else F.conv2d
     geo = (case.stride, case.padding, case.dilation, case.groups)
-    if provider == "torch":
-        ep = Epilogue(activation=case.activation)
+    ep = Epilogue(activation=case.activation)
 
-        def run():  # conv2d -> add -> activation, as a PyTorch user writes it
-            y = tconv(t["x"], t["w"], None, *geo)
-            if t["b"] is None and case.activation == "none":
-                return y
-            return ep.apply(y, shift=t["b"])
-        return run
+    def run(x, w, b):
+        y = tconv(x, w, None, *geo)
+        if b is None and case.activation == "none":
+            return y
+        return ep.apply(y, shift=b)
+    return run
+
+
+def _call(provider: str, case: BenchCase, precision: Precision, t: dict,
+          compiled: dict | None = None) -> Callable[[], object]:
+    if provider == "torch":
+        fn = _torch_conv(case)
+        return lambda: fn(t["x"], t["w"], t["b"])
+    if provider == "torch_compile":  # one compiled function shared by every input set
+        if compiled is None:
+            compiled = {}
+        fn = compiled.setdefault("fn", torch.compile(_torch_conv(case), dynamic=False))
+        return lambda: fn(t["x"], t["w"], t["b"])
+    conv = functional.conv1d if case.rank == 1 else functional.conv2d
+    geo = (case.stride, case.padding, case.dilation, case.groups)
     backend = {"fastconv": "auto", "fastconv_triton": "triton"}[provider]
     return lambda: conv(t["x"], t["w"], t["b"], *geo, activation=case.activation,
                         backend=backend, precision=precision.value)
@@ -179,9 +194,16 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
             row = dict(case=case.name, provider=provider, precision=precision.value,
                        mode="fwd", layout=layout, flops=problem.flops(),
                        min_bytes=problem.min_bytes())
-            fns = [_call(provider, case, precision, t) for t in sets]
+            compiled: dict = {}
+            fns = [_call(provider, case, precision, t, compiled) for t in sets]
             try:
-                row["rel_err"] = relative_error(fns[0](), ref)
+                start = time.perf_counter()
+                first = fns[0]()  # compiles, autotunes or dispatches: kept out of the timing
+                if provider == "torch_compile":
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    row["compile_s"] = time.perf_counter() - start
+                row["rel_err"] = relative_error(first, ref)
                 if timer is not None:
                     p50, p20, p80 = percentiles(timer.eager(fns, reps))
                     graph = timer.graph(fns)
