@@ -79,6 +79,18 @@ def test_cpu_bench_marks_timings_not_measured(tmp_path, capsys):
     assert all(r["rel_err"] < 1e-5 for r in doc["rows"])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only mode")
+def test_unavailable_provider_is_skipped_with_the_reason(tmp_path, capsys):
+    assert cli.main(["bench", "--provider", "torch,cudnn_fe", "--cpu-cases", "1",
+                     "--precision", "ieee", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "skipping provider cudnn_fe: the cuDNN frontend backend does not exist" in out
+    doc = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert {r["provider"] for r in doc["rows"]} == {"torch"}
+    assert cli.main(["bench", "--provider", "nope", "--out", str(tmp_path)]) == 2
+    assert "allowed:" in capsys.readouterr().out
+
+
 def _doc(ms):
     return {"meta": {"suite": "s"}, "rows": [
         {"case": c, "provider": "fastconv", "precision": "bf16", "mode": "fwd",

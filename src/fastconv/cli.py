@@ -83,11 +83,16 @@ def cmd_bench(args) -> int:
         for name, cases in suites.SUITES.items():
             print(f"{name}: {len(cases)} cases: {', '.join(c.name for c in cases)}")
         return 0
-    providers = args.provider.split(",")
-    for p in providers:
-        if p not in runner.PROVIDERS:
-            print(f"--provider: got {p!r}; allowed: {', '.join(runner.PROVIDERS)}")
+    providers = []
+    for p in args.provider.split(","):
+        if p in runner.UNAVAILABLE:
+            print(f"skipping provider {p}: {runner.UNAVAILABLE[p]}")
+        elif p not in runner.PROVIDERS:
+            print(f"--provider: got {p!r}; allowed: "
+                  f"{', '.join((*runner.PROVIDERS, *runner.UNAVAILABLE))}")
             return 2
+        else:
+            providers.append(p)
     old = compare.load(args.compare) if args.compare else None
     out_dir = args.out or ("benchmarks/results" if has_gpu else "out/bench-cpu")
     if not has_gpu:
