@@ -35,11 +35,7 @@ def plot(doc: dict, out_dir: str | Path, stem: str) -> list[Path]:
     ax.set_ylabel("speed-up over torch")
     ax.set_title(f"{doc['meta'].get('suite')} on {doc['meta'].get('gpu')}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out_dir / f"{stem}-speedup.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(plt, fig, out_dir / f"{stem}-speedup.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for prov in dict.fromkeys(r["provider"] for r in rows):
@@ -61,9 +57,12 @@ def plot(doc: dict, out_dir: str | Path, stem: str) -> list[Path]:
     ax.set_xlabel("FLOP per minimal byte")
     ax.set_ylabel("TFLOPS (eager median)")
     ax.legend(fontsize=7)
+    written.append(_save(plt, fig, out_dir / f"{stem}-roofline.png"))
+    return written
+
+
+def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    path = out_dir / f"{stem}-roofline.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path
