@@ -13,6 +13,7 @@ Output size per spatial dimension, with ``pre``/``post`` padding:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import torch
@@ -84,21 +85,18 @@ class ConvProblem:
 
     def flops(self) -> int:
         """Multiply-adds × 2 of the convolution itself (epilogue excluded)."""
-        taps = 1
-        for k in self.kernel:
-            taps *= k
-        spatial = 1
-        for s in (self.in_size if self.transposed else self.out_size):
-            spatial *= s
+        taps = math.prod(self.kernel)
+        spatial = math.prod(self.in_size if self.transposed else self.out_size)
         return 2 * self.n * spatial * (self.k if not self.transposed else self.c) * \
             (self.c_per_group if not self.transposed else self.k_per_group) * taps
 
     def min_bytes(self) -> int:
         """Each input, weight and output element moved once (plus epilogue operands)."""
         item = torch.empty((), dtype=self.dtype).element_size()
-        numel = _prod(self.input_shape()) + _prod(self.weight_shape()) + _prod(self.output_shape())
+        numel = sum(math.prod(s) for s in (self.input_shape(), self.weight_shape(),
+                                            self.output_shape()))
         if self.epilogue.has_residual:
-            numel += _prod(self.output_shape())
+            numel += math.prod(self.output_shape())
         scale_shift = 4 * self.k * (int(self.epilogue.has_scale) + int(self.epilogue.has_shift))
         return numel * item + scale_shift
 
@@ -339,9 +337,3 @@ def _padding(padding, rank, kernel, stride, dilation, transposed):
     sym = _int_tuple("padding", padding, rank, minimum=0)
     return sym, sym
 
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out

@@ -7,6 +7,7 @@ one can be printed and replayed.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -70,7 +71,7 @@ def make_inputs(case: dict, precision: Precision, device: str = "cpu",
     if case.get("channels_last"):
         x = x.contiguous(memory_format=torch.channels_last)
     w = randn(case["k"], case["c"] // groups, *case["kernel"])
-    fan_in = (case["c"] // groups) * _prod(case["kernel"])
+    fan_in = (case["c"] // groups) * math.prod(case["kernel"])
     w = w / fan_in ** 0.5
     t = dict(input=x, weight=w)
     t["bias"] = randn(case["k"]) if case["bias"] else None
@@ -148,9 +149,3 @@ def describe(case: dict) -> str:
     return f"{case['rank']}d N{case['n']} {case['c']}->{case['k']} {sp} k{ks} " + \
         " ".join(e for e in extras if e)
 
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
