@@ -7,7 +7,7 @@ import torch
 
 from benchmarks.probe_fprop import _gemm_kernel
 from fastconv.backends.triton import fprop
-from fastconv.backends.triton.configs import FpropConfig
+from fastconv.backends.triton.configs import TileConfig
 
 out_dir = os.environ.get("OUT", "out")
 n, c, k, hw = 32, 512, 2048, 7
@@ -19,7 +19,7 @@ o = torch.empty(n, k, hw, hw, device="cuda", dtype=torch.bfloat16,
                 memory_format=torch.channels_last)
 fprop.launch_fprop(x, w, o, None, None, None, stride=(1, 1), pad=(0, 0), dilation=(1, 1),
                    groups=1, act_code=0, negative_slope=0.0, precision="ieee",
-                   config=FpropConfig(128, 128, 64, 8, 3, False), int64=False, bounds_post=False)
+                   config=TileConfig(128, 128, 64, 8, 3, False), int64=False, bounds_post=False)
 a = x.permute(0, 2, 3, 1).reshape(-1, c)
 m = a.shape[0]
 cm = o.permute(0, 2, 3, 1).view(-1, k)

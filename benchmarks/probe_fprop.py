@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastconv.backends.triton.configs import FpropConfig
+from fastconv.backends.triton.configs import TileConfig
 from fastconv.backends.triton.fprop import launch_fprop
 from fastconv.bench.runner import time_graph
 
@@ -69,7 +69,7 @@ def main():
                 a, b, cm, m, k, c, a.stride(0), b.stride(0), cm.stride(0), BLOCK_M=bm,
                 BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=nw, num_stages=ns)]))
             best_gemm = min(best_gemm, (t, f"{bm}x{bn}x{bk}w{nw}s{ns}"))
-            cfg = FpropConfig(bm, bn, bk, nw, ns, False)
+            cfg = TileConfig(bm, bn, bk, nw, ns, False)
             t = statistics.median(time_graph([lambda: launch_fprop(
                 x, w, out, None, None, None, stride=(1, 1), pad=(0, 0), dilation=(1, 1),
                 groups=1, act_code=0, negative_slope=0.0, precision="ieee", config=cfg,

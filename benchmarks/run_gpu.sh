@@ -2,7 +2,9 @@
 # One device call: GPU tests, `fastconv check`, and the benchmark suites.
 # Usage (on the device machine, from the repository root):
 #   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep]
-# Full logs and results go under $OUT (default: ./out); the last lines are a short summary.
+# bench reads SUITES, PRECISIONS, MODES, PROVIDERS; TESTS selects pytest -k expressions.
+# Full logs and results go under $OUT (default: ./out); bench results come back as one
+# results.tgz (JSON, CSV, PNG); the last lines are a short summary.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -16,11 +18,13 @@ for step in $steps; do
     # Correctness runs use heuristic dispatch: benchmark mode would compile and time every
     # tile candidate for each of hundreds of random keys (each candidate is checked on its own
     # by test_every_candidate_config_is_correct).
-    tests) FASTCONV_DISPATCH=heuristic timeout 240 python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
+    tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_gpu.py -k "${TESTS:-}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
     check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     bench) python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
-             --out "$OUT/results" 2>"$OUT/bench.err" | tee "$OUT/bench.log" | grep -E "geomean|seed000" || status=1
-           rm -f "$OUT"/results/*.csv "$OUT/bench.err" ;;  # JSON and the log come back (8-file limit)
+             --mode ${MODES:-fwd} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \
+             --plot --out "$OUT/results" 2>"$OUT/bench.err" | tee -a "$OUT/bench.log" | grep -E "geomean|wrote" || status=1
+           tail -5 "$OUT/bench.err"
+           tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results" ;;
     probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
     sweep) python3 benchmarks/sweep_fprop.py 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
   esac

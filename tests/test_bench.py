@@ -155,3 +155,53 @@ def test_torch_compile_row_reports_its_compile_time():
                              device="cpu", timer=timer)
     assert "error" not in row, row.get("error")
     assert row["compile_s"] > 0 and row["rel_err"] < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["bwd", "train"])
+@pytest.mark.parametrize("suite", ["seed000", "transposed"])
+def test_backward_modes_time_gradients_and_check_them(suite, mode):
+    """bwd rows time the data + weight gradient, train rows forward + backward; their error
+    covers every gradient, their FLOP count is 2x / 3x the forward's."""
+    case = suites.shrink(suites.get(suite)[-1])
+    rows = {}
+    for provider, ms in {"torch": 2.0, "fastconv_triton": 1.0}.items():
+        timer = FakeTimer()
+        timer.ms = ms
+        (rows[provider],) = runner.run_case(case, [provider], Precision.IEEE, "nchw", reps=3,
+                                            device="cpu", timer=timer, mode=mode)
+    (fwd,) = runner.run_case(case, ["torch"], Precision.IEEE, "nchw", device="cpu",
+                             mode="fwd")
+    for r in rows.values():
+        assert "error" not in r, r.get("error")
+        assert r["mode"] == mode and r["rel_err"] < 1e-5
+        assert r["flops"] == fwd["flops"] * (2 if mode == "bwd" else 3)
+    assert "dgrad=triton" in rows["fastconv_triton"]["choice"]
+    assert "wgrad=triton" in rows["fastconv_triton"]["choice"]
+    assert report.speedups(list(rows.values()))["fastconv_triton"]["geomean"] == \
+        pytest.approx(2.0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only mode")
+def test_cli_modes_write_one_file_per_mode(tmp_path):
+    assert cli.main(["bench", "--suite", "transposed", "--mode", "fwd,train", "--cpu-cases",
+                     "1", "--provider", "torch,fastconv_triton", "--precision", "ieee",
+                     "--out", str(tmp_path)]) == 0
+    names = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert len(names) == 2 and "-train-" in names[1] and "-train-" not in names[0]
+    assert cli.main(["bench", "--mode", "sideways", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("mode", ["dgrad", "wgrad"])
+def test_gradient_modes_time_one_kernel(mode):
+    case = suites.shrink(suites.get("resnet50")[2])  # 3x3
+    timer = FakeTimer()
+    timer.ms = 1.0
+    rows = runner.run_case(case, ["torch", "fastconv_triton"], Precision.IEEE, "nchw",
+                           reps=3, device="cpu", timer=timer, mode=mode)
+    for r in rows:
+        assert "error" not in r, r.get("error")
+        assert r["rel_err"] < 1e-5
+    assert rows[1]["choice"] == f"{mode}=triton:m32n16k16w4s1"
+    (bad,) = runner.run_case(suites.shrink(suites.get("transposed")[0]), ["torch"],
+                             Precision.IEEE, "nchw", device="cpu", mode=mode)
+    assert "transposed" in bad["error"]

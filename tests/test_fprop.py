@@ -134,7 +134,7 @@ def test_kernel_variants(flat_k, int64, split_k, device):
     """Every walk of the reduction, 64-bit addressing (its trigger, tensors of more than 2**31
     elements, is exercised on the GPU in test_gpu.py) and split-K with its reduce kernel give
     the same result, epilogue included."""
-    from fastconv.backends.triton.configs import FpropConfig
+    from fastconv.backends.triton.configs import TileConfig
     from fastconv.backends.triton.fprop import launch_fprop
 
     x = torch.randn(2, 20, 7, 6, device=device)
@@ -144,7 +144,7 @@ def test_kernel_variants(flat_k, int64, split_k, device):
     out = torch.full((2, 8, 4, 7), float("nan"), device=device)
     launch_fprop(x, w, out, scale, shift, res, stride=(2, 1), pad=(1, 1), dilation=(1, 1),
                  groups=2, act_code=fastconv.ACTIVATIONS.index("silu"), negative_slope=0.0,
-                 precision="ieee", config=FpropConfig(32, 16, 16, 4, 1, flat_k, split_k),
+                 precision="ieee", config=TileConfig(32, 16, 16, 4, 1, flat_k, split_k),
                  int64=int64)
     conv = F.conv2d(x.double(), w.double(), stride=(2, 1), padding=(1, 1), groups=2)
     ref = F.silu(conv * scale.double().view(1, -1, 1, 1) + shift.double().view(1, -1, 1, 1)

@@ -1,5 +1,6 @@
 """GPU tests: real sizes, every precision, real compilation and tensor-core numerics."""
 
+import functools
 import random
 
 import pytest
@@ -100,3 +101,140 @@ def test_auto_dispatch_runs_and_is_correct():
     y = fastconv.conv2d(x, w, b, padding=1, activation="relu")
     ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), padding=1))
     assert relative_error(y, ref) < TOLERANCE[Precision.BF16]
+
+
+# ------------------------------------------------------------------ backward, transposed
+# (c, k, hw, kernel, stride, dilation, groups): ResNet-like layers plus the awkward ones.
+BACKWARD_LAYERS = [(64, 64, 56, 3, 1, 1, 1), (256, 128, 28, 1, 1, 1, 1),
+                   (128, 128, 28, 3, 2, 1, 1), (3, 64, 112, 7, 2, 1, 1),
+                   (512, 512, 7, 3, 1, 1, 1), (64, 96, 30, 3, 1, 2, 2), (96, 96, 33, 3, 2, 1, 96)]
+
+
+def _fastconv_silu(x, w, b, *, geo, backend, precision):
+    return fastconv.conv2d(x, w, b, *geo, activation="silu", backend=backend,
+                           precision=precision.value)
+
+
+def _torch_silu(x, w, b, *, geo):
+    return F.silu(F.conv2d(x, w, b, *geo))
+
+
+def _grads(fn, x, w, b, g):
+    xs = [t.detach().requires_grad_() for t in (x, w, b)]
+    y = fn(*xs)
+    return (y, *torch.autograd.grad(y, xs, g))
+
+
+@pytest.mark.parametrize("precision", list(Precision), ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_real_sizes(backend, layout, precision):
+    """Output, dx, dw and db of conv + bias + silu against float64, each within the contract."""
+    dtype = {Precision.IEEE: torch.float32, Precision.TF32: torch.float32,
+             Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}[precision]
+    for c, k, hw, ks, s, d, g in BACKWARD_LAYERS:
+        x = torch.randn(8, c, hw, hw, device="cuda").to(dtype)
+        if layout == "nhwc":
+            x = x.contiguous(memory_format=torch.channels_last)
+        w = (torch.randn(k, c // g, ks, ks, device="cuda") / (c // g * ks * ks) ** 0.5).to(dtype)
+        b = torch.randn(k, device="cuda").to(dtype)
+        geo = (s, d * (ks // 2), d, g)
+        fn = functools.partial(_fastconv_silu, geo=geo, backend=backend, precision=precision)
+        gy = torch.randn_like(fn(x, w, b))
+        ours = _grads(fn, x, w, b, gy)
+        ref = _grads(functools.partial(_torch_silu, geo=geo), x.double(), w.double(),
+                     b.double(), gy.double())
+        for name, a, r in zip(("y", "dx", "dw", "db"), ours, ref):
+            err = relative_error(a, r)
+            assert err <= TOLERANCE[precision], (name, c, k, hw, ks, s, d, g, err)
+
+
+@pytest.mark.parametrize("precision", [Precision.TF32, Precision.BF16], ids=str)
+def test_transposed_real_sizes(precision):
+    dtype = torch.float32 if precision == Precision.TF32 else torch.bfloat16
+    for c, k, hw, ks, s, p, op in ((512, 256, 16, 4, 2, 1, 0), (128, 64, 64, 4, 2, 1, 0),
+                                   (256, 128, 32, 2, 2, 0, 0), (64, 32, 15, 3, 2, 1, 1)):
+        x = torch.randn(8, c, hw, hw, device="cuda").to(dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        w = (torch.randn(c, k, ks, ks, device="cuda") / (c * ks * ks / s / s) ** 0.5).to(dtype)
+        b = torch.randn(k, device="cuda").to(dtype)
+
+        ours = functools.partial(fastconv.conv_transpose2d, stride=s, padding=p,
+                                 output_padding=op, backend="triton", precision=precision.value)
+        gy = torch.randn_like(ours(x, w, b))
+        got = _grads(ours, x, w, b, gy)
+        ref = _grads(functools.partial(F.conv_transpose2d, stride=s, padding=p,
+                                       output_padding=op), x.double(), w.double(), b.double(),
+                     gy.double())
+        for name, a, r in zip(("y", "dx", "dw", "db"), got, ref):
+            err = relative_error(a, r)
+            assert err <= TOLERANCE[precision], (name, c, k, hw, ks, s, err)
+
+
+def test_wgrad_is_deterministic():
+    x = torch.randn(32, 256, 28, 28, device="cuda")
+    g = torch.randn(32, 256, 28, 28, device="cuda")
+    w = torch.randn(256, 256, 3, 3, device="cuda")
+    from fastconv import ops
+
+    runs = [ops.conv_weight_grad(g, x, w, [1, 1], [1, 1], [1, 1], [1, 1], 1, "triton", "tf32")
+            for _ in range(3)]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def _small_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        fastconv.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+        fastconv.nn.Conv2d(32, 32, 3, stride=2, padding=1, groups=2), torch.nn.ReLU(),
+        fastconv.nn.ConvTranspose2d(32, 8, 2, stride=2)).cuda()
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    net = _small_net()
+    x = torch.randn(4, 16, 20, 20, device="cuda", requires_grad=True)
+    compiled = torch.compile(net, fullgraph=True)
+    y = compiled(x)
+    y.square().sum().backward()
+    gx = x.grad.clone()
+    x.grad = None
+    y_ref = net(x)
+    y_ref.square().sum().backward()
+    assert relative_error(y, y_ref) < TOLERANCE[Precision.TF32]
+    assert relative_error(gx, x.grad) < TOLERANCE[Precision.TF32]
+
+
+def test_cuda_graph_training_step_matches_eager():
+    net = _small_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(4, 16, 20, 20, device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = net(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: dispatch decisions and compilation
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    eager_losses = [step().item() for _ in range(3)]
+    eager_state = {k: v.clone() for k, v in net.state_dict().items()}
+    net.load_state_dict(state)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    net.load_state_dict(state)  # capture does not run the step
+    graph_losses = []
+    for _ in range(3):
+        graph.replay()
+        graph_losses.append(static_loss.item())
+    assert graph_losses == pytest.approx(eager_losses, rel=1e-3)
+    for k, v in net.state_dict().items():
+        assert relative_error(v, eager_state[k]) < 1e-3, k

@@ -99,24 +99,32 @@ def cmd_bench(args) -> int:
         print("No GPU found: timings need a CUDA GPU. Running a small correctness-only "
               "version of each case (Triton kernels in the interpreter); the JSON marks "
               "every timing as not measured.")
-    written, all_deltas = [], []
+    modes = args.mode.split(",")
+    for m in modes:
+        if m not in runner.MODES:
+            print(f"--mode: got {m!r}; allowed: {', '.join(runner.MODES)}")
+            return 2
+    runs = []
     for suite in args.suite.split(","):
         cases = suites.get(suite)
         if not has_gpu:
             cases = [suites.shrink(c) for c in cases[:args.cpu_cases]]
         for prec_name in args.precision.split(","):
-            prec = Precision(prec_name)
+            for mode in modes:
+                runs.append((suite, cases, Precision(prec_name), mode))
+    written, all_deltas = [], []
+    with _progress(sum(len(r[1]) for r in runs)) as advance:
+        for suite, cases, prec, mode in runs:
             layout = args.layout or ("nchw" if prec in (Precision.IEEE, Precision.TF32)
                                      else "nhwc")
             ceilings = runner.measure_ceilings(prec) if has_gpu else {}
             rows = []
-            for i, case in enumerate(cases):
-                print(f"[{i + 1}/{len(cases)}] {suite} {case.name} {prec} {layout}",
-                      file=sys.stderr, flush=True)
+            for case in cases:
+                advance(f"{suite} {mode} {prec} {layout} {case.name}")
                 rows += runner.run_case(case, providers, prec, layout, reps=args.reps,
-                                        device="cuda" if has_gpu else "cpu")
+                                        device="cuda" if has_gpu else "cpu", mode=mode)
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
-            stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"])
+            stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
             written += report.write(doc, out_dir, stem)
             if args.plot:
                 from fastconv.bench.plot import plot
@@ -128,6 +136,39 @@ def cmd_bench(args) -> int:
     if old is not None:
         return _report_deltas(all_deltas, args.fail_if_regression)
     return 0
+
+
+class _progress:
+    """A rich progress bar on stderr while the bench runs (plain lines without rich or a
+    terminal); ``advance(label)`` starts the next case."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.bar = total, 0, None
+
+    def __enter__(self):
+        try:
+            from rich.progress import Progress
+        except ImportError:
+            Progress = None
+        if Progress is not None and sys.stderr.isatty():
+            from rich.console import Console
+
+            self.bar = Progress(console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("bench", total=self.total)
+        return self.advance
+
+    def advance(self, label: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done, description=label)
+        else:
+            print(f"[{self.done + 1}/{self.total}] {label}", file=sys.stderr, flush=True)
+        self.done += 1
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.total)
+            self.bar.stop()
 
 
 def cmd_compare(args) -> int:
@@ -165,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", default="seed000")
     p.add_argument("--provider", default="fastconv,fastconv_triton,torch")
     p.add_argument("--precision", default="tf32")
+    p.add_argument("--mode", default="fwd",
+                   help="fwd, bwd (data + weight gradient) or train (forward + backward); "
+                        "comma-separated for several")
     p.add_argument("--layout", choices=("nchw", "nhwc"), default=None,
                    help="default: nchw for fp32 data, nhwc (channels_last) for fp16/bf16")
     p.add_argument("--reps", type=int, default=50)

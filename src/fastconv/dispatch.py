@@ -26,6 +26,7 @@ from .errors import ConvError, NotSupported
 from .problem import ConvProblem
 
 MODES = ("heuristic", "benchmark")
+OPS = ("fprop", "dgrad", "wgrad")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +59,12 @@ def supported(problem: ConvProblem) -> dict[str, list[str]]:
 
 def choose(problem: ConvProblem, backend: str = "auto", *,
            run: Callable[[type[backends.Backend], Any], None] | None = None,
-           mode: str | None = None) -> Choice:
-    """The backend and configuration to run ``problem`` with.
+           mode: str | None = None, op: str = "fprop") -> Choice:
+    """The backend and configuration to run ``op`` of ``problem`` with.
 
     ``run(backend_cls, config)`` executes one candidate on the call's tensors; benchmark mode
-    needs it and falls back to the heuristic without it.
+    needs it and falls back to the heuristic without it. ``op`` is one of ``OPS``: the
+    problem's own computation or the data / weight gradient of a (non-transposed) problem.
     """
     mode = mode or default_mode(problem)
     if mode not in MODES:
@@ -79,41 +81,42 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
         if not names:  # cannot happen while aten is registered, but say why if it does
             detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in refusals.items())
             raise NotSupported("auto", [f"no backend can run {problem.describe()}: {detail}"])
-    key = (problem.key(), backend, mode)
+    key = (problem.key(), backend, mode, op)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
     if mode == "benchmark" and run is not None and problem.device == "cuda" \
             and not torch.cuda.is_current_stream_capturing():
-        choice = _benchmark(problem, names, run)
+        choice = _benchmark(problem, names, run, op)
     else:
-        name = _rule(problem, names)
-        choice = Choice(name, backends.REGISTRY[name].candidates(problem)[0])
+        name = _rule(problem, names, op)
+        choice = Choice(name, backends.REGISTRY[name].candidates(problem, op)[0])
     _CACHE[key] = choice
     return choice
 
 
-def cached(problem: ConvProblem, backend: str = "auto", mode: str | None = None) -> Choice | None:
+def cached(problem: ConvProblem, backend: str = "auto", mode: str | None = None,
+           op: str = "fprop") -> Choice | None:
     """The choice already made for ``problem`` (``None`` if it was never dispatched)."""
-    return _CACHE.get((problem.key(), backend, mode or default_mode(problem)))
+    return _CACHE.get((problem.key(), backend, mode or default_mode(problem), op))
 
 
-def _rule(problem: ConvProblem, names: list[str]) -> str:
+def _rule(problem: ConvProblem, names: list[str], op: str) -> str:
     """Heuristic backend pick: aten on the CPU (the interpreter is for tests), else Triton
     when it can fuse an epilogue that torch would run as separate kernels."""
     if len(names) == 1:
         return names[0]
-    if problem.device == "cuda" and "triton" in names and not problem.epilogue.is_identity \
-            and not problem.depthwise:
+    if op == "fprop" and problem.device == "cuda" and "triton" in names \
+            and not problem.epilogue.is_identity and not problem.depthwise:
         return "triton"
     return "aten"
 
 
-def _benchmark(problem: ConvProblem, names: list[str], run) -> Choice:
+def _benchmark(problem: ConvProblem, names: list[str], run, op: str) -> Choice:
     best: Choice | None = None
     for name in names:
         cls = backends.REGISTRY[name]
-        for config in cls.candidates(problem):
+        for config in cls.candidates(problem, op):
             try:
                 ms = time_ms(lambda cls=cls, config=config: run(cls, config))
             except Exception:  # a config that cannot compile here (e.g. shared memory) is skipped

@@ -105,15 +105,16 @@ def fold_bias(bias: torch.Tensor | None, scale: torch.Tensor | None,
 
     Returns ``(scale, shift)`` for backends that take no bias. A lone bias is passed through
     as the shift, untouched (kernels read it in its own dtype); only a bias combined with a
-    scale or a shift costs a small fp32 computation.
+    scale or a shift costs a small fp32 (float64 for float64 data) computation.
     """
     if bias is None:
         return scale, shift
     if scale is None and shift is None:
         return None, bias
-    b = bias.detach().float()
+    acc = torch.float64 if bias.dtype == torch.float64 else torch.float32
+    b = bias.detach().to(acc)
     if scale is not None:
-        b = b * scale.detach().float()
+        b = b * scale.detach().to(acc)
     if shift is not None:
-        b = b + shift.detach().float()
+        b = b + shift.detach().to(acc)
     return scale, b.contiguous()

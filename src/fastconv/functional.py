@@ -1,8 +1,14 @@
 """Functional convolutions with torch.nn.functional's signature and a fused epilogue.
 
 ``fastconv.conv2d(x, w, b, stride, padding, dilation, groups)`` computes what
-``torch.nn.functional.conv2d`` computes; the keyword-only arguments add the epilogue
+``torch.nn.functional.conv2d`` computes, ``fastconv.conv_transpose2d`` what
+``F.conv_transpose2d`` computes; the keyword-only arguments add the epilogue
 ``act(scale·(conv + bias) + shift + residual)``, an output buffer, a backend and a precision.
+
+Two paths: a call that needs no gradient, outside torch.compile, runs a cached plan directly
+(the lowest host overhead); otherwise the call goes through the ``fastconv::conv`` custom op
+(ops.py), whose autograd formula runs the data and weight gradients on fastconv's kernels
+and which torch.compile traces as one node.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import torch
 
 from . import backends, dispatch
 from .epilogue import Epilogue, fold_bias
-from .errors import ConvError, ConvTypeError, NotSupported
-from .problem import ConvProblem
+from .errors import ConvError, ConvTypeError
+from .precision import resolve
+from .problem import ConvProblem, normalize_geometry
 
 _IntOrTuple = int | Sequence[int]
 
@@ -30,8 +37,8 @@ def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     Same as :func:`conv2d` with one spatial dimension:
     ``L_out = (L + pad_pre + pad_post − dilation·(kernel − 1) − 1) // stride + 1``.
     """
-    return _conv(1, input, weight, bias, stride, padding, dilation, groups, activation,
-                 negative_slope, residual, scale, shift, out, backend, precision)
+    return _conv(1, False, input, weight, bias, stride, padding, dilation, groups, 0,
+                 activation, negative_slope, residual, scale, shift, out, backend, precision)
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -67,14 +74,63 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         ConvError: any invalid argument (the message names it, the value and what is allowed).
         NotSupported: a forced ``backend`` cannot run this problem (every reason listed).
     """
-    return _conv(2, input, weight, bias, stride, padding, dilation, groups, activation,
-                 negative_slope, residual, scale, shift, out, backend, precision)
+    return _conv(2, False, input, weight, bias, stride, padding, dilation, groups, 0,
+                 activation, negative_slope, residual, scale, shift, out, backend, precision)
 
 
-def _conv(rank, input, weight, bias, stride, padding, dilation, groups, activation,
-          negative_slope, residual, scale, shift, out, backend, precision):
+def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, stride: _IntOrTuple = 1,
+                     padding: _IntOrTuple = 0, output_padding: _IntOrTuple = 0, groups: int = 1,
+                     dilation: _IntOrTuple = 1, *, activation: str = "none",
+                     negative_slope: float = 0.01, residual: torch.Tensor | None = None,
+                     scale: torch.Tensor | None = None, shift: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None, backend: str = "auto",
+                     precision: str | None = None) -> torch.Tensor:
+    """1-D transposed convolution over ``(N, C_in, L)`` or ``(C_in, L)``; see
+    :func:`conv_transpose2d`."""
+    return _conv(1, True, input, weight, bias, stride, padding, dilation, groups,
+                 output_padding, activation, negative_slope, residual, scale, shift, out,
+                 backend, precision)
+
+
+def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, stride: _IntOrTuple = 1,
+                     padding: _IntOrTuple = 0, output_padding: _IntOrTuple = 0, groups: int = 1,
+                     dilation: _IntOrTuple = 1, *, activation: str = "none",
+                     negative_slope: float = 0.01, residual: torch.Tensor | None = None,
+                     scale: torch.Tensor | None = None, shift: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None, backend: str = "auto",
+                     precision: str | None = None) -> torch.Tensor:
+    """2-D transposed convolution ("deconvolution") with an optional fused epilogue.
+
+    The positional arguments are ``torch.nn.functional.conv_transpose2d``'s, in its order.
+
+    Args:
+        input: ``(N, C_in, H, W)`` or unbatched ``(C_in, H, W)``.
+        weight: ``(C_in, C_out / groups, R, S)``: ``C_in`` must equal ``weight.shape[0]``
+            and the output has ``weight.shape[1] * groups`` channels.
+        output_padding: extra size added after each output dimension; each value smaller
+            than the stride or the dilation of that dimension.
+        out: write the result here (the transposed counterpart of ``conv2d``'s ``out=``).
+        The other arguments are as in :func:`conv2d`.
+
+    Returns:
+        ``(N, C_out, H_out, W_out)`` with
+        ``H_out = (H − 1)·stride − 2·padding + dilation·(R − 1) + output_padding + 1``.
+    """
+    return _conv(2, True, input, weight, bias, stride, padding, dilation, groups,
+                 output_padding, activation, negative_slope, residual, scale, shift, out,
+                 backend, precision)
+
+
+def _conv(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+          output_padding, activation, negative_slope, residual, scale, shift, out, backend,
+          precision):
     if not isinstance(input, torch.Tensor):
         raise ConvTypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
+    if torch.is_autocast_enabled(input.device.type):
+        input, weight, bias, residual = _autocast(input.device.type, input, weight, bias,
+                                                  residual)
     unbatched = input.dim() == rank + 1
     if unbatched:
         input = input.unsqueeze(0)
@@ -85,30 +141,107 @@ def _conv(rank, input, weight, bias, stride, padding, dilation, groups, activati
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad
         for t in (input, weight, bias, scale, shift, residual))
+    if needs_grad or torch.compiler.is_compiling():
+        if needs_grad and out is not None:
+            raise ConvError("out: cannot be used when an input requires grad (as in torch, "
+                            "out= does not support automatic differentiation)")
+        result = _through_op(rank, transposed, input, weight, bias, stride, padding, dilation,
+                             groups, output_padding, activation, negative_slope, residual,
+                             scale, shift, backend, precision)
+        if out_b is not None:
+            out_b.copy_(result)
+    else:
+        result = run_forward(rank, transposed, input, weight, bias, stride, padding, dilation,
+                             groups, output_padding, activation, negative_slope, residual,
+                             scale, shift, out_b, backend, precision)
+    if out is not None:
+        return out
+    return result.squeeze(0) if unbatched else result
+
+
+def _autocast(device_type, *tensors):
+    """Cast floating-point operands (not float64, as torch's autocast) to the autocast dtype;
+    scale and shift stay as given, like BatchNorm's parameters."""
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                 and t.dtype != torch.float64 else t for t in tensors)
+
+
+def _through_op(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                output_padding, activation, negative_slope, residual, scale, shift, backend,
+                precision):
+    from . import ops  # registers the custom ops on first use
+
+    if not isinstance(weight, torch.Tensor):
+        raise ConvTypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() != rank + 2:
+        raise ConvError(f"weight: expected a {rank + 2}-D tensor for conv{rank}d, got shape "
+                        f"{tuple(weight.shape)}")
+    stride, pre, post, dilation, opad = normalize_geometry(
+        rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed)
+    prec = resolve(precision, input.dtype).value
+    return ops.conv(input, weight, bias, scale, shift, residual, list(stride), list(pre),
+                    list(post), list(dilation), groups, transposed, list(opad), activation,
+                    float(negative_slope), backend, prec)
+
+
+def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                output_padding, activation, negative_slope, residual, scale, shift, out,
+                backend, precision):
+    """The convolution of batched operands through a cached plan, no autograd."""
     # Fast path: a call whose every validated property (shapes, strides, dtypes, devices,
     # arguments, global precision flag) was seen before reuses its plan; only the checks
     # that depend on the data pointers run again.
     try:
-        sig = (rank, _sig(input), _sig(weight), _sig(bias), _sig(residual), _sig(scale),
-               _sig(shift), _sig(out_b), stride, padding, dilation, groups, activation,
-               negative_slope, backend, precision, needs_grad, torch.backends.cudnn.allow_tf32)
+        sig = ("fprop", rank, transposed, _sig(input), _sig(weight), _sig(bias), _sig(residual),
+               _sig(scale), _sig(shift), _sig(out), stride, padding, dilation, groups,
+               output_padding, activation, negative_slope, backend, precision,
+               torch.backends.cudnn.allow_tf32)
         plan = _PLANS.get(sig)
     except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
         sig, plan = None, None
     if plan is None:
-        plan = _plan(rank, input, weight, bias, stride, padding, dilation, groups, activation,
-                     negative_slope, residual, scale, shift, out_b, backend, precision,
-                     needs_grad)
-        if sig is not None:
-            if len(_PLANS) >= _PLANS_MAX:
-                _PLANS.pop(next(iter(_PLANS)))
-            _PLANS[sig] = plan
-    elif out_b is not None:
-        plan.problem._check_overlap(out_b, input, bias, residual, scale, shift)
-    result = plan.run(input, weight, bias, scale, shift, residual, out_b)
-    if out is not None:
-        return out
-    return result.squeeze(0) if unbatched else result
+        plan = _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                     output_padding, activation, negative_slope, residual, scale, shift, out,
+                     backend, precision)
+        _remember(sig, plan)
+    elif out is not None:
+        plan.problem._check_overlap(out, input, bias, residual, scale, shift)
+    return plan.run(input, weight, bias, scale, shift, residual, out)
+
+
+def run_grad(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
+             backend, precision, out):
+    """``op`` ("dgrad" or "wgrad") of the convolution of ``input`` with ``weight`` (no
+    epilogue; geometry already normalised), written into ``out``."""
+    sig = (op, _sig(grad_out), _sig(input), _sig(weight), _sig(out), tuple(stride),
+           tuple(pad_pre), tuple(pad_post), tuple(dilation), groups, backend, precision)
+    plan = _PLANS.get(sig)
+    if plan is None:
+        rank = input.dim() - 2
+        problem = ConvProblem.from_tensors(
+            input, weight, None, tuple(stride), tuple(zip(pad_pre, pad_post)), tuple(dilation),
+            groups, rank=rank, precision=precision)
+        if tuple(grad_out.shape) != problem.output_shape():
+            raise ConvError(f"grad_output: expected shape {problem.output_shape()}, got "
+                            f"{tuple(grad_out.shape)}")
+        second = weight if op == "dgrad" else input
+
+        def trial(cls, config):
+            cls.bind(problem, config, op)(grad_out, second, out)
+
+        choice = dispatch.choose(problem, backend, run=trial, op=op)
+        plan = _Plan(problem, backends.REGISTRY[choice.backend].bind(problem, choice.config, op))
+        _remember(sig, plan)
+    return plan.run(grad_out, input if op == "wgrad" else weight, out)
+
+
+def _remember(sig, plan) -> None:
+    if sig is None:
+        return
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[sig] = plan
 
 
 def _sig(t):
@@ -136,8 +269,9 @@ def clear_plans() -> None:
     _PLANS.clear()
 
 
-def _plan(rank, input, weight, bias, stride, padding, dilation, groups, activation,
-          negative_slope, residual, scale, shift, out, backend, precision, needs_grad):
+def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+          output_padding, activation, negative_slope, residual, scale, shift, out, backend,
+          precision):
     if not isinstance(backend, str):
         raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
     epilogue = Epilogue(activation=activation, negative_slope=float(negative_slope),
@@ -145,19 +279,12 @@ def _plan(rank, input, weight, bias, stride, padding, dilation, groups, activati
                         has_shift=shift is not None or bias is not None,
                         has_residual=residual is not None)
     problem = ConvProblem.from_tensors(
-        input, weight, bias, stride, padding, dilation, groups, rank=rank, precision=precision,
+        input, weight, bias, stride, padding, dilation, groups, rank=rank,
+        transposed=transposed, output_padding=output_padding, precision=precision,
         epilogue=epilogue, residual=residual, scale=scale, shift=shift, out=out)
-    if needs_grad:
-        if out is not None:
-            raise ConvError("out: cannot be used when an input requires grad (as in torch, "
-                            "out= does not support automatic differentiation)")
-        if backend not in ("auto", "aten"):
-            raise NotSupported(backend, [
-                "an input requires grad and this backend has no backward yet; use "
-                "backend='aten' or torch.no_grad()"])
-        backend = "aten"
     if problem.n == 0:  # empty batch: empty output, nothing to launch
-        return _Plan(problem, lambda *a: problem.new_output() if a[-1] is None else a[-1])
+        return _Plan(problem, lambda *a: problem.new_output(input.device) if a[-1] is None
+                     else a[-1])
 
     def bound(cls, config):
         run = cls.bind(problem, config)
@@ -173,7 +300,7 @@ def _plan(rank, input, weight, bias, stride, padding, dilation, groups, activati
 
     def trial(cls, config):
         if not scratch:
-            scratch.append(out if out is not None else problem.new_output())
+            scratch.append(out if out is not None else problem.new_output(input.device))
         bound(cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
 
     choice = dispatch.choose(problem, backend, run=trial)

@@ -74,14 +74,22 @@ class ConvProblem:
     def output_shape(self) -> tuple[int, ...]:
         return (self.n, self.k, *self.out_size)
 
-    def new_output(self) -> torch.Tensor:
-        """An uninitialised output tensor in the input's memory layout."""
-        shape = self.output_shape()
-        if self.layout == "nhwc":  # channels fastest, like torch's channels_last
-            perm = (0, *range(2, len(shape)), 1)
-            t = torch.empty([shape[i] for i in perm], dtype=self.dtype, device=self.device)
-            return t.permute(0, len(shape) - 1, *range(1, len(shape) - 1))
-        return torch.empty(shape, dtype=self.dtype, device=self.device)
+    def new_output(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """An uninitialised output tensor in the input's memory layout, on ``device`` (the
+        input's device; the problem records only its type)."""
+        return empty_in_layout(self.output_shape(), self.layout, self.dtype,
+                               device if device is not None else self.device)
+
+    def conv_equivalent(self) -> ConvProblem:
+        """For a transposed convolution: the convolution whose data gradient it is (same
+        weight, same geometry, input and output swapped). Its forward is this problem's
+        input gradient and its weight gradient this problem's weight gradient."""
+        if not self.transposed:
+            return self
+        return dataclasses.replace(
+            self, c=self.k, k=self.c, in_size=self.out_size, out_size=self.in_size,
+            pad_post=self.pad_pre, transposed=False, output_padding=(0,) * self.rank,
+            epilogue=Epilogue())
 
     def flops(self) -> int:
         """Multiply-adds × 2 of the convolution itself (epilogue excluded)."""
@@ -268,6 +276,16 @@ class ConvProblem:
                                 "with any input")
 
 
+def empty_in_layout(shape, layout: str, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialised tensor of ``shape``; channels fastest (like torch's channels_last)
+    when ``layout`` is 'nhwc'."""
+    if layout == "nhwc":
+        perm = (0, *range(2, len(shape)), 1)
+        t = torch.empty([shape[i] for i in perm], dtype=dtype, device=device)
+        return t.permute(0, len(shape) - 1, *range(1, len(shape) - 1))
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def layout_of(t: torch.Tensor) -> str:
     """'nhwc' when ``t`` is stored channels-last (channels fastest), else 'nchw'."""
     if t.dim() >= 3 and t.shape[1] > 1 and t.stride(1) == 1 and \
@@ -291,6 +309,17 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     a0, a1 = span(a)
     b0, b1 = span(b)
     return a0 < b1 and b0 < a1
+
+
+def normalize_geometry(rank: int, kernel: Sequence[int], stride, padding, dilation,
+                       output_padding, transposed: bool):
+    """``(stride, pad_pre, pad_post, dilation, output_padding)`` as tuples of ints, from the
+    forms the functional API accepts (raises ConvError / ConvTypeError like from_tensors)."""
+    stride_t = _int_tuple("stride", stride, rank, minimum=1)
+    dilation_t = _int_tuple("dilation", dilation, rank, minimum=1)
+    pre, post = _padding(padding, rank, tuple(kernel), stride_t, dilation_t, transposed)
+    opad = _int_tuple("output_padding", output_padding, rank, minimum=0)
+    return stride_t, pre, post, dilation_t, opad
 
 
 def _check_devices(input: torch.Tensor, **others: torch.Tensor | None) -> None:

@@ -29,14 +29,18 @@ class AtenBackend(Backend):
         return reasons
 
     @classmethod
-    def candidates(cls, problem):
+    def candidates(cls, problem, op="fprop"):
         cands = [None]
-        if _cudnn_fusable(problem):
+        if op == "fprop" and _cudnn_fusable(problem):
             cands.append(CUDNN_RELU)
         return cands
 
     @classmethod
-    def bind(cls, problem, config):
+    def bind(cls, problem, config, op="fprop"):
+        if op == "dgrad":
+            return _bind_backward(problem, input_grad=True)
+        if op == "wgrad":
+            return _bind_backward(problem, input_grad=False)
         if config == CUDNN_RELU:
             return _bind_cudnn_relu(problem)
         epilogue = None if problem.epilogue.is_identity else problem.epilogue
@@ -75,24 +79,79 @@ def _cudnn_fusable(problem: ConvProblem) -> bool:
 
 def _bind_cudnn_relu(problem: ConvProblem):
     geo = (problem.stride, problem.pad_pre, problem.dilation, problem.groups)
-    allow_tf32 = problem.precision == Precision.TF32
 
     def run(input, weight, bias, scale, shift, residual, out):
         if shift is not None:
             bias = shift if bias is None else bias.float() + shift.float()
         if bias is not None:
             bias = bias.to(input.dtype)
-        saved = torch.backends.cudnn.allow_tf32
-        torch.backends.cudnn.allow_tf32 = allow_tf32
-        try:
+        with _precision(problem):
             if residual is None:
                 y = torch.cudnn_convolution_relu(input, weight, bias, *geo)
             else:
                 y = torch.cudnn_convolution_add_relu(input, weight, residual, 1.0, bias, *geo)
-        finally:
-            torch.backends.cudnn.allow_tf32 = saved
         return y if out is None else out.copy_(y)
     return run
+
+
+def _bind_backward(problem: ConvProblem, input_grad: bool):
+    """dgrad (``run(grad_out, weight, out)``) or wgrad (``run(grad_out, input, out)``) of a
+    convolution through aten's convolution_backward (cuDNN on the GPU). Asymmetric padding is
+    a symmetric problem on the explicitly padded input."""
+    pre, post = problem.pad_pre, problem.pad_post
+    symmetric = pre == post
+    padded = tuple(i + a + b for i, a, b in zip(problem.in_size, pre, post))
+    geo = dict(stride=list(problem.stride), padding=list(pre) if symmetric else [0] * problem.rank,
+               dilation=list(problem.dilation), transposed=False,
+               output_padding=[0] * problem.rank, groups=problem.groups)
+
+    def run_dgrad(grad_out, weight, out):
+        shape = problem.input_shape() if symmetric else (problem.n, problem.c, *padded)
+        fake_input = grad_out.new_empty(1).expand(shape)
+        with _precision(problem):
+            gi = torch.ops.aten.convolution_backward(grad_out, fake_input, weight, None,
+                                                     output_mask=[True, False, False], **geo)[0]
+        if not symmetric:
+            gi = gi[(slice(None), slice(None),
+                     *(slice(a, a + i) for a, i in zip(pre, problem.in_size)))]
+        return gi if out is None else out.copy_(gi)
+
+    def run_wgrad(grad_out, input, out):
+        if not symmetric:
+            input = F.pad(input, _flat_pad(pre, post))
+        with _precision(problem):
+            gw = torch.ops.aten.convolution_backward(grad_out, input, _shape_only(problem, input),
+                                                     None, output_mask=[False, True, False],
+                                                     **geo)[1]
+        return gw if out is None else out.copy_(gw)
+    return run_dgrad if input_grad else run_wgrad
+
+
+def _shape_only(problem: ConvProblem, like: torch.Tensor) -> torch.Tensor:
+    """A weight-shaped tensor whose values are never read (wgrad needs only the shape)."""
+    return like.new_empty(1).expand(problem.weight_shape())
+
+
+def _flat_pad(pre, post) -> list[int]:
+    """F.pad's argument: (pre, post) pairs, last dimension first."""
+    flat = []
+    for a, b in reversed(list(zip(pre, post))):
+        flat += [a, b]
+    return flat
+
+
+class _precision:
+    """cuDNN's TF32 switch set to ``problem``'s precision for the duration of a call."""
+
+    def __init__(self, problem: ConvProblem):
+        self.allow = problem.precision == Precision.TF32
+
+    def __enter__(self):
+        self.saved = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = self.allow
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.allow_tf32 = self.saved
 
 
 def conv_aten(problem: ConvProblem, input: torch.Tensor, weight: torch.Tensor,
@@ -100,25 +159,15 @@ def conv_aten(problem: ConvProblem, input: torch.Tensor, weight: torch.Tensor,
     """The bare convolution of ``problem`` through torch, honouring its precision."""
     symmetric = problem.pad_pre == problem.pad_post
     if not symmetric and not problem.transposed:
-        # torch takes only symmetric padding: pad explicitly (F.pad wants last dim first).
-        flat = []
-        for a, b in reversed(list(zip(problem.pad_pre, problem.pad_post))):
-            flat += [a, b]
-        input = F.pad(input, flat)
+        # torch takes only symmetric padding: pad explicitly.
+        input = F.pad(input, _flat_pad(problem.pad_pre, problem.pad_post))
         padding = 0
     else:
         padding = problem.pad_pre
-    allow_tf32 = problem.precision == Precision.TF32
-    saved = torch.backends.cudnn.allow_tf32
-    if saved != allow_tf32:  # cuDNN's TF32 switch, for this call only
-        torch.backends.cudnn.allow_tf32 = allow_tf32
-    try:
+    with _precision(problem):
         if problem.transposed:
             fn = F.conv_transpose1d if problem.rank == 1 else F.conv_transpose2d
             return fn(input, weight, bias, problem.stride, padding, problem.output_padding,
                       problem.groups, problem.dilation)
         fn = F.conv1d if problem.rank == 1 else F.conv2d
         return fn(input, weight, bias, problem.stride, padding, problem.dilation, problem.groups)
-    finally:
-        if saved != allow_tf32:
-            torch.backends.cudnn.allow_tf32 = saved

@@ -60,15 +60,25 @@ class Backend:
         return reasons
 
     @classmethod
-    def candidates(cls, problem: ConvProblem) -> list[Any]:
-        """The configurations worth trying for ``problem`` (first = the heuristic's pick)."""
+    def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list[Any]:
+        """The configurations worth trying for ``op`` of ``problem`` (first = the
+        heuristic's pick)."""
         return [None]
 
     @classmethod
-    def bind(cls, problem: ConvProblem, config: Any) -> Callable[..., torch.Tensor]:
-        """A callable ``(input, weight, bias, scale, shift, residual, out) -> output`` for
-        this problem and configuration. The functional API caches it per call signature, so
-        a backend can precompute launch parameters here once."""
+    def bind(cls, problem: ConvProblem, config: Any,
+             op: str = "fprop") -> Callable[..., torch.Tensor]:
+        """A callable for this problem, operation and configuration. The functional API
+        caches it per call signature, so a backend can precompute launch parameters here.
+
+        * ``op="fprop"``: ``(input, weight, bias, scale, shift, residual, out) -> output``,
+          the problem's own computation (a transposed convolution if ``problem.transposed``);
+        * ``op="dgrad"``: ``(grad_out, weight, out) -> grad_input`` and
+        * ``op="wgrad"``: ``(grad_out, input, out) -> grad_weight`` of a non-transposed
+          ``problem``, without epilogue. ``out=None`` allocates.
+        """
+        if op != "fprop":
+            raise NotImplementedError(f"{cls.NAME} has no {op}")
 
         def run(input, weight, bias, scale, shift, residual, out):
             return cls.forward(problem, config, input, weight, bias, scale=scale, shift=shift,

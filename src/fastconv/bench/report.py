@@ -56,11 +56,13 @@ def speedups(rows: list[dict], baseline: str = "torch",
              field: str = "ms_p50") -> dict[str, dict[str, float]]:
     """Per provider: speed-up over ``baseline`` in ``field`` (``ms_p50`` eager or
     ``graph_ms_p50``) per case, and their geometric mean."""
-    base = {(r["case"], r["precision"], r.get("layout")): r[field] for r in rows
-            if r["provider"] == baseline and r.get(field)}
+    def key_of(r):
+        return r["case"], r["precision"], r.get("layout"), r.get("mode", "fwd")
+
+    base = {key_of(r): r[field] for r in rows if r["provider"] == baseline and r.get(field)}
     out: dict[str, dict[str, float]] = {}
     for r in rows:
-        key = (r["case"], r["precision"], r.get("layout"))
+        key = key_of(r)
         if r["provider"] == baseline or not r.get(field) or key not in base:
             continue
         out.setdefault(r["provider"], {})[r["case"]] = base[key] / r[field]
@@ -119,7 +121,9 @@ def write(doc: dict, out_dir: str | Path, stem: str) -> list[Path]:
     return [jpath, cpath]
 
 
-def file_stem(suite: str, precision: str, layout: str, gpu: str | None) -> str:
+def file_stem(suite: str, precision: str, layout: str, gpu: str | None,
+              mode: str = "fwd") -> str:
     gpu_s = re.sub(r"[^A-Za-z0-9]+", "", (gpu or "cpu").replace("NVIDIA", "")) or "gpu"
     date = datetime.date.today().isoformat()
-    return f"{suite}-{precision}-{layout}-{gpu_s}-{date}"
+    mode_s = "" if mode == "fwd" else f"-{mode}"
+    return f"{suite}{mode_s}-{precision}-{layout}-{gpu_s}-{date}"

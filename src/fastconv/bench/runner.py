@@ -12,6 +12,7 @@ are random normal values, never zeros.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -110,31 +111,49 @@ class GpuTimer:
             return None
 
 
-def _input_sets(case: BenchCase, precision: Precision, layout: str,
+#: fwd: the forward; bwd: data + weight gradient of a saved forward (autograd); train:
+#: forward + backward; dgrad / wgrad: one gradient alone, as a direct call (non-transposed
+#: cases), to compare the kernels with cuDNN's.
+MODES = ("fwd", "bwd", "train", "dgrad", "wgrad")
+
+
+def _input_sets(case: BenchCase, precision: Precision, layout: str, mode: str,
                 device: str = "cuda") -> list[dict]:
     dtype = DTYPE[precision]
-    one = (case.n * case.c * math.prod(case.spatial) + case.k * case.c // case.groups *
-           math.prod(case.kernel)) * torch.empty((), dtype=dtype).element_size()
+    one = (case.n * case.c * math.prod(case.spatial) + math.prod(case.weight_shape())) * \
+        torch.empty((), dtype=dtype).element_size()
     count = max(1, min(8, math.ceil(2 * _L2_BYTES / one))) if device == "cuda" else 1
+    grad = mode in ("bwd", "train")
+    channels_last = layout == "nhwc" and case.rank == 2
     sets = []
     for _ in range(count):
         x = torch.randn(case.n, case.c, *case.spatial, device=device).to(dtype)
-        if layout == "nhwc" and case.rank == 2:
+        fan_in = math.prod(case.weight_shape()[1:])
+        w = (torch.randn(case.weight_shape(), device=device) / fan_in**0.5).to(dtype)
+        if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        fan_in = case.c // case.groups * math.prod(case.kernel)
-        w = (torch.randn(case.k, case.c // case.groups, *case.kernel, device=device)
-             / fan_in**0.5).to(dtype)
-        if layout == "nhwc" and case.rank == 2:
             w = w.contiguous(memory_format=torch.channels_last)
         b = torch.randn(case.k, device=device).to(dtype) if case.bias else None
-        sets.append(dict(x=x, w=w, b=b))
+        t = dict(x=x.requires_grad_(grad), w=w.requires_grad_(grad),
+                 b=b.requires_grad_(grad) if b is not None else None)
+        t["wrt"] = tuple(v for v in (t["x"], t["w"], t["b"]) if v is not None)
+        sets.append(t)
     return sets
+
+
+def _geometry(case: BenchCase) -> tuple:
+    if case.transposed:
+        return (case.stride, case.padding, case.output_padding, case.groups, case.dilation)
+    return (case.stride, case.padding, case.dilation, case.groups)
 
 
 def _torch_conv(case: BenchCase):
     """conv -> add bias -> activation, as a PyTorch user writes it."""
-    tconv = F.conv1d if case.rank == 1 else F.conv2d
-    geo = (case.stride, case.padding, case.dilation, case.groups)
+    if case.transposed:
+        tconv = F.conv_transpose1d if case.rank == 1 else F.conv_transpose2d
+    else:
+        tconv = F.conv1d if case.rank == 1 else F.conv2d
+    geo = _geometry(case)
     ep = Epilogue(activation=case.activation)
 
     def run(x, w, b):
@@ -145,48 +164,149 @@ def _torch_conv(case: BenchCase):
     return run
 
 
-def _call(provider: str, case: BenchCase, precision: Precision, t: dict,
-          compiled: dict | None = None) -> Callable[[], object]:
+def _forward(provider: str, case: BenchCase, precision: Precision, compiled: dict):
+    """``f(x, w, b) -> y`` for ``provider``."""
     if provider == "torch":
-        fn = _torch_conv(case)
-        return lambda: fn(t["x"], t["w"], t["b"])
+        return _torch_conv(case)
     if provider == "torch_compile":  # one compiled function shared by every input set
-        if compiled is None:
-            compiled = {}
-        fn = compiled.setdefault("fn", torch.compile(_torch_conv(case), dynamic=False))
-        return lambda: fn(t["x"], t["w"], t["b"])
-    conv = functional.conv1d if case.rank == 1 else functional.conv2d
-    geo = (case.stride, case.padding, case.dilation, case.groups)
+        return compiled.setdefault("fn", torch.compile(_torch_conv(case), dynamic=False))
+    if case.transposed:
+        conv = functional.conv_transpose1d if case.rank == 1 else functional.conv_transpose2d
+    else:
+        conv = functional.conv1d if case.rank == 1 else functional.conv2d
+    geo = _geometry(case)
     backend = {"fastconv": "auto", "fastconv_triton": "triton"}[provider]
-    return lambda: conv(t["x"], t["w"], t["b"], *geo, activation=case.activation,
-                        backend=backend, precision=precision.value)
+    return lambda x, w, b: conv(x, w, b, *geo, activation=case.activation, backend=backend,
+                                precision=precision.value)
 
 
-def _reference(case: BenchCase, t: dict) -> torch.Tensor:
-    tconv = F.conv1d if case.rank == 1 else F.conv2d
-    f64 = torch.float64
-    b = t["b"].to(f64) if t["b"] is not None else None
-    y = tconv(t["x"].to(f64), t["w"].to(f64), b, case.stride, case.padding, case.dilation,
-              case.groups)
-    return Epilogue(activation=case.activation).apply(y)
+def _gradient(provider: str, case: BenchCase, precision: Precision, mode: str,
+              compiled: dict):
+    """``f(g, x, w) -> dx`` (mode dgrad) or ``-> dw`` (wgrad) for ``provider``."""
+    from .. import ops
+
+    if case.transposed:
+        raise ValueError(f"mode {mode} times a convolution's gradient; {case.name} is "
+                         "transposed (use bwd)")
+    r = case.rank
+    stride, pad, dil = [case.stride] * r, [case.padding] * r, [case.dilation] * r
+    mask = [mode == "dgrad", mode == "wgrad", False]
+    index = 0 if mode == "dgrad" else 1
+    if provider in ("torch", "torch_compile"):
+        def fn(g, x, w):
+            return torch.ops.aten.convolution_backward(g, x, w, None, stride, pad, dil, False,
+                                                       [0] * r, case.groups, mask)[index]
+        if provider == "torch_compile":
+            return compiled.setdefault("fn", torch.compile(fn, dynamic=False))
+        return fn
+    backend = {"fastconv": "auto", "fastconv_triton": "triton"}[provider]
+    op = ops.conv_input_grad if mode == "dgrad" else ops.conv_weight_grad
+    return lambda g, x, w: op(g, x, w, stride, pad, pad, dil, case.groups, backend,
+                              precision.value)
+
+
+def _call(provider: str, case: BenchCase, precision: Precision, t: dict, mode: str,
+          compiled: dict | None = None) -> Callable[[], object]:
+    """The timed call: the forward (``fwd``), the backward of one saved forward with the
+    same output gradient every time (``bwd``), forward + backward (``train``), or one
+    gradient alone (``dgrad``, ``wgrad``)."""
+    compiled = {} if compiled is None else compiled
+    if mode in ("dgrad", "wgrad"):
+        grad = _gradient(provider, case, precision, mode, compiled)
+        return lambda: grad(t["g"], t["x"], t["w"])
+    fwd = _forward(provider, case, precision, compiled)
+    if mode == "fwd":
+        return lambda: fwd(t["x"], t["w"], t["b"])
+    if mode == "train":
+        def step():
+            y = fwd(t["x"], t["w"], t["b"])
+            return (y, *torch.autograd.grad(y, t["wrt"], t["g"]))
+        return step
+    y = fwd(t["x"], t["w"], t["b"])
+    return lambda: torch.autograd.grad(y, t["wrt"], t["g"], retain_graph=True)
+
+
+def _reference(case: BenchCase, t: dict, mode: str) -> tuple[torch.Tensor, ...]:
+    """float64 results to compare against: the output, and for bwd/train the gradients."""
+    f64 = {k: v.detach().to(torch.float64).requires_grad_(mode != "fwd")
+           for k, v in t.items() if isinstance(v, torch.Tensor) and k != "g"}
+    if mode in ("dgrad", "wgrad"):  # the bare convolution's gradient
+        f64.pop("b", None)
+        case = dataclasses.replace(case, bias=False, activation="none")
+    with torch.enable_grad():
+        y = _torch_conv(case)(f64["x"], f64["w"], f64.get("b"))
+        if mode == "fwd":
+            return (y.detach(),)
+        wrt = tuple(f64[k] for k in ("x", "w", "b") if k in f64)
+        grads = torch.autograd.grad(y, wrt, t["g"].to(torch.float64))
+    if mode == "dgrad":
+        return grads[:1]
+    if mode == "wgrad":
+        return grads[1:2]
+    return ((y.detach(), *grads) if mode == "train" else grads)
+
+
+def _as_tuple(result) -> tuple[torch.Tensor, ...]:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def _mode_cost(problem: ConvProblem, mode: str) -> tuple[int, int]:
+    """(FLOP, minimum bytes) of ``mode``: the backward is a data and a weight gradient, each
+    with the forward's FLOP, reading dy, x and w once and writing dx and dw once."""
+    fwd_flops, fwd_bytes = problem.flops(), problem.min_bytes()
+    item = torch.empty((), dtype=problem.dtype).element_size()
+    x = math.prod(problem.input_shape())
+    w = math.prod(problem.weight_shape())
+    y = math.prod(problem.output_shape())
+    bwd_bytes = item * (2 * x + 2 * w + y)
+    if mode == "fwd":
+        return fwd_flops, fwd_bytes
+    if mode == "dgrad":  # read dy and w, write dx
+        return fwd_flops, item * (y + w + x)
+    if mode == "wgrad":  # read dy and x, write dw
+        return fwd_flops, item * (y + x + w)
+    if mode == "bwd":
+        return 2 * fwd_flops, bwd_bytes
+    return 3 * fwd_flops, fwd_bytes + bwd_bytes
+
+
+def _choices(problem: ConvProblem, backend: str, mode: str) -> str:
+    """What dispatch picked for each operation the mode ran."""
+    hit = dispatch.cached(problem, backend)
+    parts = [hit.name() if hit else "?"] if mode in ("fwd", "train") else []
+    if mode != "fwd":
+        bare = dataclasses.replace(problem.conv_equivalent(), epilogue=Epilogue())
+        dgrad_op = "fprop" if problem.transposed else "dgrad"
+        ops = (("dgrad", dgrad_op), ("wgrad", "wgrad"))
+        if mode in ("dgrad", "wgrad"):
+            ops = tuple(o for o in ops if o[0] == mode)
+        for label, op in ops:
+            hit = dispatch.cached(bare, backend, op=op)
+            parts.append(f"{label}={hit.name() if hit else '?'}")
+    return " ".join(parts)
 
 
 def run_case(case: BenchCase, providers: list[str], precision: Precision, layout: str,
-             reps: int = 50, device: str = "cuda", timer=None) -> list[dict]:
+             reps: int = 50, device: str = "cuda", timer=None, mode: str = "fwd") -> list[dict]:
     """Rows (DESIGN.md §7) for one case and every provider, measured in this process.
 
     ``timer`` (default: :class:`GpuTimer` on the GPU, none on the CPU) has ``eager(fns, reps)``
     and ``graph(fns)``; without one the rows carry errors only, marked ``timing: "not
-    measured"``.
+    measured"``. ``mode`` is one of ``MODES``; the error of bwd/train rows is the largest
+    relative error of the output and the gradients.
     """
     if timer is None and device == "cuda":
         timer = GpuTimer()
-    sets = _input_sets(case, precision, layout, device)
-    ref = _reference(case, sets[0])
+    sets = _input_sets(case, precision, layout, mode, device)
     problem = ConvProblem.from_tensors(
         sets[0]["x"], sets[0]["w"], sets[0]["b"], case.stride, case.padding, case.dilation,
-        case.groups, rank=case.rank, precision=precision.value,
+        case.groups, rank=case.rank, transposed=case.transposed,
+        output_padding=case.output_padding, precision=precision.value,
         epilogue=Epilogue(activation=case.activation, has_shift=case.bias))
+    for t in sets:
+        t["g"] = torch.randn(problem.output_shape(), device=device).to(DTYPE[precision])
+    ref = _reference(case, sets[0], mode)
+    flops, min_bytes = _mode_cost(problem, mode)
     rows = []
     cudnn_flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
     torch.backends.cudnn.benchmark = True
@@ -194,24 +314,24 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
     try:
         for provider in providers:
             row = dict(case=case.name, provider=provider, precision=precision.value,
-                       mode="fwd", layout=layout, flops=problem.flops(),
-                       min_bytes=problem.min_bytes())
+                       mode=mode, layout=layout, flops=flops, min_bytes=min_bytes)
             compiled: dict = {}
-            fns = [_call(provider, case, precision, t, compiled) for t in sets]
             try:
+                fns = [_call(provider, case, precision, t, mode, compiled) for t in sets]
                 start = time.perf_counter()
                 first = fns[0]()  # compiles, autotunes or dispatches: kept out of the timing
                 if provider == "torch_compile":
                     if device == "cuda":
                         torch.cuda.synchronize()
                     row["compile_s"] = time.perf_counter() - start
-                row["rel_err"] = relative_error(first, ref)
+                row["rel_err"] = max(relative_error(a, b) for a, b in zip(_as_tuple(first), ref))
                 if timer is not None:
                     p50, p20, p80 = percentiles(timer.eager(fns, reps))
-                    graph = timer.graph(fns)
-                    row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80,
-                               tflops=problem.flops() / p50 / 1e9,
-                               gbps=problem.min_bytes() / p50 / 1e6,
+                    # A backward replayed on a graph saved outside the capture cannot be
+                    # captured: bwd rows have eager timings only.
+                    graph = timer.graph(fns) if mode != "bwd" else None
+                    row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80, tflops=flops / p50 / 1e9,
+                               gbps=min_bytes / p50 / 1e6,
                                graph_ms_p50=statistics.median(graph) if graph else None)
                 else:
                     row.update(ms_p50=None, ms_p20=None, ms_p80=None, tflops=None, gbps=None,
@@ -222,8 +342,7 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                 continue
             if provider.startswith("fastconv"):
                 backend = "auto" if provider == "fastconv" else provider.split("_", 1)[1]
-                hit = dispatch.cached(problem, backend)
-                row["choice"] = hit.name() if hit else "?"
+                row["choice"] = _choices(problem, backend, mode)
             rows.append(row)
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = cudnn_flags

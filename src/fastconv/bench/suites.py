@@ -23,10 +23,17 @@ class BenchCase:
     groups: int = 1
     bias: bool = False
     activation: str = "none"
+    transposed: bool = False  # then c is the input's channels and k the output's
+    output_padding: int = 0
 
     @property
     def rank(self) -> int:
         return len(self.spatial)
+
+    def weight_shape(self) -> tuple[int, ...]:
+        if self.transposed:
+            return (self.c, self.k // self.groups, *self.kernel)
+        return (self.k, self.c // self.groups, *self.kernel)
 
 
 def _r50(name, c, k, hw, ks, stride=1):
@@ -68,6 +75,14 @@ SUITES: dict[str, list[BenchCase]] = {
         _r50("l4_1x1_2048_512", 2048, 512, 7, 1),
         _r50("l4_3x3_512", 512, 512, 7, 3),
     ],
+    # Decoder upsampling layers (U-Net / DCGAN style, as in PyTorch's own figures in
+    # ../shared/anchors/): kernel 4 stride 2 padding 1, and kernel 2 stride 2.
+    "transposed": [
+        BenchCase("up_k4s2_512_256_16", 32, 512, 256, (16, 16), (4, 4), 2, 1, transposed=True),
+        BenchCase("up_k4s2_256_128_32", 32, 256, 128, (32, 32), (4, 4), 2, 1, transposed=True),
+        BenchCase("up_k4s2_128_64_64", 32, 128, 64, (64, 64), (4, 4), 2, 1, transposed=True),
+        BenchCase("up_k2s2_256_128_64", 16, 256, 128, (64, 64), (2, 2), 2, 0, transposed=True),
+    ],
 }
 
 
@@ -78,8 +93,11 @@ def shrink(case: BenchCase) -> BenchCase:
     c = g * min(case.c // g, 8)
     k = g * min(case.k // g, 8)
     reach = [case.dilation * (kk - 1) + 1 for kk in case.kernel]
-    spatial = tuple(max(r - 2 * case.padding, min(s, r + 2 * case.stride)) for s, r
-                    in zip(case.spatial, reach))
+    if case.transposed:  # any input size works; keep a few pixels
+        spatial = tuple(min(s, 3) for s in case.spatial)
+    else:
+        spatial = tuple(max(r - 2 * case.padding, min(s, r + 2 * case.stride)) for s, r
+                        in zip(case.spatial, reach))
     return dataclasses.replace(case, n=1, c=c, k=k, spatial=spatial)
 
 

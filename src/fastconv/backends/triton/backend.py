@@ -15,9 +15,15 @@ import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from ...precision import Precision
-from ...problem import ConvProblem
+from ...problem import ConvProblem, empty_in_layout, layout_of
 from ..base import Backend
-from .configs import FpropConfig, fprop_candidates, interpreter_config
+from .configs import (
+    TileConfig,
+    dgrad_candidates,
+    fprop_candidates,
+    interpreter_config,
+    wgrad_candidates,
+)
 
 _MAX_GROUPS = 65535  # the launch grid's second dimension
 
@@ -32,9 +38,11 @@ def _interpreted() -> bool:
 
 class TritonBackend(Backend):
     NAME = "triton"
-    SUPPORTED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    # float64 only under the interpreter: it lets the CPU tests gradcheck the kernels.
+    SUPPORTED_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16})
     MIN_CAPABILITY = (8, 0)
     IS_DETERMINISTIC = True
+    SUPPORTS_TRANSPOSED = True
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -53,54 +61,142 @@ class TritonBackend(Backend):
         if problem.device == "cuda" and interp:
             reasons.append("the kernels were imported under TRITON_INTERPRET=1 and run on "
                            "CPU tensors only")
+        if problem.dtype == torch.float64 and not interp:
+            reasons.append("float64 runs only under the Triton interpreter (for gradcheck)")
         if problem.groups > _MAX_GROUPS:
             reasons.append(f"groups {problem.groups} > {_MAX_GROUPS} (launch grid limit)")
         return reasons
 
     @classmethod
-    def candidates(cls, problem: ConvProblem) -> list[FpropConfig]:
+    def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list[TileConfig]:
         if problem.device == "cpu":
-            return [interpreter_config(problem)]
+            return [interpreter_config(problem, op)]
+        if op == "dgrad" or (op == "fprop" and problem.transposed):
+            return dgrad_candidates(problem.conv_equivalent() if problem.transposed else problem)
+        if op == "wgrad":
+            return wgrad_candidates(problem)
         return fprop_candidates(problem)
 
     @classmethod
-    def bind(cls, problem: ConvProblem, config: FpropConfig | None):
-        from .fprop import launch_fprop
-
-        config = config or cls.candidates(problem)[0]
-        two_d = problem.rank == 2
-        pad = problem.pad_pre if two_d else (0, problem.pad_pre[0])
-        bounds_post = any(problem.pad_post)
-        stride = problem.stride if two_d else (1, problem.stride[0])
-        dil = problem.dilation if two_d else (1, problem.dilation[0])
-        precision = "tf32" if problem.precision == Precision.TF32 else "ieee"
-        on_gpu = problem.device == "cuda"
-        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
-        state = {}
-
-        def run(input, weight, bias, scale, shift, residual, out):
-            if out is None:
-                out = problem.new_output()
-            if on_gpu:
-                # Channels-fastest operands load as wide, coalesced vectors: an NCHW input is
-                # copied once per call, an NCHW weight once per version (cached).
-                input, weight = channels_last(input), packed_weight(weight)
-            x4, o4 = (input, out) if two_d else (input.unsqueeze(2), out.unsqueeze(2))
-            r4 = residual if residual is None or two_d else residual.unsqueeze(2)
-            w4 = weight if two_d else weight.unsqueeze(2)
-            if "int64" not in state:  # depends on shapes and strides only: decide once
-                state["int64"] = any(_max_offset(t) >= 2**31 - 1
-                                     for t in (x4, w4, o4, r4) if t is not None)
-            launch_fprop(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=stride,
-                         pad=pad, dilation=dil, groups=problem.groups, act_code=act,
-                         negative_slope=slope, precision=precision, config=config,
-                         int64=state["int64"], bounds_post=bounds_post)
-            return out
-        return run
+    def bind(cls, problem: ConvProblem, config: TileConfig | None, op: str = "fprop"):
+        config = config or cls.candidates(problem, op)[0]
+        geo = _Geometry(problem)
+        if op == "dgrad":
+            return geo.bind_dgrad(config)
+        if op == "wgrad":
+            return geo.bind_wgrad(config)
+        if problem.transposed:
+            return geo.bind_transposed(config)
+        return geo.bind_fprop(config)
 
     @classmethod
     def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
         return cls.bind(problem, config)(input, weight, bias, scale, shift, residual, out)
+
+
+class _Geometry:
+    """A problem's launch parameters in the kernels' 4-D terms (rank 1 runs as H = 1)."""
+
+    def __init__(self, problem: ConvProblem):
+        self.problem = problem
+        self.two_d = problem.rank == 2
+        if self.two_d:
+            self.pad, self.stride, self.dilation = \
+                problem.pad_pre, problem.stride, problem.dilation
+        else:
+            self.pad = (0, problem.pad_pre[0])
+            self.stride = (1, problem.stride[0])
+            self.dilation = (1, problem.dilation[0])
+        self.precision = "tf32" if problem.precision == Precision.TF32 else "ieee"
+        self.on_gpu = problem.device == "cuda"
+        self.int64: bool | None = None  # decided on the first call (shapes and strides only)
+
+    def four_d(self, *tensors):
+        return tuple(t if t is None or self.two_d else t.unsqueeze(2) for t in tensors)
+
+    def needs_int64(self, *tensors) -> bool:
+        if self.int64 is None:
+            self.int64 = any(_max_offset(t) >= 2**31 - 1 for t in tensors if t is not None)
+        return self.int64
+
+    def bind_fprop(self, config):
+        from .fprop import launch_fprop
+
+        problem = self.problem
+        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
+        bounds_post = any(problem.pad_post)
+
+        def run(input, weight, bias, scale, shift, residual, out):
+            if out is None:
+                out = problem.new_output(input.device)
+            if self.on_gpu:
+                # Channels-fastest operands load as wide, coalesced vectors: an NCHW input is
+                # copied once per call, an NCHW weight once per version (cached).
+                input, weight = channels_last(input), packed_weight(weight)
+            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
+            launch_fprop(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=self.stride,
+                         pad=self.pad, dilation=self.dilation, groups=problem.groups,
+                         act_code=act, negative_slope=slope, precision=self.precision,
+                         config=config, int64=self.needs_int64(x4, w4, o4, r4),
+                         bounds_post=bounds_post)
+            return out
+        return run
+
+    def bind_transposed(self, config):
+        from .dgrad import launch_dgrad
+
+        problem = self.problem
+        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
+
+        def run(input, weight, bias, scale, shift, residual, out):
+            if out is None:
+                out = problem.new_output(input.device)
+            if self.on_gpu:
+                input, weight = channels_last(input), packed_weight(weight)
+            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
+            launch_dgrad(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=self.stride,
+                         pad=self.pad, dilation=self.dilation, groups=problem.groups,
+                         act_code=act, negative_slope=slope, precision=self.precision,
+                         config=config, int64=self.needs_int64(x4, w4, o4, r4))
+            return out
+        return run
+
+    def bind_dgrad(self, config):
+        from .dgrad import launch_dgrad
+
+        problem = self.problem
+
+        def run(grad_out, weight, out):
+            if out is None:
+                out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
+                                      grad_out.dtype, grad_out.device)
+            if self.on_gpu:
+                grad_out, weight = channels_last(grad_out), packed_weight(weight)
+            d4, w4, o4 = self.four_d(grad_out, weight, out)
+            launch_dgrad(d4, w4, o4, None, None, None, stride=self.stride, pad=self.pad,
+                         dilation=self.dilation, groups=problem.groups, act_code=0,
+                         negative_slope=0.0, precision=self.precision, config=config,
+                         int64=self.needs_int64(d4, w4, o4))
+            return out
+        return run
+
+    def bind_wgrad(self, config):
+        from .wgrad import launch_wgrad
+
+        problem = self.problem
+
+        def run(grad_out, input, out):
+            if out is None:
+                out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
+                                  device=grad_out.device)
+            if self.on_gpu:
+                grad_out, input = channels_last(grad_out), channels_last(input)
+            d4, x4, o4 = self.four_d(grad_out, input, out)
+            launch_wgrad(d4, x4, o4, stride=self.stride, pad=self.pad, dilation=self.dilation,
+                         groups=problem.groups, precision=self.precision, config=config,
+                         int64=self.needs_int64(d4, x4, o4))
+            return out
+        return run
 
 
 _PACKED = WeakTensorKeyDictionary()  # weight -> (version, packed copy); dies with the weight

@@ -18,7 +18,7 @@ from ...problem import ConvProblem
 
 
 @dataclasses.dataclass(frozen=True)
-class FpropConfig:
+class TileConfig:
     block_m: int
     block_n: int
     block_k: int
@@ -38,8 +38,8 @@ def _flat_k(problem: ConvProblem) -> bool:
     return problem.c_per_group < 16
 
 
-def interpreter_config(problem: ConvProblem) -> FpropConfig:
-    return FpropConfig(32, 16, 16, 4, 1, _flat_k(problem))
+def interpreter_config(problem: ConvProblem, op: str = "fprop") -> TileConfig:
+    return TileConfig(32, 16, 16, 4, 1, op == "fprop" and _flat_k(problem))
 
 
 # Tile shapes (block_m, block_n, block_k, warps, stages) that won at least one ResNet-50 layer
@@ -57,7 +57,7 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def fprop_candidates(problem: ConvProblem) -> list[FpropConfig]:
+def fprop_candidates(problem: ConvProblem) -> list[TileConfig]:
     """GPU tile configurations for ``problem``, the heuristic's pick first.
 
     Split-K variants are added when the output tiles alone cannot fill the GPU and the
@@ -67,18 +67,18 @@ def fprop_candidates(problem: ConvProblem) -> list[FpropConfig]:
     if _flat_k(problem):
         narrow = problem.k_per_group <= 16
         shapes = [s for s in _FLAT if (s[1] == 16) == narrow]
-        return [FpropConfig(*s, True) for s in shapes]
+        return [TileConfig(*s, True) for s in shapes]
     half = problem.dtype in (torch.float16, torch.bfloat16)
     cands = []
     for bm, bn, bk, w, st in (_HALF if half else _TF32):
         bk = min(bk, 16 if problem.c_per_group < 32 else 32 if problem.c_per_group < 64 else bk)
         if bn > 64 and problem.k_per_group <= 64:
             continue  # a wide tile over a narrow output wastes half its work
-        cfg = FpropConfig(bm, bn, bk, w, st, False)
+        cfg = TileConfig(bm, bn, bk, w, st, False)
         if cfg not in cands:
             cands.append(cfg)
     if not cands:
-        cands = [FpropConfig(128, 64, 32, 4, 4, False)]
+        cands = [TileConfig(128, 64, 32, 4, 4, False)]
     if m < 4096:  # few output pixels: small tiles first
         cands.sort(key=lambda c: c.block_m * c.block_n)
     sms = _sm_count(torch.cuda.current_device()) if torch.cuda.is_available() else 132
@@ -91,3 +91,48 @@ def fprop_candidates(problem: ConvProblem) -> list[FpropConfig]:
             if tiles * split <= 3 * sms and steps // split >= 4:
                 cands.append(dataclasses.replace(base, split_k=split))
     return cands
+
+
+# dgrad reuses the forward's tile shapes (the same GEMM with the roles of C and K swapped);
+# wgrad's reduction runs over pixels, so its tiles cover (K, C) of one tap.
+_WGRAD_HALF = [(128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4)]
+_WGRAD_TF32 = [(128, 128, 32, 8, 3), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4)]
+
+
+def dgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
+    """GPU tiles for the data gradient of the (non-transposed) convolution ``problem``:
+    rows are input pixels, columns the group's input channels, reduction its output channels."""
+    half = problem.dtype in (torch.float16, torch.bfloat16)
+    cands = []
+    for bm, bn, bk, w, st in (_HALF if half else _TF32)[:5]:
+        bk = min(bk, _pow2_at_least_16(problem.k_per_group))
+        bn = min(bn, _pow2_at_least_16(problem.c_per_group))
+        cfg = TileConfig(bm, bn, bk, w, st, False)
+        if cfg not in cands:
+            cands.append(cfg)
+    return cands
+
+
+def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
+    """GPU tiles for the weight gradient, each with the split of the pixel reduction that
+    fills the GPU about twice (bounded so every split keeps at least 8 steps)."""
+    half = problem.dtype in (torch.float16, torch.bfloat16)
+    sms = _sm_count(torch.cuda.current_device()) if torch.cuda.is_available() else 132
+    pixels = problem.n * math.prod(problem.out_size)
+    cands = []
+    for bm, bn, bk, w, st in (_WGRAD_HALF if half else _WGRAD_TF32):
+        bm = min(bm, _pow2_at_least_16(problem.k_per_group))
+        bn = min(bn, _pow2_at_least_16(problem.c_per_group))
+        tiles = (-(-problem.k_per_group // bm) * -(-problem.c_per_group // bn)
+                 * math.prod(problem.kernel) * problem.groups)
+        steps = -(-pixels // bk)
+        split = max(1, min(-(-2 * sms // tiles), steps // 8, 32))
+        cfg = TileConfig(bm, bn, bk, w, st, False, split)
+        if cfg not in cands:
+            cands.append(cfg)
+    return cands
+
+
+def _pow2_at_least_16(n: int) -> int:
+    """The smallest power of two >= max(n, 16) (tl.dot needs every tile side >= 16)."""
+    return max(16, 1 << (max(n, 1) - 1).bit_length())

@@ -68,25 +68,37 @@ def _epilogue_store(acc, offs_m, k_glob, mask_m, mask_n, P, Q,
                     scale_ptr, shift_ptr, res_ptr, stride_rn, stride_rk, stride_rp, stride_rq,
                     negative_slope, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
                     HAS_RES: tl.constexpr, ACT: tl.constexpr, INT64: tl.constexpr):
-    """act(scale·acc + shift + residual) in fp32, one cast, one masked store."""
+    """The epilogue for rows that are output pixels ``offs_m`` of an ``N x P x Q`` output."""
     img = offs_m // (P * Q)
     pq = offs_m % (P * Q)
-    p = pq // Q
-    q = pq % Q
+    store_tile(acc, img, pq // Q, pq % Q, k_glob, mask_m, mask_n,
+               out_ptr, stride_on, stride_ok, stride_op, stride_oq,
+               scale_ptr, shift_ptr, res_ptr, stride_rn, stride_rk, stride_rp, stride_rq,
+               negative_slope, HAS_SCALE, HAS_SHIFT, HAS_RES, ACT, INT64)
+
+
+@triton.jit
+def store_tile(acc, img, p, q, k_glob, mask_m, mask_n,
+               out_ptr, stride_on, stride_ok, stride_op, stride_oq,
+               scale_ptr, shift_ptr, res_ptr, stride_rn, stride_rk, stride_rp, stride_rq,
+               negative_slope, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+               HAS_RES: tl.constexpr, ACT: tl.constexpr, INT64: tl.constexpr):
+    """act(scale·acc + shift + residual) in fp32, one cast, one masked store; row ``i`` of
+    the tile is pixel ``(img[i], p[i], q[i])``, column ``j`` is channel ``k_glob[j]``."""
     if INT64:
         img = img.to(tl.int64)
         p = p.to(tl.int64)
         q = q.to(tl.int64)
         k_glob = k_glob.to(tl.int64)
     if HAS_SCALE:
-        acc = acc * tl.load(scale_ptr + k_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        acc = acc * tl.load(scale_ptr + k_glob, mask=mask_n, other=0.0).to(acc.dtype)[None, :]
     if HAS_SHIFT:
-        acc = acc + tl.load(shift_ptr + k_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        acc = acc + tl.load(shift_ptr + k_glob, mask=mask_n, other=0.0).to(acc.dtype)[None, :]
     out_mask = mask_m[:, None] & mask_n[None, :]
     if HAS_RES:
         res = tl.load(res_ptr + (img * stride_rn + p * stride_rp + q * stride_rq)[:, None] +
                       (k_glob * stride_rk)[None, :], mask=out_mask, other=0.0)
-        acc = acc + res.to(tl.float32)
+        acc = acc + res.to(acc.dtype)
     acc = _activation(acc, ACT, negative_slope)
     out_ptrs = out_ptr + (img * stride_on + p * stride_op + q * stride_oq)[:, None] + \
         (k_glob * stride_ok)[None, :]
@@ -110,7 +122,8 @@ def _conv_fprop_kernel(
     # meta-parameters
     HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
     ACT: tl.constexpr, PRECISION: tl.constexpr, FLAT_K: tl.constexpr, INT64: tl.constexpr,
-    DOT_FP32: tl.constexpr, SPLIT_K: tl.constexpr, BOUNDS: tl.constexpr, EVEN_C: tl.constexpr,
+    DOT_FP32: tl.constexpr, ACC: tl.constexpr, SPLIT_K: tl.constexpr, BOUNDS: tl.constexpr,
+    EVEN_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -162,7 +175,7 @@ def _conv_fprop_kernel(
     it_begin = pid_k * per_split
     it_end = min(steps, it_begin + per_split)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
     if FLAT_K:
         for red0 in range(it_begin * BLOCK_K, it_end * BLOCK_K, BLOCK_K):
             offs_red = red0 + tl.arange(0, BLOCK_K)
@@ -181,7 +194,7 @@ def _conv_fprop_kernel(
             if DOT_FP32:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
     else:
         # Tap by tap: the tile pointers are loop-invariant bases plus one scalar offset per
         # step, so each step costs what a plain GEMM step costs (measured: recomputing the
@@ -218,7 +231,7 @@ def _conv_fprop_kernel(
             if DOT_FP32:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
 
     if SPLIT_K == 1:
         _epilogue_store(acc, offs_m, k_glob, mask_m, mask_n, P, Q,
@@ -276,8 +289,9 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
     split = config.split_k
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(k_g, config.block_n), groups, split)
     dummy = out4  # never read: the matching HAS_* flag is False
-    res_strides = _strides(res4) if res4 is not None else (0, 0, 0, 0)
-    ws = torch.empty((split, m, k), device=x4.device, dtype=torch.float32) if split > 1 else dummy
+    res_strides = strides(res4) if res4 is not None else (0, 0, 0, 0)
+    ws = torch.empty((split, m, k), device=x4.device, dtype=_ws_dtype(x4.dtype)) \
+        if split > 1 else dummy
     epi = dict(HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None,
                HAS_RES=res4 is not None, ACT=act_code, INT64=int64)
     epi_ptrs = (scale if scale is not None else dummy, shift if shift is not None else dummy,
@@ -286,11 +300,11 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
         x4, w4, out4, *epi_ptrs, ws,
         n, h, w, c_g, p, q, k_g, r, s,
         stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
-        *_strides(x4), *_strides(w4), *_strides(out4), *res_strides,
+        *strides(x4), *strides(w4), *strides(out4), *res_strides,
         float(negative_slope),
         PRECISION=precision, FLAT_K=config.flat_k,
         # The interpreter computes a bf16 tl.dot wrongly (seen with triton 3.6): give it fp32.
-        DOT_FP32=INTERPRETED and x4.dtype == torch.bfloat16, SPLIT_K=split,
+        DOT_FP32=INTERPRETED and x4.dtype == torch.bfloat16, ACC=acc_type(x4.dtype), SPLIT_K=split,
         BOUNDS=any(pad) or bounds_post, EVEN_C=c_g % config.block_k == 0,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         GROUP_M=8, num_warps=config.num_warps, num_stages=config.num_stages, **epi,
@@ -298,12 +312,21 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
     if split > 1:
         bm, bn = 64, 64
         _splitk_reduce_kernel[(triton.cdiv(m, bm), triton.cdiv(k, bn))](
-            ws, out4, *epi_ptrs, m, k, p, q, m * k, *_strides(out4), *res_strides,
+            ws, out4, *epi_ptrs, m, k, p, q, m * k, *strides(out4), *res_strides,
             float(negative_slope), SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **epi)
     return out4
 
 
-def _strides(t: torch.Tensor) -> tuple[int, ...]:
+def acc_type(dtype: torch.dtype):
+    """The accumulator type: fp32, or fp64 for float64 data (interpreter-only, gradcheck)."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _ws_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def strides(t: torch.Tensor) -> tuple[int, ...]:
     """``t``'s strides with 0 for size-1 dimensions (their index is always 0).
 
     torch gives size-1 dimensions arbitrary strides, often 1. Triton specialises an integer

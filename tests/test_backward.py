@@ -1,0 +1,322 @@
+"""Gradients, transposed convolution, torch integration and the nn modules.
+
+On the CPU the Triton dgrad, wgrad and forward kernels run in the interpreter; gradcheck
+uses float64, which the Triton backend accepts only there.
+"""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastconv
+from fastconv.precision import relative_error
+
+TRITON = dict(backend="triton", precision="ieee")
+
+
+def _f64(*shape, requires_grad=True):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=requires_grad)
+
+
+# (rank, n, c, k, spatial, kernel, stride, padding, dilation, groups)
+GEOMETRIES = {
+    "plain": (2, 2, 3, 4, (5, 6), (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    "stride2": (2, 1, 4, 3, (7, 6), (3, 2), (2, 2), (1, 0), (1, 1), 1),
+    "stride_gt_kernel": (2, 1, 2, 3, (8, 7), (2, 1), (3, 2), (0, 0), (1, 1), 1),
+    "dilation": (2, 1, 2, 2, (7, 7), (2, 3), (1, 2), (1, 2), (2, 2), 1),
+    "groups": (2, 2, 4, 6, (5, 5), (3, 3), (1, 1), (1, 1), (1, 1), 2),
+    "depthwise": (2, 1, 3, 6, (6, 5), (3, 3), (2, 1), (1, 1), (1, 1), 3),
+    "asymmetric_padding": (2, 1, 2, 3, (5, 6), (2, 3), (1, 1), ((0, 1), (2, 0)), (1, 1), 1),
+    "conv1d": (1, 2, 3, 4, (9,), (3,), (2,), (1,), (2,), 1),
+    "conv1d_causal_depthwise": (1, 1, 4, 4, (8,), (4,), (1,), ((3, 0),), (1,), 4),
+}
+
+
+def _conv_fn(rank):
+    return fastconv.conv1d if rank == 1 else fastconv.conv2d
+
+
+@pytest.mark.parametrize("name", GEOMETRIES)
+def test_gradcheck_conv(name):
+    rank, n, c, k, sp, ks, st, pad, dil, g = GEOMETRIES[name]
+    x, w, b = _f64(n, c, *sp), _f64(k, c // g, *ks), _f64(k)
+
+    def f(x, w, b):
+        return _conv_fn(rank)(x, w, b, st, pad, dil, g, **TRITON)
+    assert torch.autograd.gradcheck(f, (x, w, b), fast_mode=True)
+
+
+@pytest.mark.parametrize("activation", fastconv.ACTIVATIONS)
+def test_gradcheck_every_epilogue_operand(activation):
+    """Gradients flow through the activation, scale, shift, residual and bias."""
+    x, w, b = _f64(2, 3, 6, 5), _f64(4, 3, 3, 3), _f64(4)
+    scale, shift, res = _f64(4), _f64(4), _f64(2, 4, 3, 3)
+
+    def f(x, w, b, scale, shift, res):
+        return fastconv.conv2d(x, w, b, 2, 1, activation=activation, negative_slope=0.2,
+                               scale=scale, shift=shift, residual=res, **TRITON)
+    assert torch.autograd.gradcheck(f, (x, w, b, scale, shift, res), fast_mode=True)
+
+
+def test_gradcheck_leaky_relu_negative_slope_recomputes_pre_activation():
+    x, w = _f64(1, 2, 5, 5), _f64(3, 2, 3, 3)
+
+    def f(x, w):
+        return fastconv.conv2d(x, w, activation="leaky_relu", negative_slope=-0.5, **TRITON)
+    assert torch.autograd.gradcheck(f, (x, w), fast_mode=True)
+
+
+# (rank, n, c_in, c_out, spatial, kernel, stride, padding, output_padding, dilation, groups)
+TRANSPOSED = {
+    "k4s2p1": (2, 1, 4, 3, (4, 5), (4, 4), (2, 2), (1, 1), (0, 0), (1, 1), 1),
+    "k2s2": (2, 2, 3, 2, (3, 4), (2, 2), (2, 2), (0, 0), (0, 0), (1, 1), 1),
+    "output_padding": (2, 1, 2, 3, (4, 3), (3, 3), (2, 3), (1, 0), (1, 2), (1, 1), 1),
+    "groups_dilation": (2, 1, 4, 6, (4, 4), (3, 2), (1, 2), (1, 1), (0, 1), (2, 1), 2),
+    "output_padding_ge_stride": (2, 1, 2, 2, (4, 4), (3, 3), (1, 1), (1, 1), (1, 2), (2, 3), 1),
+    "conv_transpose1d": (1, 2, 3, 4, (6,), (3,), (3,), (1,), (2,), (1,), 1),
+}
+
+
+def _transposed_fn(rank):
+    return fastconv.conv_transpose1d if rank == 1 else fastconv.conv_transpose2d
+
+
+@pytest.mark.parametrize("name", TRANSPOSED)
+def test_gradcheck_transposed(name):
+    rank, n, ci, co, sp, ks, st, pad, opad, dil, g = TRANSPOSED[name]
+    x, w, b = _f64(n, ci, *sp), _f64(ci, co // g, *ks), _f64(co)
+
+    def f(x, w, b):
+        return _transposed_fn(rank)(x, w, b, st, pad, opad, g, dil, activation="tanh",
+                                    **TRITON)
+    assert torch.autograd.gradcheck(f, (x, w, b), fast_mode=True)
+    ref = (F.conv_transpose1d if rank == 1 else F.conv_transpose2d)(x, w, b, st, pad, opad, g,
+                                                                    dil).tanh()
+    assert relative_error(f(x, w, b), ref) < 1e-12
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_transposed_out_buffer_fully_written(rank):
+    x = torch.randn(2, 5, *(7,) * rank)
+    w = torch.randn(5, 3, *(4,) * rank)
+    ref = _transposed_fn(rank)(x.double(), w.double(), None, 2, 1, 1, 1, 1, backend="aten")
+    out = torch.full(ref.shape, float("nan"))
+    res = _transposed_fn(rank)(x, w, None, 2, 1, 1, out=out, **TRITON)
+    assert res is out and torch.isfinite(out).all()
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_transposed_channel_rule():
+    x, w = torch.randn(1, 6, 5, 5), torch.randn(4, 3, 3, 3)
+    with pytest.raises(fastconv.ConvError, match=r"input channels \(6\).*weight.shape\[0\] \(4\)"):
+        fastconv.conv_transpose2d(x, w)
+    y = fastconv.conv_transpose2d(torch.randn(1, 4, 5, 5), w, groups=2, **TRITON)
+    assert y.shape[1] == 3 * 2  # weight.shape[1] * groups
+
+
+def test_out_with_grad_is_an_error():
+    x = torch.randn(1, 2, 5, 5, requires_grad=True)
+    with pytest.raises(fastconv.ConvError, match="out"):
+        fastconv.conv2d(x, torch.randn(3, 2, 3, 3), out=torch.empty(1, 3, 3, 3))
+
+
+def test_wgrad_split_k_is_deterministic_and_matches():
+    """The split-K partial buffers and their fixed-order reduce give the exact same bits
+    on every run, and the right values."""
+    from fastconv.backends.triton.configs import TileConfig
+    from fastconv.backends.triton.wgrad import launch_wgrad
+
+    x, dy = torch.randn(3, 6, 9, 8), torch.randn(3, 4, 5, 8)
+    runs = []
+    for _ in range(2):
+        out = torch.full((4, 3, 3, 3), float("nan"))
+        launch_wgrad(dy, x, out, stride=(2, 1), pad=(1, 1), dilation=(1, 1), groups=2,
+                     precision="ieee", config=TileConfig(16, 16, 16, 4, 1, False, 3),
+                     int64=False)
+        runs.append(out)
+    assert torch.equal(runs[0], runs[1])
+    ref = torch.nn.grad.conv2d_weight(x.double(), (4, 3, 3, 3), dy.double(), (2, 1), (1, 1),
+                                      groups=2)
+    assert relative_error(runs[0], ref) < 1e-5
+
+
+def test_backends_agree_on_gradients():
+    x = torch.randn(2, 4, 7, 6, requires_grad=True)
+    w = torch.randn(6, 2, 3, 3, requires_grad=True)
+    grads = []
+    for backend in ("aten", "triton"):
+        y = fastconv.conv2d(x, w, None, (2, 1), 1, 1, 2, activation="relu", backend=backend,
+                            precision="ieee")
+        grads.append(torch.autograd.grad((y * y).sum(), (x, w)))
+    for a, b in zip(*grads):
+        assert relative_error(a, b) < 1e-5
+
+
+def test_autocast_runs_in_autocast_dtype():
+    x, w = torch.randn(2, 4, 6, 6), torch.randn(5, 4, 3, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = fastconv.conv2d(x, w, padding=1)
+        ref = F.conv2d(x, w, padding=1)
+    assert ours.dtype == ref.dtype == torch.bfloat16
+    assert relative_error(ours, ref) < 2e-2
+
+
+def test_compile_fullgraph_traces_forward_and_backward():
+    """torch.compile(fullgraph=True) traces the custom ops (aot_eager: no C++ compiler
+    needed on the CPU; the GPU test compiles with inductor)."""
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(fastconv.nn.Conv2d(3, 4, 3, padding=1, **TRITON),
+                                torch.nn.ReLU(),
+                                fastconv.nn.ConvTranspose2d(4, 2, 2, stride=2, **TRITON))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 3, 5, 5, requires_grad=True)
+    y = compiled(x)
+    y.square().sum().backward()
+    gx = x.grad.clone()
+    x.grad = None
+    model(x).square().sum().backward()
+    assert relative_error(y, model(x)) < 1e-6
+    assert relative_error(gx, x.grad) < 1e-5
+
+
+# ------------------------------------------------------------------------- modules
+MODULES = {
+    "Conv1d": (fastconv.nn.Conv1d, torch.nn.Conv1d, 1),
+    "Conv2d": (fastconv.nn.Conv2d, torch.nn.Conv2d, 2),
+    "ConvTranspose1d": (fastconv.nn.ConvTranspose1d, torch.nn.ConvTranspose1d, 1),
+    "ConvTranspose2d": (fastconv.nn.ConvTranspose2d, torch.nn.ConvTranspose2d, 2),
+}
+
+
+def _random_module_config(rng):
+    name = rng.choice(list(MODULES))
+    rank = MODULES[name][2]
+    transposed = name.startswith("ConvTranspose")
+    groups = rng.choice((1, 1, 2, 3))
+    cin, cout = groups * rng.randint(1, 3), groups * rng.randint(1, 3)
+    kernel = tuple(rng.randint(1, 3) for _ in range(rank))
+    stride = tuple(rng.randint(1, 3) for _ in range(rank))
+    dilation = tuple(rng.randint(1, 2) for _ in range(rank))
+    kw = dict(in_channels=cin, out_channels=cout, kernel_size=kernel, stride=stride,
+              dilation=dilation, groups=groups, bias=rng.random() < 0.7)
+    if transposed:
+        kw["padding"] = tuple(rng.randint(0, (k - 1) * d // 2) for k, d in zip(kernel, dilation))
+        kw["output_padding"] = tuple(rng.randint(0, max(s, d) - 1)
+                                     for s, d in zip(stride, dilation))
+    else:
+        mode = rng.choice(("zeros", "reflect", "replicate", "circular"))
+        kw["padding_mode"] = mode
+        if mode == "zeros" and rng.random() < 0.2 and all(s == 1 for s in stride):
+            kw["padding"] = "same"
+        else:
+            kw["padding"] = tuple(rng.randint(0, 2) for _ in range(rank))
+    spatial = tuple(rng.randint(d * (k - 1) + 3, d * (k - 1) + 8)
+                    for k, d in zip(kernel, dilation))
+    return name, kw, (rng.randint(1, 3), cin, *spatial)
+
+
+@pytest.mark.parametrize("chunk", range(5))
+def test_module_parity_with_torch_nn(chunk):
+    """100 random configurations: outputs and the input, weight and bias gradients of each
+    fastconv module equal torch.nn's (float64 reference) after loading torch's state_dict."""
+    rng = random.Random(chunk)
+    for _ in range(20):
+        name, kw, shape = _random_module_config(rng)
+        ours_cls, torch_cls, _ = MODULES[name]
+        ref = torch_cls(**kw).double()
+        ours = ours_cls(**kw, **TRITON)
+        ours.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
+        x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+        xf = x.detach().float().requires_grad_()
+        y_ref, y = ref(x), ours(xf)
+        g = torch.randn_like(y_ref)
+        y_ref.backward(g)
+        y.backward(g.float())
+        what = f"{name}({kw}) on {shape}"
+        assert relative_error(y, y_ref) < 1e-5, what
+        assert relative_error(xf.grad, x.grad) < 1e-5, what
+        assert relative_error(ours.weight.grad, ref.weight.grad) < 1e-5, what
+        if kw["bias"]:
+            assert relative_error(ours.bias.grad, ref.bias.grad) < 1e-5, what
+
+
+def test_transposed_module_output_size():
+    m = fastconv.nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1, **TRITON)
+    ref = torch.nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1)
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(1, 3, 5, 5)
+    for size in ([9, 9], [10, 10], [9, 10]):
+        y = m(x, output_size=size)
+        assert y.shape[2:] == tuple(size)
+        assert relative_error(y, ref(x, output_size=size)) < 1e-5
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_state_dict_round_trip(name):
+    ours_cls, torch_cls, rank = MODULES[name]
+    kw = dict(in_channels=4, out_channels=6, kernel_size=3, stride=2, groups=2)
+    theirs = torch_cls(**kw)
+    ours = ours_cls(**kw)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    ours.load_state_dict(theirs.state_dict())
+    back = torch_cls(**kw)
+    back.load_state_dict(ours.state_dict())
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v)
+    assert repr(ours) == repr(theirs)  # default backend and precision are not shown
+    assert isinstance(ours, torch_cls)
+
+
+def test_module_defaults_and_init_match_torch():
+    torch.manual_seed(3)
+    theirs = torch.nn.Conv2d(5, 7, 3)
+    torch.manual_seed(3)
+    ours = fastconv.nn.Conv2d(5, 7, 3)
+    assert torch.equal(ours.weight, theirs.weight) and torch.equal(ours.bias, theirs.bias)
+    assert "backend='triton'" in repr(fastconv.nn.Conv2d(5, 7, 3, backend="triton"))
+
+
+def _small_net():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2)),
+        torch.nn.ConvTranspose2d(8, 4, 2, stride=2), torch.nn.Flatten(2),
+        torch.nn.Conv1d(4, 2, 3, padding=1, padding_mode="circular"))
+
+
+def test_convert_copies_or_swaps_in_place():
+    net = _small_net().eval()
+    x = torch.randn(2, 3, 6, 6)
+    ref = net(x)
+    converted = fastconv.nn.convert(net)
+    assert type(net[0]) is torch.nn.Conv2d  # the original is untouched
+    kinds = [type(m) for m in converted.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)]
+    assert kinds == [fastconv.nn.Conv2d, fastconv.nn.Conv2d, fastconv.nn.ConvTranspose2d,
+                     fastconv.nn.Conv1d]
+    assert relative_error(converted(x), ref) < 1e-5
+    params = list(net.parameters())
+    same = fastconv.nn.convert(net, inplace=True)
+    assert same is net and type(net[0]) is fastconv.nn.Conv2d
+    assert all(a is b for a, b in zip(params, net.parameters()))  # optimizers stay valid
+    assert not net.training
+
+
+def test_convert_resnet18_outputs_and_gradients():
+    """Through dispatch's own choice (aten on the CPU: the interpreter would take an hour on
+    ResNet-18's wide layers; the Triton kernels' parity is the random-module test above)."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).train()
+    ours = fastconv.nn.convert(model)
+    assert sum(isinstance(m, fastconv.nn.Conv2d) for m in ours.modules()) == 20
+    x = torch.randn(2, 3, 32, 32)
+    y_ref, y = model(x), ours(x)
+    assert relative_error(y, y_ref) < 1e-4
+    y_ref.square().sum().backward()
+    y.square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+        assert relative_error(q.grad, p.grad) < 1e-4, name
