@@ -141,9 +141,11 @@ def test_bad_activation_backend_precision():
 
 
 def test_forced_backend_lists_every_reason():
+    many = 65536  # more groups than the launch grid's second dimension holds
     with pytest.raises(NotSupported) as info:
-        fastconv.conv2d(x.double(), w.double(), backend="triton")
-    assert any("dtype torch.float64 not supported" in r for r in info.value.reasons)
+        fastconv.conv2d(torch.randn(1, many, 1, 1), torch.randn(many, 1, 1, 1), groups=many,
+                        backend="triton")
+    assert any("groups 65536 > 65535" in r for r in info.value.reasons)
     assert "triton" in str(info.value)
 
 

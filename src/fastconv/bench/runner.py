@@ -327,9 +327,11 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                 row["rel_err"] = max(relative_error(a, b) for a, b in zip(_as_tuple(first), ref))
                 if timer is not None:
                     p50, p20, p80 = percentiles(timer.eager(fns, reps))
-                    # A backward replayed on a graph saved outside the capture cannot be
-                    # captured: bwd rows have eager timings only.
-                    graph = timer.graph(fns) if mode != "bwd" else None
+                    # Only the forward is timed as CUDA-graph replays too: a backward replayed
+                    # on a saved autograd graph cannot be captured, and a failed capture of a
+                    # train step left the CUDA generator unusable for the next case (H200,
+                    # torch 2.11). Gradient rows have eager timings only.
+                    graph = timer.graph(fns) if mode == "fwd" else None
                     row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80, tflops=flops / p50 / 1e9,
                                gbps=min_bytes / p50 / 1e6,
                                graph_ms_p50=statistics.median(graph) if graph else None)

@@ -152,7 +152,7 @@ class _Geometry:
             if out is None:
                 out = problem.new_output(input.device)
             if self.on_gpu:
-                input, weight = channels_last(input), packed_weight(weight)
+                input, weight = channels_last(input), packed_weight(weight, dim=0)
             x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
             launch_dgrad(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=self.stride,
                          pad=self.pad, dilation=self.dilation, groups=problem.groups,
@@ -171,7 +171,7 @@ class _Geometry:
                 out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
                                       grad_out.dtype, grad_out.device)
             if self.on_gpu:
-                grad_out, weight = channels_last(grad_out), packed_weight(weight)
+                grad_out, weight = channels_last(grad_out), packed_weight(weight, dim=0)
             d4, w4, o4 = self.four_d(grad_out, weight, out)
             launch_dgrad(d4, w4, o4, None, None, None, stride=self.stride, pad=self.pad,
                          dilation=self.dilation, groups=problem.groups, act_code=0,
@@ -189,8 +189,9 @@ class _Geometry:
             if out is None:
                 out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
                                   device=grad_out.device)
-            if self.on_gpu:
-                grad_out, input = channels_last(grad_out), channels_last(input)
+            # No layout copies: in either layout both operands are read along the pixel
+            # reduction; NCHW keeps it contiguous, the layout TF32 tensor cores need (both
+            # operands K-major), and NHWC suits 16-bit types, which may be MN-major.
             d4, x4, o4 = self.four_d(grad_out, input, out)
             launch_wgrad(d4, x4, o4, stride=self.stride, pad=self.pad, dilation=self.dilation,
                          groups=problem.groups, precision=self.precision, config=config,
@@ -199,37 +200,50 @@ class _Geometry:
         return run
 
 
-_PACKED = WeakTensorKeyDictionary()  # weight -> (version, packed copy); dies with the weight
+# weight -> {fastest dim: (version, packed copy)}; dies with the weight
+_PACKED = WeakTensorKeyDictionary()
 
 
-def _channels_fastest(t: torch.Tensor) -> bool:
+def _order(t: torch.Tensor, dim: int) -> tuple[int, ...]:
+    """Dimensions from slowest to fastest with ``dim`` moved last, the rest in order."""
+    return (*(d for d in range(t.dim()) if d != dim), dim)
+
+
+def _is_packed(t: torch.Tensor, dim: int) -> bool:
     expect = 1
-    for d in (1, *range(t.dim() - 1, 1, -1), 0):
+    for d in reversed(_order(t, dim)):
         if t.shape[d] != 1 and t.stride(d) != expect:
             return False
         expect *= t.shape[d]
     return True
 
 
+def _pack(t: torch.Tensor, dim: int) -> torch.Tensor:
+    order = _order(t, dim)
+    inverse = tuple(order.index(d) for d in range(t.dim()))
+    return t.permute(order).contiguous().permute(inverse)
+
+
 def channels_last(t: torch.Tensor) -> torch.Tensor:
     """``t`` with channels (dimension 1) fastest, the rest in order: NHWC / NLC."""
-    if _channels_fastest(t):
-        return t
-    perm = (0, *range(2, t.dim()), 1)
-    inverse = (0, t.dim() - 1, *range(1, t.dim() - 1))
-    return t.permute(perm).contiguous().permute(inverse)
+    return t if _is_packed(t, 1) else _pack(t, 1)
 
 
-def packed_weight(w: torch.Tensor) -> torch.Tensor:
-    """``w`` with its input channels fastest, cached per weight tensor and *version*: an
+def packed_weight(w: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """``w`` with dimension ``dim`` fastest — the reduction dimension of the GEMM that reads
+    it: input channels for the forward, output channels (``dim=0``) for dgrad, which makes
+    the tile K-major as TF32 tensor cores need. Cached per weight tensor and *version*: an
     in-place update (an optimizer step) bumps ``w._version`` and the next call repacks."""
-    if _channels_fastest(w):
+    if _is_packed(w, dim):
         return w
-    hit = _PACKED.get(w)
+    per_dim = _PACKED.get(w)
+    hit = per_dim.get(dim) if per_dim is not None else None
     if hit is not None and hit[0] == w._version:
         return hit[1]
-    packed = channels_last(w)
-    _PACKED[w] = (w._version, packed)
+    packed = _pack(w, dim)
+    if per_dim is None:
+        per_dim = _PACKED[w] = {}
+    per_dim[dim] = (w._version, packed)
     return packed
 
 
