@@ -5,10 +5,11 @@
 ``F.conv_transpose2d`` computes; the keyword-only arguments add the epilogue
 ``act(scale·(conv + bias) + shift + residual)``, an output buffer, a backend and a precision.
 
-Two paths: a call that needs no gradient, outside torch.compile, runs a cached plan directly
-(the lowest host overhead); otherwise the call goes through the ``fastconv::conv`` custom op
-(ops.py), whose autograd formula runs the data and weight gradients on fastconv's kernels
-and which torch.compile traces as one node.
+Three paths: a call that needs no gradient, outside torch.compile, runs a cached plan
+directly (the lowest host overhead); one that needs a gradient runs the same plan inside
+``ops.ConvFunction``, whose backward runs the data and weight gradients on fastconv's kernels;
+under torch.compile the call is the ``fastconv::conv`` custom op (ops.py), with the same
+autograd formula, which the compiler traces as one node.
 """
 
 from __future__ import annotations
@@ -180,9 +181,12 @@ def _through_op(rank, transposed, input, weight, bias, stride, padding, dilation
     stride, pre, post, dilation, opad = normalize_geometry(
         rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed)
     prec = resolve(precision, input.dtype).value
-    return ops.conv(input, weight, bias, scale, shift, residual, list(stride), list(pre),
-                    list(post), list(dilation), groups, transposed, list(opad), activation,
-                    float(negative_slope), backend, prec)
+    args = (input, weight, bias, scale, shift, residual, list(stride), list(pre), list(post),
+            list(dilation), groups, transposed, list(opad), activation, float(negative_slope),
+            backend, prec)
+    if torch.compiler.is_compiling():
+        return ops.conv(*args)
+    return ops.ConvFunction.apply(*args)
 
 
 def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation, groups,

@@ -200,7 +200,8 @@ def _gradient(provider: str, case: BenchCase, precision: Precision, mode: str,
             return compiled.setdefault("fn", torch.compile(fn, dynamic=False))
         return fn
     backend = {"fastconv": "auto", "fastconv_triton": "triton"}[provider]
-    op = ops.conv_input_grad if mode == "dgrad" else ops.conv_weight_grad
+    # What a training step's backward runs (ops.ConvFunction), without the custom-op wrapper.
+    op = ops.input_grad_impl if mode == "dgrad" else ops.weight_grad_impl
     return lambda g, x, w: op(g, x, w, stride, pad, pad, dil, case.groups, backend,
                               precision.value)
 
@@ -327,11 +328,11 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                 row["rel_err"] = max(relative_error(a, b) for a, b in zip(_as_tuple(first), ref))
                 if timer is not None:
                     p50, p20, p80 = percentiles(timer.eager(fns, reps))
-                    # Only the forward is timed as CUDA-graph replays too: a backward replayed
+                    # Autograd rows (bwd, train) are timed eagerly only: a backward replayed
                     # on a saved autograd graph cannot be captured, and a failed capture of a
                     # train step left the CUDA generator unusable for the next case (H200,
-                    # torch 2.11). Gradient rows have eager timings only.
-                    graph = timer.graph(fns) if mode == "fwd" else None
+                    # torch 2.11). Direct calls (fwd, dgrad, wgrad) are also graph-timed.
+                    graph = timer.graph(fns) if mode in ("fwd", "dgrad", "wgrad") else None
                     row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80, tflops=flops / p50 / 1e9,
                                gbps=min_bytes / p50 / 1e6,
                                graph_ms_p50=statistics.median(graph) if graph else None)
