@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from . import backends, dispatch
+from .backends.aten import conv_backward_both
 from .epilogue import Epilogue, fold_bias
 from .errors import ConvError, ConvTypeError
 from .precision import resolve
@@ -178,8 +179,17 @@ def _through_op(rank, transposed, input, weight, bias, stride, padding, dilation
     if weight.dim() != rank + 2:
         raise ConvError(f"weight: expected a {rank + 2}-D tensor for conv{rank}d, got shape "
                         f"{tuple(weight.shape)}")
-    stride, pre, post, dilation, opad = normalize_geometry(
-        rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed)
+    try:
+        key = (rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed)
+        geometry = _GEOMETRY.get(key)
+    except TypeError:  # unhashable (a list): normalise every time
+        key, geometry = None, None
+    if geometry is None:
+        geometry = normalize_geometry(rank, weight.shape[2:], stride, padding, dilation,
+                                      output_padding, transposed)
+        if key is not None and len(_GEOMETRY) < _PLANS_MAX:
+            _GEOMETRY[key] = geometry
+    stride, pre, post, dilation, opad = geometry
     prec = resolve(precision, input.dtype).value
     args = (input, weight, bias, scale, shift, residual, list(stride), list(pre), list(post),
             list(dilation), groups, transposed, list(opad), activation, float(negative_slope),
@@ -215,9 +225,30 @@ def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation
 
 
 def run_grad(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
-             backend, precision, out):
+             backend, precision, out=None):
     """``op`` ("dgrad" or "wgrad") of the convolution of ``input`` with ``weight`` (no
-    epilogue; geometry already normalised), written into ``out``."""
+    epilogue; geometry already normalised), written into ``out`` (allocated if None)."""
+    plan = _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
+                      backend, precision, out)
+    return plan.run(grad_out, input if op == "wgrad" else weight, out)
+
+
+def run_grads(grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups, backend,
+              precision, need_input, need_weight):
+    """``(dx, dw)`` (None where not needed) of the convolution of ``input`` with ``weight``.
+    When dispatch picked aten for both, one convolution_backward call computes them."""
+    geo = (stride, pad_pre, pad_post, dilation, groups, backend, precision)
+    dgrad = _grad_plan("dgrad", grad_out, input, weight, *geo) if need_input else None
+    wgrad = _grad_plan("wgrad", grad_out, input, weight, *geo) if need_weight else None
+    if dgrad is not None and wgrad is not None and dgrad.backend == wgrad.backend == "aten" \
+            and dgrad.problem.pad_pre == dgrad.problem.pad_post:
+        return conv_backward_both(dgrad.problem, grad_out, input, weight)
+    return (dgrad.run(grad_out, weight, None) if dgrad is not None else None,
+            wgrad.run(grad_out, input, None) if wgrad is not None else None)
+
+
+def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
+               backend, precision, out=None) -> _Plan:
     sig = (op, _sig(grad_out), _sig(input), _sig(weight), _sig(out), tuple(stride),
            tuple(pad_pre), tuple(pad_post), tuple(dilation), groups, backend, precision)
     plan = _PLANS.get(sig)
@@ -235,9 +266,10 @@ def run_grad(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, g
             cls.bind(problem, config, op)(grad_out, second, out)
 
         choice = dispatch.choose(problem, backend, run=trial, op=op)
-        plan = _Plan(problem, backends.REGISTRY[choice.backend].bind(problem, choice.config, op))
+        plan = _Plan(problem, backends.REGISTRY[choice.backend].bind(problem, choice.config, op),
+                     choice.backend)
         _remember(sig, plan)
-    return plan.run(grad_out, input if op == "wgrad" else weight, out)
+    return plan
 
 
 def _remember(sig, plan) -> None:
@@ -257,14 +289,16 @@ def _sig(t):
 class _Plan:
     """A validated problem bound to the backend and configuration that runs it."""
 
-    __slots__ = ("problem", "run")
+    __slots__ = ("problem", "run", "backend")
 
-    def __init__(self, problem: ConvProblem, run):
+    def __init__(self, problem: ConvProblem, run, backend: str = ""):
         self.problem = problem
         self.run = run
+        self.backend = backend
 
 
 _PLANS: dict[tuple, _Plan] = {}
+_GEOMETRY: dict[tuple, tuple] = {}  # normalised geometry of the autograd / compile path
 _PLANS_MAX = 1024
 
 
@@ -308,4 +342,5 @@ def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, grou
         bound(cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
 
     choice = dispatch.choose(problem, backend, run=trial)
-    return _Plan(problem, bound(backends.REGISTRY[choice.backend], choice.config))
+    return _Plan(problem, bound(backends.REGISTRY[choice.backend], choice.config),
+                 choice.backend)

@@ -110,8 +110,15 @@ def _setup_context(ctx, inputs, output):
     ctx.args = inputs[6:]
 
 
+def _grads_through_ops(grad_out, input, weight, stride, pre, post, dilation, groups, backend,
+                       precision, need_input, need_weight):
+    geo = (stride, pre, post, dilation, groups, backend, precision)
+    return (conv_input_grad(grad_out, input, weight, *geo) if need_input else None,
+            conv_weight_grad(grad_out, input, weight, *geo) if need_weight else None)
+
+
 def _backward(ctx, grad):
-    return backward_formula(ctx, grad, conv, conv_input_grad, conv_weight_grad)
+    return backward_formula(ctx, grad, conv, _grads_through_ops)
 
 
 class ConvFunction(torch.autograd.Function):
@@ -128,12 +135,14 @@ class ConvFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return backward_formula(ctx, grad, conv_impl, input_grad_impl, weight_grad_impl)
+        return backward_formula(ctx, grad, conv_impl, functional.run_grads)
 
 
-def backward_formula(ctx, grad, conv, conv_input_grad, conv_weight_grad):
+def backward_formula(ctx, grad, conv, conv_grads):
     """The gradients of every ``fastconv::conv`` input (see the module docstring), with the
-    convolutions run by the given callables: the ops (traceable) or their implementations."""
+    convolutions run by the given callables — the ops (traceable) or their implementations:
+    ``conv`` as ``fastconv::conv`` and ``conv_grads(dy, x, w, stride, pad_pre, pad_post,
+    dilation, groups, backend, precision, need_input, need_weight) -> (dx, dw)``."""
     input, weight, bias, scale, shift, residual, y = ctx.saved_tensors
     (stride, pre, post, dilation, groups, transposed, opad, activation, slope, backend,
      precision) = ctx.args
@@ -172,15 +181,11 @@ def backward_formula(ctx, grad, conv, conv_input_grad, conv_weight_grad):
             x = input
             if any(extra):
                 x = F.pad(input, [v for e in reversed(extra) for v in (0, e)])
-            g_weight = conv_weight_grad(x, dc, weight, stride, pre, pre, dilation, groups,
-                                        backend, precision)
-    else:
-        if need[0]:
-            g_input = conv_input_grad(dc, input, weight, stride, pre, post, dilation, groups,
-                                      backend, precision)
-        if need[1]:
-            g_weight = conv_weight_grad(dc, input, weight, stride, pre, post, dilation, groups,
-                                        backend, precision)
+            _, g_weight = conv_grads(x, dc, weight, stride, pre, pre, dilation, groups,
+                                     backend, precision, False, True)
+    elif need[0] or need[1]:
+        g_input, g_weight = conv_grads(dc, input, weight, stride, pre, post, dilation, groups,
+                                       backend, precision, need[0], need[1])
     return (g_input, g_weight, g_bias, g_scale, g_shift, g_residual) + (None,) * len(ctx.args)
 
 

@@ -127,6 +127,17 @@ def _bind_backward(problem: ConvProblem, input_grad: bool):
     return run_dgrad if input_grad else run_wgrad
 
 
+def conv_backward_both(problem: ConvProblem, grad_out: torch.Tensor, input: torch.Tensor,
+                       weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dx, dw)`` of a symmetric-padding convolution in one convolution_backward call."""
+    with _precision(problem):
+        dx, dw, _ = torch.ops.aten.convolution_backward(
+            grad_out, input, weight, None, list(problem.stride), list(problem.pad_pre),
+            list(problem.dilation), False, [0] * problem.rank, problem.groups,
+            [True, True, False])
+    return dx, dw
+
+
 def _shape_only(problem: ConvProblem, like: torch.Tensor) -> torch.Tensor:
     """A weight-shaped tensor whose values are never read (wgrad needs only the shape)."""
     return like.new_empty(1).expand(problem.weight_shape())
