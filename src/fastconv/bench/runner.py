@@ -304,8 +304,10 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
         case.groups, rank=case.rank, transposed=case.transposed,
         output_padding=case.output_padding, precision=precision.value,
         epilogue=Epilogue(activation=case.activation, has_shift=case.bias))
-    for t in sets:
-        t["g"] = torch.randn(problem.output_shape(), device=device).to(DTYPE[precision])
+    for t in sets:  # the output gradient in the layout autograd would give it
+        g = torch.randn(problem.output_shape(), device=device).to(DTYPE[precision])
+        t["g"] = g.contiguous(memory_format=torch.channels_last) \
+            if layout == "nhwc" and case.rank == 2 else g
     ref = _reference(case, sets[0], mode)
     flops, min_bytes = _mode_cost(problem, mode)
     rows = []
