@@ -205,3 +205,13 @@ def test_gradient_modes_time_one_kernel(mode):
     (bad,) = runner.run_case(suites.shrink(suites.get("transposed")[0]), ["torch"],
                              Precision.IEEE, "nchw", device="cpu", mode=mode)
     assert "transposed" in bad["error"]
+
+
+def test_roofline_percent_uses_the_tighter_floor():
+    rows = [dict(precision="bf16", flops=2e12, min_bytes=1e9, ms_p50=10.0),  # compute-bound
+            dict(precision="bf16", flops=1e9, min_bytes=4e9, ms_p50=2.0),    # memory-bound
+            dict(precision="bf16", flops=1e9, min_bytes=1e9, ms_p50=None)]   # not timed
+    report.add_roofline(rows, {"bf16_tflops": 800.0, "hbm_gbps": 4000.0})
+    assert rows[0]["roofline_pct"] == pytest.approx(100 * 2.5 / 10)  # 2e12 / 800e12 s = 2.5 ms
+    assert rows[1]["roofline_pct"] == pytest.approx(100 * 1.0 / 2)   # 4e9 / 4000e9 s = 1 ms
+    assert "roofline_pct" not in rows[2]

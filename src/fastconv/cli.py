@@ -123,19 +123,35 @@ def cmd_bench(args) -> int:
                 advance(f"{suite} {mode} {prec} {layout} {case.name}")
                 rows += runner.run_case(case, providers, prec, layout, reps=args.reps,
                                         device="cuda" if has_gpu else "cpu", mode=mode)
+            report.add_roofline(rows, ceilings)
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
             written += report.write(doc, out_dir, stem)
             if args.plot:
                 from fastconv.bench.plot import plot
                 written += plot(doc, out_dir, stem)
-            print(report.table(rows, ceilings))
+            _print_table(rows)
             if old is not None:
                 all_deltas += compare.deltas(old["rows"], rows)
     print("wrote " + ", ".join(map(str, written)))
     if old is not None:
         return _report_deltas(all_deltas, args.fail_if_regression)
     return 0
+
+
+def _print_table(rows) -> None:
+    """A rich table on a terminal (when rich is installed), plain text otherwise (logs)."""
+    from fastconv.bench import report
+
+    if sys.stdout.isatty():
+        try:
+            from rich.console import Console
+        except ImportError:
+            pass
+        else:
+            Console().print(report.rich_table(rows))
+            return
+    print(report.table(rows))
 
 
 class _progress:

@@ -72,38 +72,76 @@ def speedups(rows: list[dict], baseline: str = "torch",
     return out
 
 
-def table(rows: list[dict], ceilings: dict[str, float] | None = None) -> str:
-    """A plain-text table (fits a terminal and a log file alike)."""
+def add_roofline(rows: list[dict], ceilings: dict[str, float]) -> None:
+    """Give every timed row ``roofline_pct``: the roofline bound's time — the tighter of the
+    compute floor (FLOP at the measured matrix-product rate) and the memory floor (minimum
+    bytes at the measured copy bandwidth) — as a percentage of the measured median."""
+    hbm = ceilings.get("hbm_gbps")
+    for r in rows:
+        peak = ceilings.get(f"{r['precision']}_tflops")
+        if not r.get("ms_p50") or not peak or not hbm:
+            continue
+        bound_ms = max(r["flops"] / peak / 1e9, r["min_bytes"] / hbm / 1e6)
+        r["roofline_pct"] = 100.0 * bound_ms / r["ms_p50"]
+
+
+COLUMNS = ("case", "provider", "prec", "ms p50", "graph ms", "TFLOPS", "%roof", "rel err",
+           "vs torch", "graph", "choice")
+
+
+def _cells(rows: list[dict]) -> tuple[list[list[str]], list[str]]:
+    """The table's rows as strings (one per COLUMNS entry) and its geomean footer lines."""
     sp = speedups(rows)
     spg = speedups(rows, field="graph_ms_p50")
-    head = f"{'case':<26} {'provider':<16} {'prec':<5} {'ms p50':>8} {'graph ms':>8} " \
-           f"{'TFLOPS':>7} {'%peak':>6} {'rel err':>8} {'vs torch':>8} {'graph':>6}  choice"
-    lines = [head, "-" * len(head)]
+    out = []
     for r in rows:
+        first = [r["case"], r["provider"], r["precision"]]
         if "error" in r:
-            lines.append(f"{r['case']:<26} {r['provider']:<16} {r['precision']:<5} "
-                         f"{'error: ' + r['error'][:80]}")
+            out.append(first + ["error: " + r["error"][:80]] + [""] * 7)
             continue
         if r.get("ms_p50") is None:
-            lines.append(f"{r['case']:<26} {r['provider']:<16} {r['precision']:<5} "
-                         f"{'-':>8} {'-':>8} {'-':>7} {'':>6} {r['rel_err']:8.1e}  "
-                         f"{r.get('timing', '')} {r.get('choice', '')}")
+            out.append(first + ["-", "-", "-", "", f"{r['rel_err']:.1e}", "", "",
+                                f"{r.get('timing', '')} {r.get('choice', '')}".strip()])
             continue
-        peak = (ceilings or {}).get(f"{r['precision']}_tflops")
-        pct = f"{100 * r['tflops'] / peak:6.1f}" if peak else f"{'':>6}"
+        roof, gms = r.get("roofline_pct"), r.get("graph_ms_p50")
         ratio = sp.get(r["provider"], {}).get(r["case"])
         gratio = spg.get(r["provider"], {}).get(r["case"])
-        gms = r.get("graph_ms_p50")
-        lines.append(f"{r['case']:<26} {r['provider']:<16} {r['precision']:<5} "
-                     f"{r['ms_p50']:8.4f} {(f'{gms:8.4f}' if gms else f'{chr(45):>8}')} "
-                     f"{r['tflops']:7.1f} {pct} {r['rel_err']:8.1e} "
-                     f"{(f'{ratio:.2f}x' if ratio else ''):>8} "
-                     f"{(f'{gratio:.2f}x' if gratio else ''):>6}  {r.get('choice', '')}")
+        out.append(first + [f"{r['ms_p50']:.4f}", f"{gms:.4f}" if gms else "-",
+                            f"{r['tflops']:.1f}", f"{roof:.1f}" if roof is not None else "",
+                            f"{r['rel_err']:.1e}", f"{ratio:.2f}x" if ratio else "",
+                            f"{gratio:.2f}x" if gratio else "", r.get("choice", "")])
+    footer = []
     for prov, per_case in sp.items():
         g = spg.get(prov, {}).get("geomean")
-        lines.append(f"geomean speed-up of {prov} over torch: eager {per_case['geomean']:.3f}x"
-                     + (f", CUDA graph {g:.3f}x" if g else "") + f" ({len(per_case) - 1} cases)")
-    return "\n".join(lines)
+        footer.append(f"geomean speed-up of {prov} over torch: eager {per_case['geomean']:.3f}x"
+                      + (f", CUDA graph {g:.3f}x" if g else "") + f" ({len(per_case) - 1} cases)")
+    return out, footer
+
+
+_WIDTHS = (-26, -16, -5, 8, 8, 7, 6, 8, 8, 6, 0)  # negative: left-aligned; 0: as long as needed
+
+
+def table(rows: list[dict], ceilings: dict[str, float] | None = None) -> str:
+    """A plain-text table (fits a terminal and a log file alike)."""
+    def line(cells):
+        if cells[3].startswith("error"):
+            return " ".join(f"{c:<{-w}}" for c, w in zip(cells[:3], _WIDTHS)) + " " + cells[3]
+        return " ".join(f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" if w else c
+                        for c, w in zip(cells, _WIDTHS))
+    body, footer = _cells(rows)
+    head = line(list(COLUMNS))
+    return "\n".join([head, "-" * len(head), *map(line, body), *footer])
+
+
+def rich_table(rows: list[dict]):
+    """The same table as a rich.table.Table (for a terminal)."""
+    from rich.table import Table
+
+    body, footer = _cells(rows)
+    t = Table(*COLUMNS, caption="\n".join(footer))
+    for cells in body:
+        t.add_row(*cells)
+    return t
 
 
 def write(doc: dict, out_dir: str | Path, stem: str) -> list[Path]:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fprop import INTERPRETED, acc_type, store_tile, strides
+from .fprop import INTERPRETED, acc_type, store_tile, strides, tile_of
 
 
 @triton.jit
@@ -65,13 +65,7 @@ def _conv_dgrad_kernel(
     HP = tl.cdiv(H, stride_h)  # rows of phase 0, the largest; others mask their tail
     WP = tl.cdiv(W, stride_w)
     M = N * HP * WP
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(C_G, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = tile_of(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(C_G, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

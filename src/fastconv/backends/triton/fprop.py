@@ -63,6 +63,18 @@ def _activation(y, ACT: tl.constexpr, negative_slope):
 
 
 @triton.jit
+def tile_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program ``pid`` in grouped order: GROUP_M row tiles share
+    each weight column tile while it is in L2."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
 def _epilogue_store(acc, offs_m, k_glob, mask_m, mask_n, P, Q,
                     out_ptr, stride_on, stride_ok, stride_op, stride_oq,
                     scale_ptr, shift_ptr, res_ptr, stride_rn, stride_rk, stride_rp, stride_rq,
@@ -130,14 +142,7 @@ def _conv_fprop_kernel(
     group = tl.program_id(1)
     pid_k = tl.program_id(2)
     M = N * P * Q
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(K_G, BLOCK_N)
-    # Grouped ordering: GROUP_M row-tiles share each weight column-tile while it is in L2.
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = tile_of(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(K_G, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
