@@ -39,7 +39,8 @@ def _flat_k(problem: ConvProblem) -> bool:
 
 
 def interpreter_config(problem: ConvProblem, op: str = "fprop") -> TileConfig:
-    return TileConfig(32, 16, 16, 4, 1, op == "fprop" and _flat_k(problem))
+    flat = op == "fprop" and not problem.transposed and _flat_k(problem)  # forward kernel only
+    return TileConfig(32, 16, 16, 4, 1, flat)
 
 
 # Tile shapes (block_m, block_n, block_k, warps, stages) that won at least one ResNet-50 layer
