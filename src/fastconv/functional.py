@@ -5,11 +5,13 @@
 ``F.conv_transpose2d`` computes; the keyword-only arguments add the epilogue
 ``act(scale·(conv + bias) + shift + residual)``, an output buffer, a backend and a precision.
 
-Three paths: a call that needs no gradient, outside torch.compile, runs a cached plan
-directly (the lowest host overhead); one that needs a gradient runs the same plan inside
-``ops.ConvFunction``, whose backward runs the data and weight gradients on fastconv's kernels;
-under torch.compile the call is the ``fastconv::conv`` custom op (ops.py), with the same
-autograd formula, which the compiler traces as one node.
+Paths: a call that needs no gradient, outside torch.compile, runs a cached plan directly
+(the lowest host overhead). One that needs a gradient runs the same plan; if dispatch chose
+aten's plain configuration, whose ops torch differentiates, torch's autograd does the backward
+(cuDNN), otherwise the plan runs inside ``ops.ConvFunction``, whose backward runs the data and
+weight gradients through dispatch (fastconv's Triton kernels or aten). Under torch.compile the
+call is the ``fastconv::conv`` custom op (ops.py), with the same autograd formula, which the
+compiler traces as one node.
 """
 
 from __future__ import annotations
@@ -147,9 +149,18 @@ def _conv(rank, transposed, input, weight, bias, stride, padding, dilation, grou
         if needs_grad and out is not None:
             raise ConvError("out: cannot be used when an input requires grad (as in torch, "
                             "out= does not support automatic differentiation)")
-        result = _through_op(rank, transposed, input, weight, bias, stride, padding, dilation,
-                             groups, output_padding, activation, negative_slope, residual,
-                             scale, shift, backend, precision)
+        plan = None if torch.compiler.is_compiling() else forward_plan(
+            rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+            output_padding, activation, negative_slope, residual, scale, shift, None, backend,
+            precision)
+        if plan is not None and plan.native_grad:
+            # The forward runs on torch's own differentiable ops: torch's autograd gives the
+            # backward (cuDNN's dgrad and wgrad in one call) at torch's host cost.
+            result = plan.run(input, weight, bias, scale, shift, residual, None)
+        else:
+            result = _through_op(rank, transposed, input, weight, bias, stride, padding,
+                                 dilation, groups, output_padding, activation, negative_slope,
+                                 residual, scale, shift, backend, precision)
         if out_b is not None:
             out_b.copy_(result)
     else:
@@ -203,6 +214,16 @@ def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation
                 output_padding, activation, negative_slope, residual, scale, shift, out,
                 backend, precision):
     """The convolution of batched operands through a cached plan, no autograd."""
+    plan = forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation,
+                        groups, output_padding, activation, negative_slope, residual, scale,
+                        shift, out, backend, precision)
+    return plan.run(input, weight, bias, scale, shift, residual, out)
+
+
+def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                 output_padding, activation, negative_slope, residual, scale, shift, out,
+                 backend, precision) -> _Plan:
+    """The cached plan of a forward call (validated and dispatched on first sight)."""
     # Fast path: a call whose every validated property (shapes, strides, dtypes, devices,
     # arguments, global precision flag) was seen before reuses its plan; only the checks
     # that depend on the data pointers run again.
@@ -221,7 +242,7 @@ def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation
         _remember(sig, plan)
     elif out is not None:
         plan.problem._check_overlap(out, input, bias, residual, scale, shift)
-    return plan.run(input, weight, bias, scale, shift, residual, out)
+    return plan
 
 
 def run_grad(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
@@ -289,12 +310,14 @@ def _sig(t):
 class _Plan:
     """A validated problem bound to the backend and configuration that runs it."""
 
-    __slots__ = ("problem", "run", "backend")
+    __slots__ = ("problem", "run", "backend", "native_grad")
 
-    def __init__(self, problem: ConvProblem, run, backend: str = ""):
+    def __init__(self, problem: ConvProblem, run, backend: str = "",
+                 native_grad: bool = False):
         self.problem = problem
         self.run = run
         self.backend = backend
+        self.native_grad = native_grad  # run() is torch ops that torch's autograd differentiates
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -342,5 +365,9 @@ def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, grou
         bound(cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
 
     choice = dispatch.choose(problem, backend, run=trial)
+    # aten's plain configuration is F.conv + torch epilogue ops, all differentiable (its
+    # fused cuDNN relu is not). When dispatch found cuDNN fastest for the forward, the
+    # gradients are left to torch's autograd (cuDNN as well): fastconv's Triton dgrad and
+    # wgrad measure below cuDNN's (benchmarks/NOTES.md), and this costs torch's host time.
     return _Plan(problem, bound(backends.REGISTRY[choice.backend], choice.config),
-                 choice.backend)
+                 choice.backend, native_grad=choice.backend == "aten" and choice.config is None)
