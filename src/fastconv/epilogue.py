@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConvError, ConvTypeError
+from .precision import accumulate_dtype
 
 #: Activation names in the order of their integer codes (the Triton kernels use the code).
 ACTIVATIONS: tuple[str, ...] = ("none", "relu", "relu6", "leaky_relu", "silu", "gelu",
@@ -111,7 +112,7 @@ def fold_bias(bias: torch.Tensor | None, scale: torch.Tensor | None,
         return scale, shift
     if scale is None and shift is None:
         return None, bias
-    acc = torch.float64 if bias.dtype == torch.float64 else torch.float32
+    acc = accumulate_dtype(bias.dtype)
     b = bias.detach().to(acc)
     if scale is not None:
         b = b * scale.detach().to(acc)

@@ -145,11 +145,12 @@ def _conv(rank, transposed, input, weight, bias, stride, padding, dilation, grou
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad
         for t in (input, weight, bias, scale, shift, residual))
-    if needs_grad or torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if needs_grad or compiling:
         if needs_grad and out is not None:
             raise ConvError("out: cannot be used when an input requires grad (as in torch, "
                             "out= does not support automatic differentiation)")
-        plan = None if torch.compiler.is_compiling() else forward_plan(
+        plan = None if compiling else forward_plan(
             rank, transposed, input, weight, bias, stride, padding, dilation, groups,
             output_padding, activation, negative_slope, residual, scale, shift, None, backend,
             precision)

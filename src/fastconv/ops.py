@@ -27,24 +27,34 @@ from torch import Tensor
 
 from . import functional
 from .epilogue import Epilogue
+from .precision import accumulate_dtype
 from .problem import ConvProblem, empty_in_layout, layout_of
 
 
-def conv_impl(input: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None,
-         shift: Tensor | None, residual: Tensor | None, stride: list[int],
-         pad_pre: list[int], pad_post: list[int], dilation: list[int], groups: int,
-         transposed: bool, output_padding: list[int], activation: str, negative_slope: float,
-         backend: str, precision: str) -> Tensor:
-    y = functional.run_forward(
+def conv_impl(input, weight, bias, scale, shift, residual, stride, pad_pre, pad_post,
+              dilation, groups, transposed, output_padding, activation, negative_slope,
+              backend, precision):
+    """``fastconv::conv`` without the op's layout guarantee (eager autograd uses it)."""
+    return functional.run_forward(
         input.dim() - 2, transposed, input, weight, bias, tuple(stride),
         tuple(zip(pad_pre, pad_post)), tuple(dilation), groups, tuple(output_padding),
         activation, negative_slope, residual, scale, shift, None, backend, precision)
+
+
+def _conv_op(input: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None,
+             shift: Tensor | None, residual: Tensor | None, stride: list[int],
+             pad_pre: list[int], pad_post: list[int], dilation: list[int], groups: int,
+             transposed: bool, output_padding: list[int], activation: str,
+             negative_slope: float, backend: str, precision: str) -> Tensor:
+    y = conv_impl(input, weight, bias, scale, shift, residual, stride, pad_pre, pad_post,
+                  dilation, groups, transposed, output_padding, activation, negative_slope,
+                  backend, precision)
     if layout_of(y) != layout_of(input):  # keep the layout the fake implementation promises
         y = empty_in_layout(y.shape, layout_of(input), y.dtype, y.device).copy_(y)
     return y
 
 
-conv = torch.library.custom_op("fastconv::conv", conv_impl, mutates_args=())
+conv = torch.library.custom_op("fastconv::conv", _conv_op, mutates_args=())
 
 
 @conv.register_fake
@@ -157,7 +167,7 @@ def backward_formula(ctx, grad, conv, conv_grads):
     dims = [0, *range(2, dz.dim())]
     view = (1, -1) + (1,) * (dz.dim() - 2)
     g_residual = dz if need[5] else None
-    acc = torch.float64 if dz.dtype == torch.float64 else torch.float32  # per-channel sums
+    acc = accumulate_dtype(dz.dtype)  # per-channel sums
     g_shift = dz.sum(dims, dtype=acc).to(shift.dtype) if need[4] else None
     g_scale = None
     if need[3]:

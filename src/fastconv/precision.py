@@ -85,6 +85,11 @@ def resolve(precision: str | Precision | None, dtype: torch.dtype) -> Precision:
     return p
 
 
+def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums are carried in: float64 for float64 data, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """‖out − ref‖ / ‖ref‖ computed in float64 (0 when both are zero, inf on a NaN)."""
     o = out.detach().to(device="cpu", dtype=torch.float64)

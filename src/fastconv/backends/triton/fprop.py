@@ -31,6 +31,8 @@ import triton
 import triton.language as tl
 from triton import knobs
 
+from ...precision import accumulate_dtype
+
 #: Whether this module's kernels were created for the interpreter (TRITON_INTERPRET=1 at
 #: import): they then run on CPU tensors only, and on the GPU not at all.
 INTERPRETED: bool = bool(knobs.runtime.interpret)
@@ -295,7 +297,7 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(k_g, config.block_n), groups, split)
     dummy = out4  # never read: the matching HAS_* flag is False
     res_strides = strides(res4) if res4 is not None else (0, 0, 0, 0)
-    ws = torch.empty((split, m, k), device=x4.device, dtype=_ws_dtype(x4.dtype)) \
+    ws = torch.empty((split, m, k), device=x4.device, dtype=accumulate_dtype(x4.dtype)) \
         if split > 1 else dummy
     epi = dict(HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None,
                HAS_RES=res4 is not None, ACT=act_code, INT64=int64)
@@ -325,10 +327,6 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
 def acc_type(dtype: torch.dtype):
     """The accumulator type: fp32, or fp64 for float64 data (interpreter-only, gradcheck)."""
     return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def _ws_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def strides(t: torch.Tensor) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...precision import accumulate_dtype
 from .fprop import INTERPRETED, acc_type, strides
 
 
@@ -122,7 +123,7 @@ def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, con
             groups, split)
     if split > 1:
         target = torch.empty((split, k, c_g, r, s), device=out4.device,
-                             dtype=torch.float64 if out4.dtype == torch.float64 else torch.float32)
+                             dtype=accumulate_dtype(out4.dtype))
         out_strides = (*target.stride()[1:], target.stride(0))
     else:
         target = out4
