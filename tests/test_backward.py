@@ -154,6 +154,22 @@ def test_backends_agree_on_gradients():
         assert relative_error(a, b) < 1e-5
 
 
+@pytest.mark.parametrize("allow_tf32", [True, False])
+def test_strict_fp32_gradients_never_left_to_a_tf32_backward(allow_tf32, monkeypatch):
+    """torch's own backward follows cuDNN's TF32 switch when it runs: an ieee forward may
+    hand its gradients to torch's autograd only while that switch is off."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", allow_tf32)
+    x = torch.randn(1, 3, 6, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    y = fastconv.conv2d(x, w, padding=1, backend="aten", precision="ieee")
+    native = "Convolution" in type(y.grad_fn).__name__
+    assert native == (not allow_tf32), type(y.grad_fn).__name__
+    dx, dw = torch.autograd.grad(y.square().sum(), (x, w))
+    ref = F.conv2d(x, w, padding=1)
+    rx, rw = torch.autograd.grad(ref.square().sum(), (x, w))
+    assert relative_error(dx, rx) < 1e-5 and relative_error(dw, rw) < 1e-5
+
+
 def test_autocast_runs_in_autocast_dtype():
     x, w = torch.randn(2, 4, 6, 6), torch.randn(5, 4, 3, 3)
     with torch.autocast("cpu", dtype=torch.bfloat16):

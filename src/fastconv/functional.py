@@ -24,7 +24,7 @@ from . import backends, dispatch
 from .backends.aten import conv_backward_both
 from .epilogue import Epilogue, fold_bias
 from .errors import ConvError, ConvTypeError
-from .precision import resolve
+from .precision import Precision, resolve
 from .problem import ConvProblem, normalize_geometry
 
 _IntOrTuple = int | Sequence[int]
@@ -370,5 +370,16 @@ def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, grou
     # fused cuDNN relu is not). When dispatch found cuDNN fastest for the forward, the
     # gradients are left to torch's autograd (cuDNN as well): fastconv's Triton dgrad and
     # wgrad measure below cuDNN's (benchmarks/NOTES.md), and this costs torch's host time.
+    native = choice.backend == "aten" and choice.config is None and _flags_match(problem)
     return _Plan(problem, bound(backends.REGISTRY[choice.backend], choice.config),
-                 choice.backend, native_grad=choice.backend == "aten" and choice.config is None)
+                 choice.backend, native_grad=native)
+
+
+def _flags_match(problem: ConvProblem) -> bool:
+    """Whether torch's own backward would compute in ``problem``'s precision: for float32
+    that follows cuDNN's TF32 switch as it stands now (torch reads it again when the backward
+    runs), so a strict-fp32 forward under torch's default ``allow_tf32=True`` must keep the
+    gradients on fastconv's path."""
+    if problem.dtype != torch.float32:
+        return True
+    return (problem.precision == Precision.TF32) == torch.backends.cudnn.allow_tf32
