@@ -122,23 +122,27 @@ def test_out_with_grad_is_an_error():
         fastconv.conv2d(x, torch.randn(3, 2, 3, 3), out=torch.empty(1, 3, 3, 3))
 
 
-def test_wgrad_split_k_is_deterministic_and_matches():
+@pytest.mark.parametrize("c,k", [(6, 4), (32, 64)])  # tiles over / dividing the channels
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_wgrad_split_k_is_deterministic_and_matches(c, k, channels_last):
     """The split-K partial buffers and their fixed-order reduce give the exact same bits
     on every run, and the right values."""
     from fastconv.backends.triton.configs import TileConfig
     from fastconv.backends.triton.wgrad import launch_wgrad
 
-    x, dy = torch.randn(3, 6, 9, 8), torch.randn(3, 4, 5, 8)
+    x, dy = torch.randn(3, c, 9, 8), torch.randn(3, k, 5, 8)
+    if channels_last:
+        x, dy = x.to(memory_format=torch.channels_last), dy.to(memory_format=torch.channels_last)
     runs = []
     for _ in range(2):
-        out = torch.full((4, 3, 3, 3), float("nan"))
+        out = torch.full((k, c // 2, 3, 3), float("nan"))
         launch_wgrad(dy, x, out, stride=(2, 1), pad=(1, 1), dilation=(1, 1), groups=2,
                      precision="ieee", config=TileConfig(16, 16, 16, 4, 1, False, 3),
                      int64=False)
         runs.append(out)
     assert torch.equal(runs[0], runs[1])
-    ref = torch.nn.grad.conv2d_weight(x.double(), (4, 3, 3, 3), dy.double(), (2, 1), (1, 1),
-                                      groups=2)
+    ref = torch.nn.grad.conv2d_weight(x.double(), (k, c // 2, 3, 3), dy.double(), (2, 1),
+                                      (1, 1), groups=2)
     assert relative_error(runs[0], ref) < 1e-5
 
 

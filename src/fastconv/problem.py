@@ -100,7 +100,7 @@ class ConvProblem:
 
     def min_bytes(self) -> int:
         """Each input, weight and output element moved once (plus epilogue operands)."""
-        item = torch.empty((), dtype=self.dtype).element_size()
+        item = self.dtype.itemsize
         numel = sum(math.prod(s) for s in (self.input_shape(), self.weight_shape(),
                                             self.output_shape()))
         if self.epilogue.has_residual:

@@ -115,22 +115,28 @@ def dgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
 
 
 def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
-    """GPU tiles for the weight gradient, each with the split of the pixel reduction that
-    fills the GPU about twice (bounded so every split keeps at least 8 steps)."""
+    """GPU tiles for the weight gradient, each with two splits of the pixel reduction: one
+    that fills the GPU about twice (every split keeping at least 8 steps), and one that keeps
+    the fp32 partial sums (written and read back once) under half the bytes of the operands
+    the kernel streams. Which wins depends on the layer; benchmark dispatch times both."""
     half = problem.dtype in (torch.float16, torch.bfloat16)
     sms = _sm_count(torch.cuda.current_device()) if torch.cuda.is_available() else 132
     pixels = problem.n * math.prod(problem.out_size)
+    operands = pixels * (problem.k + problem.c) * problem.dtype.itemsize
+    partial = problem.k * problem.c_per_group * math.prod(problem.kernel) * 4
     cands = []
     for bm, bn, bk, w, st in (_WGRAD_HALF if half else _WGRAD_TF32):
         bm = min(bm, _pow2_at_least_16(problem.k_per_group))
         bn = min(bn, _pow2_at_least_16(problem.c_per_group))
         tiles = (-(-problem.k_per_group // bm) * -(-problem.c_per_group // bn)
                  * math.prod(problem.kernel) * problem.groups)
-        steps = -(-pixels // bk)
-        split = max(1, min(-(-2 * sms // tiles), steps // 8, 32))
-        cfg = TileConfig(bm, bn, bk, w, st, False, split)
-        if cfg not in cands:
-            cands.append(cfg)
+        # (the partial buffer is indexed with 32-bit offsets)
+        fill = max(1, min(-(-2 * sms // tiles), pixels // (8 * bk), 128,
+                          (2**31 - 1) // (partial // 4)))
+        for split in (fill, max(1, min(fill, operands // (4 * partial)))):
+            cfg = TileConfig(bm, bn, bk, w, st, False, split)
+            if cfg not in cands:
+                cands.append(cfg)
     return cands
 
 

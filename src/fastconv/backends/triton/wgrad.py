@@ -28,7 +28,8 @@ def _conv_wgrad_kernel(
     stride_xn, stride_xc, stride_xh, stride_xw,
     stride_ok, stride_oc, stride_or, stride_os, stride_split,
     PRECISION: tl.constexpr, INT64: tl.constexpr, DOT_FP32: tl.constexpr, ACC: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     group = tl.program_id(1)
@@ -45,8 +46,17 @@ def _conv_wgrad_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_glob = group * K_G + offs_m
-    k_load = group * K_G + offs_m % K_G
-    c_load = group * C_G + offs_n % C_G
+    # In channels-last tensors the channel axes are the contiguous ones: a tile that divides
+    # the group's channels keeps them as plain aranges, which Triton can prove contiguous
+    # (vector loads); a modulo (the tail tile re-reading valid channels) would hide that.
+    if EVEN_M:
+        k_load = k_glob
+    else:
+        k_load = group * K_G + offs_m % K_G
+    if EVEN_N:
+        c_load = group * C_G + offs_n
+    else:
+        c_load = group * C_G + offs_n % C_G
     if INT64:
         k_load = k_load.to(tl.int64)
         c_load = c_load.to(tl.int64)
@@ -97,11 +107,11 @@ def _conv_wgrad_kernel(
 @triton.jit
 def _wgrad_reduce(ws_ptr, out_ptr, numel, C_G, R, S,
                   stride_ok, stride_oc, stride_or, stride_os,
-                  SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+                  SPLIT_K, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
-    for split in tl.static_range(1, SPLIT_K):
+    for split in range(1, SPLIT_K):  # fixed order: the same bits every run
         acc += tl.load(ws_ptr + split * numel + offs, mask=mask, other=0.0)
     s = offs % S  # the buffer is [K, C_G, R, S] contiguous per split
     r = (offs // S) % R
@@ -136,7 +146,9 @@ def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, con
         DOT_FP32=INTERPRETED and dy4.dtype == torch.bfloat16,  # see launch_fprop
         ACC=acc_type(dy4.dtype),
         SPLIT_K=split, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_K=config.block_k, EVEN_M=k_g % config.block_m == 0,
+        EVEN_N=c_g % config.block_n == 0, num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     if split > 1:
         numel = k * c_g * r * s
