@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, `fastconv check`, and the benchmark suites.
 # Usage (on the device machine, from the repository root):
-#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep]
+#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep] [overhead]
 # bench reads SUITES, PRECISIONS, MODES, PROVIDERS; TESTS selects pytest -k expressions.
 # Full logs and results go under $OUT (default: ./out); bench results come back as one
 # results.tgz (JSON, CSV, PNG); the last lines are a short summary.
@@ -9,22 +9,31 @@ set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+# The cuDNN frontend is not installed on the device: carried wheels (.whl, see README) go
+# to /tmp/site.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+export FASTCONV_CACHE_DIR=${FASTCONV_CACHE_DIR:-$OUT/plancache}
 steps=${*:-tests check bench}
 status=0
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), 'cudnn', torch.backends.cudnn.version())"
+python3 -c "from fastconv.backends.cudnn import CudnnBackend as C; print('cudnn backend:', C.available())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 for step in $steps; do
   case $step in
     # Correctness runs use heuristic dispatch: benchmark mode would compile and time every
     # tile candidate for each of hundreds of random keys (each candidate is checked on its own
     # by test_every_candidate_config_is_correct).
-    tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_gpu.py -k "${TESTS:-}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
+    tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_cudnn.py -k "${TESTS:-}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
     check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     bench) python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
              --mode ${MODES:-fwd} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \
              --plot --out "$OUT/results" 2>"$OUT/bench.err" | tee -a "$OUT/bench.log" | grep -E "geomean|wrote" || status=1
            tail -5 "$OUT/bench.err"
            tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results" ;;
+    overhead) python3 benchmarks/dispatch_overhead.py 2>&1 | tee "$OUT/overhead.log" | tail -4 || status=1 ;;
     probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
     sweep) python3 benchmarks/sweep_fprop.py 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
   esac

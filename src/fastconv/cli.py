@@ -1,4 +1,4 @@
-"""The ``fastconv`` command: info, check, bench."""
+"""The ``fastconv`` command: info, check, bench, compare, explain, plans."""
 
 from __future__ import annotations
 
@@ -85,12 +85,12 @@ def cmd_bench(args) -> int:
         return 0
     providers = []
     for p in args.provider.split(","):
-        if p in runner.UNAVAILABLE:
-            print(f"skipping provider {p}: {runner.UNAVAILABLE[p]}")
-        elif p not in runner.PROVIDERS:
-            print(f"--provider: got {p!r}; allowed: "
-                  f"{', '.join((*runner.PROVIDERS, *runner.UNAVAILABLE))}")
+        if p not in runner.PROVIDERS:
+            print(f"--provider: got {p!r}; allowed: {', '.join(runner.PROVIDERS)}")
             return 2
+        why = runner.unavailable(p) if has_gpu or p == "cudnn_fe" else ""
+        if why:
+            print(f"skipping provider {p}: {why}")
         else:
             providers.append(p)
     old = compare.load(args.compare) if args.compare else None
@@ -209,6 +209,73 @@ def _report_deltas(deltas, threshold) -> int:
     return 0
 
 
+def _ints(text: str) -> int | tuple[int, ...]:
+    """"3" -> 3, "2,1" or "2x1" -> (2, 1)."""
+    vals = tuple(int(v) for v in text.replace("x", ",").split(",") if v)
+    return vals[0] if len(vals) == 1 else vals
+
+
+def cmd_explain(args) -> int:
+    has_gpu = _prepare_cpu()
+    import torch
+
+    import fastconv
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    device = "cuda" if has_gpu else "cpu"
+    shape = tuple(int(v) for v in args.input.split(","))
+    wshape = tuple(int(v) for v in args.weight.split(","))
+    if len(shape) not in (3, 4) or len(wshape) != len(shape):
+        print(f"--input {args.input} / --weight {args.weight}: expected N,C,L and K,C/g,R "
+              f"(1-D) or N,C,H,W and K,C/g,R,S (2-D)", file=sys.stderr)
+        return 2
+    x = torch.randn(shape, device=device).to(dtype)
+    if args.layout == "nhwc" and len(shape) == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(wshape, device=device).to(dtype)
+    k = wshape[1] * args.groups if args.transposed else wshape[0]
+    b = torch.randn(k, device=device).to(dtype) if args.bias else None
+    ex = fastconv.explain(x, w, b, _ints(args.stride), _ints(args.padding),
+                          _ints(args.dilation), args.groups, transposed=args.transposed,
+                          activation=args.activation, backend=args.backend,
+                          precision=args.precision, dispatch=args.dispatch)
+    if not has_gpu:
+        print("no CUDA GPU found: CPU backends only, nothing timed")
+    print(ex)
+    return 0
+
+
+def cmd_plans(args) -> int:
+    from fastconv import dispatch, plancache, workspace
+    from fastconv.backends import cudnn
+
+    cache = dispatch.CACHE
+    path = cache.path()
+    if args.clear:
+        cache.clear(disk=True)
+        cudnn.clear()
+        workspace.clear()
+        print(f"cleared the in-memory choices, the cuDNN graphs and {path or 'no disk cache'}")
+        return 0
+    print(f"disk cache: {path or 'disabled (FASTCONV_CACHE_DIR)'}"
+          + (f" ({cache.disk_entries()} entries)" if path else ""))
+    print(f"environment: {plancache.environment()}")
+    entries = cache._load() if path else {}
+    for key, entry in list(entries.items())[:args.limit]:
+        ms = entry.get("ms")
+        print(f"  {key}: {entry['backend']} {entry.get('config')}"
+              + (f" {ms * 1000:.1f} us" if ms else ""))
+    if len(entries) > args.limit:
+        print(f"  ... {len(entries) - args.limit} more (--limit)")
+    print(f"in memory: {len(cache)} choices (hits {cache.hits}, misses {cache.misses}, "
+          f"evictions {cache.evictions}); cuDNN graphs built: {cudnn.graph_count()}")
+    for s in workspace.stats():
+        print(f"workspace {s.device} stream {s.stream:#x}: {s.bytes} bytes, {s.requests} "
+              f"requests, {s.grows} grows, largest {s.largest_request}, refused {s.refused}")
+    print(f"workspace limit: {workspace.limit()} bytes")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fastconv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -244,6 +311,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fail-if-regression", type=float, metavar="PCT", default=None,
                    help="exit 3 if any case is more than PCT%% slower")
     p.set_defaults(fn=cmd_compare)
+    p = sub.add_parser("explain", help="every backend and candidate for one convolution, "
+                                       "with reasons or times, and the choice")
+    p.add_argument("--input", required=True, help="N,C,H,W (or N,C,L)")
+    p.add_argument("--weight", required=True, help="K,C/groups,R,S (or K,C/groups,R)")
+    p.add_argument("--stride", default="1")
+    p.add_argument("--padding", default="0")
+    p.add_argument("--dilation", default="1")
+    p.add_argument("--groups", type=int, default=1)
+    p.add_argument("--transposed", action="store_true")
+    p.add_argument("--bias", action="store_true")
+    p.add_argument("--activation", default="none")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32")
+    p.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
+    p.add_argument("--precision", default=None)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--dispatch", choices=("heuristic", "benchmark", "pinned"), default=None)
+    p.set_defaults(fn=cmd_explain)
+    p = sub.add_parser("plans", help="show (or --clear) the dispatch caches and workspace")
+    p.add_argument("--clear", action="store_true")
+    p.add_argument("--limit", type=int, default=50, help="disk entries to list")
+    p.set_defaults(fn=cmd_plans)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from . import backends, dispatch
+from . import dispatch as _dispatch  # the module, where an argument is called dispatch
 from .backends.aten import conv_backward_both
 from .epilogue import Epilogue, fold_bias
 from .errors import ConvError, ConvTypeError
@@ -35,14 +36,16 @@ def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
            groups: int = 1, *, activation: str = "none", negative_slope: float = 0.01,
            residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
            shift: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           backend: str = "auto", precision: str | None = None) -> torch.Tensor:
+           backend: str = "auto", precision: str | None = None,
+           dispatch: str | None = None) -> torch.Tensor:
     """1-D convolution over an input of shape ``(N, C, L)`` or ``(C, L)``.
 
     Same as :func:`conv2d` with one spatial dimension:
     ``L_out = (L + pad_pre + pad_post − dilation·(kernel − 1) − 1) // stride + 1``.
     """
     return _conv(1, False, input, weight, bias, stride, padding, dilation, groups, 0,
-                 activation, negative_slope, residual, scale, shift, out, backend, precision)
+                 activation, negative_slope, residual, scale, shift, out, backend, precision,
+                 dispatch)
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -50,7 +53,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
            groups: int = 1, *, activation: str = "none", negative_slope: float = 0.01,
            residual: torch.Tensor | None = None, scale: torch.Tensor | None = None,
            shift: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           backend: str = "auto", precision: str | None = None) -> torch.Tensor:
+           backend: str = "auto", precision: str | None = None,
+           dispatch: str | None = None) -> torch.Tensor:
     """2-D convolution with an optional fused epilogue.
 
     Args:
@@ -65,7 +69,10 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         residual: tensor of the output's shape added before the activation.
         scale, shift: per-output-channel ``(K,)`` affine, e.g. a folded BatchNorm.
         out: write the result here (it must not overlap any input).
-        backend: ``"auto"``, ``"triton"`` or ``"aten"``.
+        backend: ``"auto"`` or a registered backend: ``"aten"``, ``"triton"``, ``"cudnn"``.
+        dispatch: how ``"auto"`` chooses for this call: ``"heuristic"``, ``"benchmark"``
+            or ``"pinned"`` (default: ``fastconv.dispatch.settings`` / ``FASTCONV_DISPATCH``
+            / benchmark on a GPU, heuristic on the CPU).
         precision: ``"ieee"``, ``"tf32"`` (fp32 data), ``"fp16"``, ``"bf16"`` or ``None``
             (follow torch: tf32 when ``torch.backends.cudnn.allow_tf32``).
 
@@ -79,7 +86,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         NotSupported: a forced ``backend`` cannot run this problem (every reason listed).
     """
     return _conv(2, False, input, weight, bias, stride, padding, dilation, groups, 0,
-                 activation, negative_slope, residual, scale, shift, out, backend, precision)
+                 activation, negative_slope, residual, scale, shift, out, backend, precision,
+                 dispatch)
 
 
 def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
@@ -89,12 +97,13 @@ def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
                      negative_slope: float = 0.01, residual: torch.Tensor | None = None,
                      scale: torch.Tensor | None = None, shift: torch.Tensor | None = None,
                      out: torch.Tensor | None = None, backend: str = "auto",
-                     precision: str | None = None) -> torch.Tensor:
+                     precision: str | None = None, dispatch: str | None = None
+                     ) -> torch.Tensor:
     """1-D transposed convolution over ``(N, C_in, L)`` or ``(C_in, L)``; see
     :func:`conv_transpose2d`."""
     return _conv(1, True, input, weight, bias, stride, padding, dilation, groups,
                  output_padding, activation, negative_slope, residual, scale, shift, out,
-                 backend, precision)
+                 backend, precision, dispatch)
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
@@ -104,7 +113,8 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
                      negative_slope: float = 0.01, residual: torch.Tensor | None = None,
                      scale: torch.Tensor | None = None, shift: torch.Tensor | None = None,
                      out: torch.Tensor | None = None, backend: str = "auto",
-                     precision: str | None = None) -> torch.Tensor:
+                     precision: str | None = None, dispatch: str | None = None
+                     ) -> torch.Tensor:
     """2-D transposed convolution ("deconvolution") with an optional fused epilogue.
 
     The positional arguments are ``torch.nn.functional.conv_transpose2d``'s, in its order.
@@ -124,12 +134,24 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
     """
     return _conv(2, True, input, weight, bias, stride, padding, dilation, groups,
                  output_padding, activation, negative_slope, residual, scale, shift, out,
-                 backend, precision)
+                 backend, precision, dispatch)
 
 
 def _conv(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
           output_padding, activation, negative_slope, residual, scale, shift, out, backend,
-          precision):
+          precision, mode):
+    args = (rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+            output_padding, activation, negative_slope, residual, scale, shift, out, backend,
+            precision)
+    if mode is None:
+        return _conv_impl(*args)
+    with dispatch.settings(mode):
+        return _conv_impl(*args)
+
+
+def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+               output_padding, activation, negative_slope, residual, scale, shift, out,
+               backend, precision):
     if not isinstance(input, torch.Tensor):
         raise ConvTypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
     if torch.is_autocast_enabled(input.device.type):
@@ -232,7 +254,7 @@ def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilatio
         sig = ("fprop", rank, transposed, _sig(input), _sig(weight), _sig(bias), _sig(residual),
                _sig(scale), _sig(shift), _sig(out), stride, padding, dilation, groups,
                output_padding, activation, negative_slope, backend, precision,
-               torch.backends.cudnn.allow_tf32)
+               torch.backends.cudnn.allow_tf32, dispatch.current())
         plan = _PLANS.get(sig)
     except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
         sig, plan = None, None
@@ -272,7 +294,8 @@ def run_grads(grad_out, input, weight, stride, pad_pre, pad_post, dilation, grou
 def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
                backend, precision, out=None) -> _Plan:
     sig = (op, _sig(grad_out), _sig(input), _sig(weight), _sig(out), tuple(stride),
-           tuple(pad_pre), tuple(pad_post), tuple(dilation), groups, backend, precision)
+           tuple(pad_pre), tuple(pad_post), tuple(dilation), groups, backend, precision,
+           dispatch.current())
     plan = _PLANS.get(sig)
     if plan is None:
         rank = input.dim() - 2
@@ -331,48 +354,88 @@ def clear_plans() -> None:
     _PLANS.clear()
 
 
-def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-          output_padding, activation, negative_slope, residual, scale, shift, out, backend,
-          precision):
+def _forward_problem(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                     output_padding, activation, negative_slope, residual, scale, shift, out,
+                     backend, precision) -> ConvProblem:
     if not isinstance(backend, str):
         raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
     epilogue = Epilogue(activation=activation, negative_slope=float(negative_slope),
                         has_scale=scale is not None,
                         has_shift=shift is not None or bias is not None,
                         has_residual=residual is not None)
-    problem = ConvProblem.from_tensors(
+    return ConvProblem.from_tensors(
         input, weight, bias, stride, padding, dilation, groups, rank=rank,
         transposed=transposed, output_padding=output_padding, precision=precision,
         epilogue=epilogue, residual=residual, scale=scale, shift=shift, out=out)
-    if problem.n == 0:  # empty batch: empty output, nothing to launch
-        return _Plan(problem, lambda *a: problem.new_output(input.device) if a[-1] is None
-                     else a[-1])
 
-    def bound(cls, config):
-        run = cls.bind(problem, config)
-        if cls.TAKES_BIAS:
-            return run
 
-        def run_folded(input, weight, bias, scale, shift, residual, out):
-            scale, shift = fold_bias(bias, scale, shift)
-            return run(input, weight, None, scale, shift, residual, out)
-        return run_folded
+def _bound(problem: ConvProblem, cls, config):
+    """``cls``'s forward of ``problem``, with bias folded into shift for backends that do
+    not take it."""
+    run = cls.bind(problem, config)
+    if cls.TAKES_BIAS:
+        return run
 
+    def run_folded(input, weight, bias, scale, shift, residual, out):
+        scale, shift = fold_bias(bias, scale, shift)
+        return run(input, weight, None, scale, shift, residual, out)
+    return run_folded
+
+
+def _trial(problem, input, weight, bias, scale, shift, residual, out):
+    """Dispatch's ``run(cls, config)``: one candidate on the call's own tensors."""
     scratch: list[torch.Tensor] = []  # allocated only if dispatch times candidates
 
     def trial(cls, config):
         if not scratch:
             scratch.append(out if out is not None else problem.new_output(input.device))
-        bound(cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
+        _bound(problem, cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
+    return trial
 
+
+def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+          output_padding, activation, negative_slope, residual, scale, shift, out, backend,
+          precision):
+    problem = _forward_problem(rank, transposed, input, weight, bias, stride, padding,
+                               dilation, groups, output_padding, activation, negative_slope,
+                               residual, scale, shift, out, backend, precision)
+    if problem.n == 0:  # empty batch: empty output, nothing to launch
+        return _Plan(problem, lambda *a: problem.new_output(input.device) if a[-1] is None
+                     else a[-1])
+    trial = _trial(problem, input, weight, bias, scale, shift, residual, out)
     choice = dispatch.choose(problem, backend, run=trial)
     # aten's plain configuration is F.conv + torch epilogue ops, all differentiable (its
     # fused cuDNN relu is not). When dispatch found cuDNN fastest for the forward, the
     # gradients are left to torch's autograd (cuDNN as well): fastconv's Triton dgrad and
     # wgrad measure below cuDNN's (benchmarks/NOTES.md), and this costs torch's host time.
     native = choice.backend == "aten" and choice.config is None and _flags_match(problem)
-    return _Plan(problem, bound(backends.REGISTRY[choice.backend], choice.config),
+    return _Plan(problem, _bound(problem, backends.REGISTRY[choice.backend], choice.config),
                  choice.backend, native_grad=native)
+
+
+def explain(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+            stride: _IntOrTuple = 1, padding: _IntOrTuple | str = 0,
+            dilation: _IntOrTuple = 1, groups: int = 1, *, transposed: bool = False,
+            output_padding: _IntOrTuple = 0, activation: str = "none",
+            negative_slope: float = 0.01, residual: torch.Tensor | None = None,
+            scale: torch.Tensor | None = None, shift: torch.Tensor | None = None,
+            backend: str = "auto", precision: str | None = None,
+            dispatch: str | None = None) -> _dispatch.Explanation:
+    """What dispatch sees for this call (the arguments of :func:`conv2d`, or of
+    :func:`conv_transpose2d` with ``transposed=True``; rank from ``input``): every backend
+    and configuration with its refusal reasons or, in benchmark mode on a GPU, its time,
+    and the choice. Prints as a table; changes no cache."""
+    rank = input.dim() - 2 if isinstance(input, torch.Tensor) else 0
+    if rank not in (1, 2):
+        raise ConvError(f"input: expected a batched 1-D or 2-D input (3 or 4 dimensions), "
+                        f"got {getattr(input, 'shape', type(input).__name__)}")
+    with _dispatch.settings(dispatch):
+        problem = _forward_problem(rank, transposed, input, weight, bias, stride, padding,
+                                   dilation, groups, output_padding, activation,
+                                   negative_slope, residual, scale, shift, None, backend,
+                                   precision)
+        trial = _trial(problem, input, weight, bias, scale, shift, residual, None)
+        return _dispatch.explain(problem, backend, run=trial)
 
 
 def _flags_match(problem: ConvProblem) -> bool:

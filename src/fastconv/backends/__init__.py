@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from .aten import AtenBackend
 from .base import Backend
+from .cudnn import CudnnBackend
 from .triton import TritonBackend
 
 REGISTRY: dict[str, type[Backend]] = {
     AtenBackend.NAME: AtenBackend,
     TritonBackend.NAME: TritonBackend,
+    CudnnBackend.NAME: CudnnBackend,
 }
 
 

@@ -29,6 +29,20 @@ class AtenBackend(Backend):
         return reasons
 
     @classmethod
+    def nondeterminism_reasons(cls, problem):
+        if problem.device != "cuda" or torch.backends.cudnn.deterministic \
+                or torch.are_deterministic_algorithms_enabled():
+            return []
+        return ["cuDNN may pick non-deterministic algorithms (set "
+                "torch.backends.cudnn.deterministic = True to let aten run)"]
+
+    @classmethod
+    def decode_config(cls, data):
+        if data is None or data == CUDNN_RELU:
+            return None if data is None else CUDNN_RELU
+        raise ValueError(f"not an aten configuration: {data!r}")
+
+    @classmethod
     def candidates(cls, problem, op="fprop"):
         cands = [None]
         if op == "fprop" and _cudnn_fusable(problem):

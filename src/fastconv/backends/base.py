@@ -60,6 +60,23 @@ class Backend:
         return reasons
 
     @classmethod
+    def nondeterminism_reasons(cls, problem: ConvProblem) -> list[str]:
+        """Why two runs of ``problem`` might not give the same bits (empty: they do)."""
+        return [] if cls.IS_DETERMINISTIC else [f"{cls.NAME} is not deterministic"]
+
+    @classmethod
+    def encode_config(cls, config: Any) -> Any:
+        """``config`` as JSON, for the on-disk plan cache."""
+        from ..plancache import encode
+
+        return encode(config)
+
+    @classmethod
+    def decode_config(cls, data: Any) -> Any:
+        """The configuration ``encode_config`` stored (raise if it is not one of ours)."""
+        return data
+
+    @classmethod
     def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list[Any]:
         """The configurations worth trying for ``op`` of ``problem`` (first = the
         heuristic's pick)."""

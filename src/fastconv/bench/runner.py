@@ -27,9 +27,20 @@ from ..precision import DTYPE, Precision, relative_error
 from ..problem import ConvProblem
 from .suites import BenchCase
 
-PROVIDERS = ("fastconv", "fastconv_triton", "torch", "torch_compile")
-#: Providers named in DESIGN.md that cannot run yet, with the reason shown when skipped.
-UNAVAILABLE = {"cudnn_fe": "the cuDNN frontend backend does not exist yet (its own issue)"}
+PROVIDERS = ("fastconv", "fastconv_triton", "cudnn_fe", "torch", "torch_compile")
+#: fastconv providers: the backend each one forces (cudnn_fe: the cuDNN frontend graphs
+#: used directly, its fastest plan).
+BACKEND_OF = {"fastconv": "auto", "fastconv_triton": "triton", "cudnn_fe": "cudnn"}
+
+
+def unavailable(provider: str) -> str:
+    """Why ``provider`` cannot run here ("" if it can)."""
+    if provider in BACKEND_OF and provider != "fastconv":
+        from .. import backends
+
+        ok, why = backends.get(BACKEND_OF[provider]).available()
+        return "" if ok else why
+    return ""
 _L2_BYTES = 60 * 2**20  # H200's L2; an over-estimate on smaller parts is harmless
 
 
@@ -175,7 +186,7 @@ def _forward(provider: str, case: BenchCase, precision: Precision, compiled: dic
     else:
         conv = functional.conv1d if case.rank == 1 else functional.conv2d
     geo = _geometry(case)
-    backend = {"fastconv": "auto", "fastconv_triton": "triton"}[provider]
+    backend = BACKEND_OF[provider]
     return lambda x, w, b: conv(x, w, b, *geo, activation=case.activation, backend=backend,
                                 precision=precision.value)
 
@@ -199,7 +210,7 @@ def _gradient(provider: str, case: BenchCase, precision: Precision, mode: str,
         if provider == "torch_compile":
             return compiled.setdefault("fn", torch.compile(fn, dynamic=False))
         return fn
-    backend = {"fastconv": "auto", "fastconv_triton": "triton"}[provider]
+    backend = BACKEND_OF[provider]
     # What a training step's backward runs (ops.ConvFunction), without the custom-op wrapper.
     op = ops.input_grad_impl if mode == "dgrad" else ops.weight_grad_impl
     return lambda g, x, w: op(g, x, w, stride, pad, pad, dil, case.groups, backend,

@@ -68,6 +68,12 @@ class TritonBackend(Backend):
         return reasons
 
     @classmethod
+    def decode_config(cls, data):
+        if not isinstance(data, dict) or data.get("__dataclass__") != "TileConfig":
+            raise ValueError(f"not a Triton tile configuration: {data!r}")
+        return TileConfig(**{k: v for k, v in data.items() if k != "__dataclass__"})
+
+    @classmethod
     def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list[TileConfig]:
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]

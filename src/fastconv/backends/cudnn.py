@@ -1,0 +1,404 @@
+"""The cuDNN backend: convolution graphs through the cuDNN frontend's Python API.
+
+One graph per (problem, operation, tensor strides): the forward with its epilogue fused
+(scale, shift, residual add and activation as pointwise nodes after the convolution), the
+data gradient (also the forward of a transposed convolution) and the weight gradient. Each
+graph's execution plans, in cuDNN's heuristic order, are the backend's candidates: the
+heuristic takes plan 0, benchmark dispatch times them all, because the heuristic order is
+not the speed order (a plan ranked first for a fused relu graph ran more than 100x slower
+than the best one).
+
+Pitfalls of the frontend that this module works around, each with a GPU test:
+
+* an output's dim and stride are set together (a stride alone silently gives wrong results),
+  and the data gradient's dim always (grouped dgrad cannot infer it);
+* the handle runs on torch's current stream, set before every execution;
+* strict fp32 ("ieee") drops every plan with the tensor-core numerical note (TF32).
+
+Rank-1 problems run as rank-2 ones of height 1. The package is optional: without it (or
+without a GPU) the backend reports itself unavailable with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import torch
+
+from .. import workspace
+from ..errors import NotSupported
+from ..precision import Precision
+from ..problem import ConvProblem
+from .base import Backend
+
+#: Fixed tensor uids, so a serialized plan binds the same buffers in a new process.
+_X, _W, _Y, _SCALE, _SHIFT, _RES = 1, 2, 3, 4, 5, 6
+#: Plans tried per graph (cuDNN's heuristic order; later ones are rarely competitive and
+#: runtime-fused plans take up to a second each to build).
+MAX_PLANS = 6
+
+_ACTIVATIONS = {"none", "relu", "relu6", "leaky_relu", "silu", "gelu", "gelu_tanh", "sigmoid",
+                "tanh"}
+
+
+@functools.lru_cache(maxsize=1)
+def _import():
+    """(module, why-not) — imported once, on first use (never at fastconv import)."""
+    try:
+        import cudnn
+    except Exception as exc:  # ImportError, or a broken install that fails while loading
+        return None, f"the cuDNN frontend (pip install nvidia-cudnn-frontend) cannot be " \
+                     f"imported: {type(exc).__name__}: {exc}"
+    return cudnn, ""
+
+
+class CudnnBackend(Backend):
+    NAME = "cudnn"
+    SUPPORTED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    SUPPORTED_DEVICES = frozenset({"cuda"})
+    SUPPORTS_TRANSPOSED = True
+    MIN_CAPABILITY = (7, 0)
+    IS_DETERMINISTIC = True  # under deterministic dispatch, plans noted NONDETERMINISTIC
+    # (atomic reductions) are deselected
+
+    @classmethod
+    def available(cls):
+        if not torch.cuda.is_available():
+            return False, "no CUDA GPU"
+        mod, why = _import()
+        if mod is None:
+            return False, why
+        return True, ""
+
+    @classmethod
+    def not_supported_reasons(cls, problem):
+        reasons = super().not_supported_reasons(problem)
+        ep = problem.epilogue
+        if ep.activation not in _ACTIVATIONS:
+            reasons.append(f"activation {ep.activation!r} has no cuDNN pointwise mode "
+                           f"(supported: {', '.join(sorted(_ACTIVATIONS))})")
+        if problem.transposed and not ep.is_identity:
+            reasons.append("a transposed convolution (cuDNN dgrad graph) with an epilogue")
+        if problem.dtype == torch.float32 and problem.precision not in (Precision.IEEE,
+                                                                         Precision.TF32):
+            reasons.append(f"precision {problem.precision.value} for float32 data")
+        if problem.precision == Precision.IEEE and not ep.is_identity:
+            reasons.append("strict fp32 (ieee) with a fused epilogue: cuDNN 9.19 offered "
+                           "only tensor-core (TF32) plans for fused graphs")
+        if problem.dtype != torch.float32 and not ep.is_identity:
+            reasons.append("a fused epilogue in half precision (cuDNN 9.19 fused graphs gave "
+                           "wrong results for some bf16/fp16 layers on H200, e.g. 32->32 3x3 "
+                           "with bias, residual and relu: relative error 0.7)")
+        if problem.layout == "nchw" and not ep.is_identity:
+            reasons.append("a fused epilogue on NCHW tensors (cuDNN 9.19 on H200 declined "
+                           "every such graph: its runtime fusion wants channels-last)")
+        if problem.dtype != torch.float32 and (problem.c_per_group % 8 or
+                                               problem.k_per_group % 8):
+            reasons.append(f"half precision with {problem.c_per_group} input / "
+                           f"{problem.k_per_group} output channels per group, not multiples "
+                           f"of 8 (a plan returned wrong results for 3 channels, H200)")
+        return reasons
+
+    @classmethod
+    def candidates(cls, problem, op="fprop"):
+        """Plan indices, in cuDNN's heuristic order (the graph is built here once)."""
+        graph = _graph_for(problem, op, _default_strides(problem, op))
+        return list(graph.plans) or [0]
+
+    @classmethod
+    def bind(cls, problem, config, op="fprop"):
+        chosen = int(config or 0)
+        graphs: dict[tuple, tuple[_Graph, int]] = {}
+
+        def graph_of(*tensors):
+            """(graph, plan index) for these tensors' strides: the chosen plan, or cuDNN's
+            first one where the chosen index does not exist for this graph."""
+            sig = tuple(tuple(t.stride()) if t is not None else None for t in tensors)
+            hit = graphs.get(sig)
+            if hit is None:
+                g = _graph_for(problem, op, sig)
+                try:
+                    g.require(chosen)
+                    hit = (g, chosen)
+                except RuntimeError:
+                    hit = (g, g.plans[0])
+                graphs[sig] = hit
+            return hit
+
+        if op == "fprop":
+            fmt = torch.channels_last if problem.layout == "nhwc" and problem.rank == 2 \
+                else torch.contiguous_format
+
+            def run(input, weight, bias, scale, shift, residual, out):
+                # Fused graphs take the epilogue tensors in the problem's layout only (cuDNN
+                # wrote nothing into an NCHW output of a channels-last fused graph instead
+                # of declining it): others go through a copy.
+                if residual is not None:
+                    residual = residual.contiguous(memory_format=fmt)
+                target = out
+                if out is None or (not problem.epilogue.is_identity
+                                   and not out.is_contiguous(memory_format=fmt)):
+                    target = problem.new_output(input.device)
+                g, index = graph_of(input, weight, target, residual)
+                g.execute(index, {_X: input, _W: weight, _Y: target, _SCALE: _f32(scale),
+                                  _SHIFT: _f32(shift), _RES: residual})
+                return target if out is None or out is target else out.copy_(target)
+            return run
+        if op == "dgrad":
+            def run_dgrad(grad_out, weight, out):
+                if out is None:
+                    out = _empty_like_input(problem, grad_out.device)
+                g, index = graph_of(grad_out, weight, out)
+                g.execute(index, {_Y: grad_out, _W: weight, _X: out})
+                return out
+            return run_dgrad
+
+        def run_wgrad(grad_out, input, out):
+            if out is None:
+                out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
+                                  device=grad_out.device)
+            g, index = graph_of(grad_out, input, out)
+            g.execute(index, {_Y: grad_out, _X: input, _W: out})
+            return out
+        return run_wgrad
+
+
+def _f32(t):
+    return None if t is None else t.float()
+
+
+def _empty_like_input(problem: ConvProblem, device):
+    from ..problem import empty_in_layout
+
+    return empty_in_layout(problem.input_shape(), problem.layout, problem.dtype, device)
+
+
+def _default_strides(problem: ConvProblem, op: str) -> tuple:
+    """The strides a call in the problem's layout will bring (for building candidates)."""
+    from ..problem import empty_in_layout
+
+    def strides(shape):
+        return tuple(empty_in_layout(shape, problem.layout, problem.dtype, "meta").stride())
+
+    x, w, y = problem.input_shape(), problem.weight_shape(), problem.output_shape()
+    if op == "fprop":
+        res = strides(y) if problem.epilogue.has_residual else None
+        return strides(x), strides(w), strides(y), res
+    if op == "dgrad":
+        return strides(y), strides(w), strides(x)
+    return strides(y), strides(x), strides(w)
+
+
+# ------------------------------------------------------------------------------- graphs
+_GRAPHS: dict[tuple, _Graph] = {}
+_LOCK = threading.Lock()
+_HANDLES: dict[int, object] = {}
+
+
+def _handle(device_index: int):
+    cudnn, _ = _import()
+    h = _HANDLES.get(device_index)
+    if h is None:
+        with torch.cuda.device(device_index):
+            h = _HANDLES[device_index] = cudnn.create_handle()
+    return h
+
+
+def clear() -> None:
+    """Forget every built graph (tests; `fastconv plans --clear`)."""
+    with _LOCK:
+        _GRAPHS.clear()
+
+
+def graph_count() -> int:
+    return len(_GRAPHS)
+
+
+def _graph_for(problem: ConvProblem, op: str, strides: tuple) -> _Graph:
+    from ..dispatch import current
+
+    deterministic = current()[1]
+    key = (problem.key(), op, strides, deterministic, torch.cuda.current_device())
+    g = _GRAPHS.get(key)
+    if g is None:
+        with _LOCK:
+            g = _GRAPHS.get(key)
+            if g is None:
+                try:
+                    g = _Graph(problem, op, strides, deterministic)
+                except Exception as exc:
+                    raise NotSupported("cudnn", [f"cuDNN cannot build this {op} graph: "
+                                                 f"{type(exc).__name__}: {exc}"]) from exc
+                _GRAPHS[key] = g
+    return g
+
+
+class _Graph:
+    """One cuDNN graph with its heuristic plans; plans are built on first use."""
+
+    def __init__(self, problem: ConvProblem, op: str, strides: tuple, deterministic: bool):
+        cudnn, _ = _import()
+        self.cudnn = cudnn
+        self.device = torch.cuda.current_device()
+        self.lock = threading.Lock()
+        io = _DTYPES(cudnn)[problem.dtype]
+        g = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT,
+                          handle=_handle(self.device))
+        self.graph = g
+        self.uids = _build(cudnn, g, problem, op, strides)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        if problem.dtype == torch.float32 and problem.precision == Precision.IEEE:
+            # strict fp32: no TF32 tensor-core plan (checked against float64 in the tests)
+            notes = [getattr(cudnn.numerical_note, n) for n in
+                     ("TENSOR_CORE", "DOWN_CONVERT_INPUTS") if hasattr(cudnn.numerical_note, n)]
+            g.deselect_numeric_notes(notes)
+        if deterministic:
+            g.deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
+        g.check_support()
+        self.count = g.get_execution_plan_count()
+        self.built: dict[int, int] = {}  # plan index -> workspace bytes
+        self.failed: dict[int, str] = {}
+        for i in range(self.count):  # plans filtered out or failing to build are skipped
+            try:
+                self.require(i)
+            except Exception as exc:
+                self.failed[i] = f"{type(exc).__name__}: {exc}"
+            if len(self.built) == MAX_PLANS:
+                break
+        self.plans = sorted(self.built)
+        if not self.plans:
+            raise RuntimeError("cuDNN built no plan for this graph: "
+                               + "; ".join(f"[{i}] {w}" for i, w in self.failed.items()))
+
+    def require(self, index: int) -> None:
+        if index in self.built:
+            return
+        if index in self.failed or index >= self.count:
+            raise RuntimeError(f"cuDNN plan {index} is not available for this graph"
+                               + (f": {self.failed[index]}" if index in self.failed else ""))
+        with self.lock:
+            if index not in self.built:
+                self.graph.build_plan_at_index(index)
+                self.built[index] = int(self.graph.get_workspace_size_plan_at_index(index))
+
+    def plan_name(self, index: int) -> str:
+        return self.graph.get_plan_name_at_index(index)
+
+    def execute(self, index: int, tensors: dict) -> None:
+        pack = {uid: tensors[role] for role, uid in self.uids.items()}
+        ws = workspace.get(self.built[index], torch.cuda.current_stream())
+        handle = _handle(self.device)
+        self.cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+        self.graph.execute_plan_at_index(pack, ws, index, handle=handle)
+
+
+def _DTYPES(cudnn):
+    return {torch.float32: cudnn.data_type.FLOAT, torch.float16: cudnn.data_type.HALF,
+            torch.bfloat16: cudnn.data_type.BFLOAT16}
+
+
+def _as4d(shape, stride, rank):
+    """Rank-1 tensors as rank 2 of height 1 (cuDNN convolutions are 2-D or 3-D)."""
+    shape, stride = list(shape), list(stride)
+    if rank == 1:
+        shape.insert(2, 1)
+        stride.insert(2, stride[2] * shape[3] if len(stride) > 2 else 1)
+    return shape, stride
+
+
+def _geometry(problem: ConvProblem):
+    pre, post = list(problem.pad_pre), list(problem.pad_post)
+    stride, dil = list(problem.stride), list(problem.dilation)
+    if problem.rank == 1:
+        pre, post, stride, dil = [0] + pre, [0] + post, [1] + stride, [1] + dil
+    return dict(pre_padding=pre, post_padding=post, stride=stride, dilation=dil)
+
+
+def _build(cudnn, g, problem: ConvProblem, op: str, strides: tuple) -> dict:
+    """Add the nodes of ``op`` to ``g``; returns {role uid: graph uid} of its tensors."""
+    rank = problem.rank
+    conv = problem.conv_equivalent()  # a transposed forward is this convolution's dgrad
+    io = _DTYPES(cudnn)[problem.dtype]
+    geo = _geometry(conv)
+
+    def tensor(uid, shape, stride, dtype=None):
+        shape, stride = _as4d(shape, stride, rank)
+        return g.tensor(dim=shape, stride=stride, data_type=dtype or io, uid=uid,
+                        name=f"t{uid}")
+
+    def output(t, uid, shape, stride):
+        shape, stride = _as4d(shape, stride, rank)
+        # dim and stride together: a stride alone is silently ignored (wrong results)
+        t.set_output(True).set_dim(shape).set_stride(stride).set_data_type(io).set_uid(uid)
+
+    uids = {}
+    if op == "fprop" and not problem.transposed:
+        sx, sw, sy, sres = strides
+        x = tensor(_X, problem.input_shape(), sx)
+        w = tensor(_W, problem.weight_shape(), sw)
+        y = g.conv_fprop(image=x, weight=w, **geo)
+        uids.update({_X: _X, _W: _W})
+        y = _epilogue(cudnn, g, problem, y, sres, tensor, uids)
+        output(y, _Y, problem.output_shape(), sy)
+        uids[_Y] = _Y
+    elif op == "fprop":  # transposed: dgrad of the equivalent convolution
+        sx, sw, sy, _ = strides
+        dy = tensor(_X, problem.input_shape(), sx)
+        w = tensor(_W, problem.weight_shape(), sw)
+        dx = g.conv_dgrad(loss=dy, filter=w, **geo)
+        output(dx, _Y, problem.output_shape(), sy)
+        uids.update({_X: _X, _W: _W, _Y: _Y})
+    elif op == "dgrad":
+        sdy, sw, sdx = strides
+        dy = tensor(_Y, conv.output_shape(), sdy)
+        w = tensor(_W, conv.weight_shape(), sw)
+        dx = g.conv_dgrad(loss=dy, filter=w, **geo)
+        output(dx, _X, conv.input_shape(), sdx)  # always the dim: grouped dgrad needs it
+        uids.update({_Y: _Y, _W: _W, _X: _X})
+    else:  # wgrad
+        sdy, sx, sdw = strides
+        dy = tensor(_Y, conv.output_shape(), sdy)
+        x = tensor(_X, conv.input_shape(), sx)
+        dw = g.conv_wgrad(image=x, loss=dy, **geo)
+        output(dw, _W, conv.weight_shape(), sdw)
+        uids.update({_Y: _Y, _X: _X, _W: _W})
+    return uids
+
+
+def _epilogue(cudnn, g, problem: ConvProblem, y, res_stride, tensor, uids):
+    """Pointwise nodes after the convolution: act(scale·y + shift + residual)."""
+    ep = problem.epilogue
+    chan = (1, problem.k) + (1,) * problem.rank
+    chan_stride = (problem.k,) + (1,) * (problem.rank + 1)
+    f32 = cudnn.data_type.FLOAT
+    if ep.has_scale:
+        y = g.mul(a=y, b=tensor(_SCALE, chan, chan_stride, f32))
+        uids[_SCALE] = _SCALE
+    if ep.has_shift:
+        y = g.bias(input=y, bias=tensor(_SHIFT, chan, chan_stride, f32))
+        uids[_SHIFT] = _SHIFT
+    if ep.has_residual:
+        y = g.add(a=y, b=tensor(_RES, problem.output_shape(), res_stride))
+        uids[_RES] = _RES
+    act = ep.activation
+    if act == "relu":
+        y = g.relu(input=y)
+    elif act == "relu6":
+        y = g.relu(input=y, upper_clip=6.0)
+    elif act == "leaky_relu":
+        y = g.relu(input=y, negative_slope=ep.negative_slope)
+    elif act == "silu":
+        y = g.swish(input=y)
+    elif act == "gelu":
+        y = g.gelu(input=y)
+    elif act == "gelu_tanh":
+        y = g.gelu_approx_tanh(input=y)
+    elif act == "sigmoid":
+        y = g.sigmoid(input=y)
+    elif act == "tanh":
+        y = g.tanh(input=y)
+    return y

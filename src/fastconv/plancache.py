@@ -1,0 +1,211 @@
+"""Where dispatch keeps its choices: an in-memory LRU and an optional on-disk store.
+
+The disk store is one JSON file, ``plans-v1.json`` in ``FASTCONV_CACHE_DIR`` (default: the
+user's cache directory, ``$XDG_CACHE_HOME/fastconv`` or ``~/.cache/fastconv``); setting
+``FASTCONV_CACHE_DIR`` to an empty string or ``off`` disables it. The file records the
+environment it was measured in (GPU, driver, torch, Triton, cuDNN and fastconv versions): a
+file from another environment, or one that does not parse, is ignored with one warning and
+rewritten on the next save. Writes go to a temporary file renamed over the old one (atomic on
+POSIX), merged with what another process may have written since. Both stores are bounded
+(least recently used entries go first).
+
+PyTorch keeps ``cudnn.benchmark`` choices only for the life of a process (pytorch issue 4392
+asked for a persistent cache and was declined); this is that cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import os
+import tempfile
+import threading
+import time
+import warnings
+from typing import Any
+
+FORMAT = 1
+FILE_NAME = f"plans-v{FORMAT}.json"
+MEMORY_ENTRIES = 4096
+DISK_ENTRIES = 20000
+
+
+def cache_dir() -> str | None:
+    """The on-disk cache directory, or None when disabled."""
+    env = os.environ.get("FASTCONV_CACHE_DIR")
+    if env is not None:
+        return None if env.strip().lower() in ("", "off", "0", "none") else env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fastconv")
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> dict[str, str]:
+    """What a stored measurement depends on besides the problem itself."""
+    import torch
+
+    from . import __version__
+
+    env = {"fastconv": __version__, "torch": torch.__version__,
+           "cuda": str(torch.version.cuda), "cudnn": str(torch.backends.cudnn.version())}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except Exception:
+        env["triton"] = "none"
+    try:
+        from .backends.cudnn import _import
+        mod, _ = _import()
+        env["cudnn_frontend"] = getattr(mod, "__version__", "?") if mod else "none"
+    except Exception:
+        env["cudnn_frontend"] = "none"
+    env["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    env["driver"] = _driver_version()
+    return env
+
+
+def _driver_version() -> str:
+    try:
+        import ctypes
+
+        version = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return str(version.value)
+    except (OSError, AttributeError):
+        pass
+    return "none"
+
+
+class PlanCache:
+    """Thread-safe LRU of JSON-serialisable entries, mirrored to disk on ``store``."""
+
+    def __init__(self, max_entries: int = MEMORY_ENTRIES):
+        self.max_entries = max_entries
+        self._mem: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self._lock = threading.RLock()
+        self._disk: dict[str, dict] | None = None  # loaded lazily, once
+        self._warned = False
+        self.hits = self.misses = self.evictions = 0
+
+    # ---------------------------------------------------------------------------- memory
+    def get(self, key: str) -> dict | None:
+        with self._lock:
+            entry = self._mem.get(key)
+            if entry is None:
+                entry = self._load().get(key)
+                if entry is not None:
+                    self._put(key, entry)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._mem.move_to_end(key)
+            self.hits += 1
+            return entry
+
+    def put(self, key: str, entry: dict, *, persist: bool = False) -> None:
+        """Remember ``entry``; with ``persist`` also write it to the disk store."""
+        with self._lock:
+            self._put(key, entry)
+            if persist:
+                try:
+                    self._store(key, entry)
+                except Exception as exc:  # the disk store must never break a call
+                    self._warn(f"fastconv: cannot write the plan cache {self.path()}: "
+                               f"{type(exc).__name__}: {exc}")
+
+    def _put(self, key, entry):
+        self._mem[key] = entry
+        self._mem.move_to_end(key)
+        while len(self._mem) > self.max_entries:
+            self._mem.popitem(last=False)
+            self.evictions += 1
+
+    def __len__(self) -> int:
+        return len(self._mem)
+
+    def items(self) -> list[tuple[str, dict]]:
+        with self._lock:
+            return list(self._mem.items())
+
+    def clear(self, disk: bool = False) -> None:
+        with self._lock:
+            self._mem.clear()
+            self.hits = self.misses = self.evictions = 0
+            self._disk = None
+            path = self.path()
+            if disk and path and os.path.exists(path):
+                os.remove(path)
+
+    # ------------------------------------------------------------------------------ disk
+    def path(self) -> str | None:
+        d = cache_dir()
+        return os.path.join(d, FILE_NAME) if d else None
+
+    def disk_entries(self) -> int:
+        with self._lock:
+            return len(self._load())
+
+    def _read_file(self) -> dict[str, dict]:
+        """Entries of the file on disk if it is ours and from this environment, else {}."""
+        path = self.path()
+        if not path or not os.path.exists(path):
+            return {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if not isinstance(data, dict) or data.get("format") != FORMAT \
+                    or not isinstance(data.get("entries"), dict):
+                raise ValueError("not a fastconv plan cache")
+        except (OSError, ValueError) as exc:
+            self._warn(f"fastconv: ignoring the plan cache {path} ({exc}); it will be rebuilt")
+            return {}
+        if data.get("environment") != environment():
+            self._warn(f"fastconv: ignoring the plan cache {path}: it was measured in another "
+                       f"environment ({data.get('environment')}); it will be rebuilt")
+            return {}
+        return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
+
+    def _load(self) -> dict[str, dict]:
+        if self._disk is None:
+            self._disk = self._read_file()
+        return self._disk
+
+    def _store(self, key: str, entry: dict) -> None:
+        path = self.path()
+        if not path:
+            return
+        disk = self._load()
+        disk.update(self._read_file())  # what other processes stored since we loaded
+        disk[key] = dict(entry, used=time.time())
+        if len(disk) > DISK_ENTRIES:
+            oldest = sorted(disk, key=lambda k: disk[k].get("used", 0))
+            for old in oldest[:len(disk) - DISK_ENTRIES]:
+                del disk[old]
+        self._disk = disk
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".plans-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"format": FORMAT, "environment": environment(), "entries": disk}, f)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def encode(value: Any) -> Any:
+    """A configuration as JSON (dataclasses become {"__dataclass__": name, fields})."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value):
+        return {"__dataclass__": type(value).__name__, **dataclasses.asdict(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return str(value) if isinstance(value, str) else value
+    raise TypeError(f"cannot store configuration {value!r}")

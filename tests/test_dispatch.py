@@ -1,0 +1,250 @@
+"""The dispatcher with fake backends: filtering and reasons, modes, the plan cache (memory
+LRU and disk), thread safety, determinism, explain; the workspace pool."""
+
+import dataclasses
+import json
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+
+import fastconv
+from fastconv import backends, dispatch, plancache, workspace
+from fastconv.backends.base import Backend
+
+
+def _problem(k=4, device="cuda"):
+    x, w = torch.randn(2, 3, 9, 7), torch.randn(k, 3, 3, 3)
+    p = fastconv.ConvProblem.from_tensors(x, w, None, padding=1, rank=2)
+    return dataclasses.replace(p, device=device)
+
+
+class _Fake(Backend):
+    NAME = "fake"
+    SUPPORTED_DTYPES = frozenset({torch.float32})
+    SUPPORTED_DEVICES = frozenset({"cpu", "cuda"})
+    TIMES = {"a": 3.0, "b": 1.0, "c": 2.0}
+    runs: list = []
+
+    @classmethod
+    def candidates(cls, problem, op="fprop"):
+        return list(cls.TIMES)
+
+
+class _Refuses(_Fake):
+    NAME = "refuses"
+
+    @classmethod
+    def not_supported_reasons(cls, problem):
+        return ["odd number of output channels"] if problem.k % 2 else []
+
+
+class _Nondet(_Fake):
+    NAME = "nondet"
+    IS_DETERMINISTIC = False
+    TIMES = {"z": 0.1}
+
+
+@pytest.fixture
+def fakes(monkeypatch, tmp_path):
+    """Only fake backends registered; fake timer (ms from TIMES); cache on a temp dir."""
+    monkeypatch.setattr(backends, "REGISTRY", {c.NAME: c for c in (_Fake, _Refuses)})
+    monkeypatch.setenv("FASTCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FASTCONV_DISPATCH", raising=False)
+    monkeypatch.delenv("FASTCONV_DETERMINISTIC", raising=False)
+    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache())
+    calls = []
+
+    def fake_time(fn):
+        return fn()
+
+    monkeypatch.setattr(dispatch, "time_ms", fake_time)
+
+    def run(cls, config):
+        calls.append((cls.NAME, config))
+        if config == "boom":
+            raise RuntimeError("does not compile")
+        return cls.TIMES[config]
+    return run, calls
+
+
+def test_benchmark_times_every_candidate_and_keeps_the_fastest(fakes):
+    run, calls = fakes
+    p = _problem(k=4)
+    choice = dispatch.choose(p, run=run, mode="benchmark")
+    assert (choice.backend, choice.config, choice.ms) == ("fake", "b", 1.0)
+    assert sorted(calls) == sorted([("fake", c) for c in "abc"] + [("refuses", c) for c in "abc"])
+    calls.clear()
+    assert dispatch.choose(p, run=run, mode="benchmark") == choice  # a hit times nothing
+    assert calls == []
+
+
+def test_refusals_are_reasons_and_explained(fakes):
+    run, _ = fakes
+    p = _problem(k=5)
+    assert dispatch.supported(p)["refuses"] == ["odd number of output channels"]
+    ex = dispatch.explain(p, mode="benchmark", run=run)
+    text = str(ex)
+    assert "odd number of output channels" in text and "refuses" in text
+    assert ex.choice.name() == "fake:b"
+    assert [r.name() for r in ex.rows if r.chosen] == ["fake:b"]
+    with pytest.raises(fastconv.NotSupported, match="odd number"):
+        dispatch.choose(p, "refuses", run=run)
+
+
+def test_a_failing_candidate_is_skipped_with_its_reason(fakes, monkeypatch):
+    run, _ = fakes
+    monkeypatch.setattr(_Fake, "TIMES", {"boom": 0.0, "c": 2.0})
+    p = _problem(k=5)
+    assert dispatch.choose(p, run=run, mode="benchmark").config == "c"
+    rows = dispatch.explain(p, mode="benchmark", run=run).rows
+    assert any("does not compile" in r.note for r in rows if r.config == "boom")
+
+
+def test_heuristic_and_pinned(fakes):
+    run, calls = fakes
+    p = _problem(k=4)
+    assert dispatch.choose(p, run=run, mode="heuristic") == dispatch.Choice("fake", "a")
+    assert dispatch.choose(p, run=run, mode="pinned").config == "a"  # nothing pinned yet
+    q = _problem(k=6)
+    dispatch.pin(q, "refuses", "c")
+    assert dispatch.choose(q, run=run, mode="pinned") == dispatch.Choice("refuses", "c")
+    assert calls == []  # neither mode times anything
+    with pytest.raises(fastconv.NotSupported, match="odd number"):
+        dispatch.pin(_problem(k=5), "refuses")
+
+
+def test_mode_from_context_and_environment(fakes, monkeypatch):
+    p = _problem(k=4)
+    assert dispatch.default_mode(p) == "benchmark"
+    assert dispatch.default_mode(_problem(device="cpu")) == "heuristic"
+    monkeypatch.setenv("FASTCONV_DISPATCH", "pinned")
+    assert dispatch.default_mode(p) == "pinned"
+    with dispatch.settings("heuristic"):
+        assert dispatch.default_mode(p) == "heuristic"
+        with dispatch.settings(deterministic=True):
+            assert dispatch.current() == ("heuristic", True)
+    assert dispatch.current() == ("pinned", False)
+    monkeypatch.setenv("FASTCONV_DISPATCH", "fastest")
+    with pytest.raises(fastconv.ConvError, match="FASTCONV_DISPATCH.*'fastest'"):
+        dispatch.default_mode(p)
+    with pytest.raises(fastconv.ConvError, match="mode.*'fastest'"):
+        with dispatch.settings("fastest"):
+            pass
+
+
+def test_per_call_dispatch_argument(monkeypatch):
+    monkeypatch.delenv("FASTCONV_DISPATCH", raising=False)
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    y = fastconv.conv2d(x, w, padding=1, dispatch="pinned")
+    assert torch.allclose(y, torch.nn.functional.conv2d(x, w, padding=1), atol=1e-5)
+    with pytest.raises(fastconv.ConvError, match="mode.*'quick'"):
+        fastconv.conv2d(x, w, dispatch="quick")
+
+
+def test_deterministic_keeps_only_deterministic_candidates(fakes, monkeypatch):
+    run, _ = fakes
+    monkeypatch.setitem(backends.REGISTRY, "nondet", _Nondet)
+    p = _problem(k=4)
+    assert dispatch.choose(p, run=run, mode="benchmark").backend == "nondet"  # fastest
+    with dispatch.settings(deterministic=True):
+        choice = dispatch.choose(p, run=run, mode="benchmark")
+        assert choice.backend == "fake"
+        assert "not deterministic" in str(dispatch.explain(p, mode="heuristic"))
+        with pytest.raises(fastconv.NotSupported, match="not deterministic"):
+            dispatch.choose(p, "nondet", run=run)
+
+
+def test_lru_eviction():
+    cache = plancache.PlanCache(max_entries=3)
+    for i in range(4):
+        cache.put(f"k{i}", {"i": i})
+    assert cache.get("k0") is None and len(cache) == 3 and cache.evictions == 1
+    cache.get("k1")  # k1 becomes most recent: k2 goes next
+    cache.put("k4", {})
+    assert cache.get("k2") is None and cache.get("k1") == {"i": 1}
+
+
+def test_benchmark_choice_persists_to_a_new_process(fakes, tmp_path):
+    run, calls = fakes
+    p = _problem(k=4)
+    first = dispatch.choose(p, run=run, mode="benchmark")
+    data = json.loads((tmp_path / plancache.FILE_NAME).read_text())
+    assert data["environment"] == plancache.environment() and len(data["entries"]) == 1
+    calls.clear()
+    dispatch.CACHE = plancache.PlanCache()  # what a new process starts with
+    assert dispatch.choose(p, run=run, mode="benchmark") == first
+    assert calls == []
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 99}),
+                                     "FOREIGN"])
+def test_corrupt_or_foreign_cache_file_is_ignored_with_one_warning(fakes, tmp_path, content):
+    run, calls = fakes
+    path = tmp_path / plancache.FILE_NAME
+    if content == "FOREIGN":
+        content = json.dumps({"format": plancache.FORMAT, "environment": {"gpu": "other"},
+                              "entries": {}})
+    path.write_text(content)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dispatch.choose(_problem(k=4), run=run, mode="benchmark")
+        dispatch.choose(_problem(k=6), run=run, mode="benchmark")
+    assert len([w for w in caught if "plan cache" in str(w.message)]) == 1
+    data = json.loads(path.read_text())  # rebuilt: ours, with both entries
+    assert data["environment"] == plancache.environment() and len(data["entries"]) == 2
+
+
+def test_sixteen_threads_one_benchmark_and_one_entry_per_key(fakes):
+    run, calls = fakes
+    slow_lock = threading.Lock()
+
+    def slow_run(cls, config):
+        with slow_lock:
+            pass
+        time.sleep(0.002)  # keep several threads inside the miss at once
+        return run(cls, config)
+
+    problems = [_problem(k=k) for k in (2, 4, 6, 8)]
+    results, errors = [], []
+
+    def worker(i):
+        try:
+            p = problems[i % 4]
+            results.append((p.k, dispatch.choose(p, run=slow_run, mode="benchmark")))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 16 and all(c.config == "b" for _, c in results)
+    assert len(calls) == 4 * 6  # each key timed once: 2 backends x 3 candidates
+    assert len(dispatch.CACHE) == 4
+
+
+def test_workspace_pool_grows_only_and_respects_the_cap():
+    workspace.clear()
+    try:
+        workspace.set_limit(1000)
+        a = workspace.get(100, device="cpu")
+        b = workspace.get(50, device="cpu")
+        assert b.data_ptr() == a.data_ptr()  # reused, not shrunk
+        c = workspace.get(400, device="cpu")
+        assert c.numel() >= 400
+        assert workspace.get(0, device="cpu") is None
+        with pytest.raises(workspace.WorkspaceTooLarge, match="2000 bytes.*limit of 1000"):
+            workspace.get(2000, device="cpu")
+        (s,) = workspace.stats()
+        assert (s.bytes, s.grows, s.requests, s.largest_request, s.refused) == \
+            (400, 2, 5, 2000, 1)
+        with pytest.raises(fastconv.ConvError, match="nbytes"):
+            workspace.set_limit(-1)
+    finally:
+        workspace.set_limit(None)
+        workspace.clear()
