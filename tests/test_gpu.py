@@ -25,8 +25,7 @@ def test_random_real_size_problems(backend, precision):
         if ran == 15:
             break
         case = testing.random_case(rng, small=False)
-        if backend == "cudnn" and (precision != Precision.TF32 or not case["channels_last"]):
-            # cuDNN fuses epilogues only tf32 channels-last (backends/cudnn.py): bare conv
+        if backend == "cudnn":  # cuDNN runs no fused epilogue (backends/cudnn.py)
             case = dict(case, bias=False, scale=False, shift=False, residual=False,
                         activation="none")
         try:
@@ -82,8 +81,12 @@ def test_every_candidate_config_is_correct(backend):
                                                      epilogue=ep, residual=res)
             ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), padding=ks // 2)
                          + res.double())
-            if cls.not_supported_reasons(prob):
-                continue
+            if cls.not_supported_reasons(prob):  # cuDNN fuses nothing: the bare convolution
+                prob = fastconv.ConvProblem.from_tensors(x, w, None, padding=ks // 2, rank=2)
+                b = res = None
+                ref = F.conv2d(x.double(), w.double(), padding=ks // 2)
+                if cls.not_supported_reasons(prob):
+                    continue
             ran += 1
             for cfg in cls.candidates(prob):
                 out = torch.full(prob.output_shape(), float("nan"), device="cuda", dtype=dtype)
@@ -156,7 +159,7 @@ def test_gradients_real_sizes(backend, layout, precision):
     (cuDNN fuses no epilogue on NCHW tensors: there the bare convolution)."""
     dtype = {Precision.IEEE: torch.float32, Precision.TF32: torch.float32,
              Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}[precision]
-    fused = not (backend == "cudnn" and (layout == "nchw" or precision != Precision.TF32))
+    fused = backend != "cudnn"  # cuDNN runs no fused epilogue: the bare convolution
     ran = 0
     for c, k, hw, ks, s, d, g in BACKWARD_LAYERS:
         x = torch.randn(8, c, hw, hw, device="cuda").to(dtype)

@@ -17,35 +17,35 @@ if not CudnnBackend.available()[0]:  # the whole module needs the package
                 allow_module_level=True)
 
 
-def _ref(x, w, b=None, res=None, act=None, **geo):
-    y = F.conv2d(x.double(), w.double(), None if b is None else b.double(), **geo)
-    if res is not None:
-        y = y + res.double()
-    return act(y) if act else y
+def _ref(x, w, **geo):
+    return F.conv2d(x.double(), w.double(), **geo)
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("precision", list(Precision), ids=str)
-def test_fused_forward_every_precision(precision, layout):
+def test_forward_every_precision(precision, layout):
+    """The bare convolution in every precision and layout; an epilogue is refused with its
+    reason (never run fused: cuDNN's fused plans were wrong for some layers)."""
     dtype = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}.get(precision,
                                                                               torch.float32)
     mf = torch.channels_last if layout == "nhwc" else torch.contiguous_format
-    for c, k, hw, ks, s, g, act in ((64, 64, 56, 3, 1, 1, "relu"), (3, 64, 112, 7, 2, 1, "silu"),
-                                    (96, 192, 17, 3, 2, 3, "gelu"), (256, 128, 14, 1, 1, 1,
-                                                                     "sigmoid")):
+    ran = 0
+    for c, k, hw, ks, s, g in ((64, 64, 56, 3, 1, 1), (3, 64, 112, 7, 2, 1),
+                               (96, 192, 17, 3, 2, 3), (256, 128, 14, 1, 1, 1)):
         x = torch.randn(4, c, hw, hw, device="cuda").to(dtype).contiguous(memory_format=mf)
         w = (torch.randn(k, c // g, ks, ks, device="cuda") / (c // g * ks * ks) ** 0.5).to(dtype)
-        b = torch.randn(k, device="cuda").to(dtype)
         call = dict(backend="cudnn", precision=precision.value)
-        if layout == "nchw" or precision != Precision.TF32:
-            with pytest.raises(fastconv.NotSupported, match="NCHW|ieee|half precision"):
-                fastconv.conv2d(x, w, b, s, ks // 2, 1, g, activation=act, **call)
+        with pytest.raises(fastconv.NotSupported, match="fused epilogue"):
+            fastconv.conv2d(x, w, None, s, ks // 2, 1, g, activation="relu", **call)
+        if dtype != torch.float32 and c % 8:
+            with pytest.raises(fastconv.NotSupported, match="multiples of 8"):
+                fastconv.conv2d(x, w, None, s, ks // 2, 1, g, **call)
             continue
-        y = fastconv.conv2d(x, w, b, s, ks // 2, 1, g, activation=act, **call)
-        torch_act = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu, "sigmoid": torch.sigmoid}
-        ref = _ref(x, w, b, act=torch_act[act], stride=s, padding=ks // 2, groups=g)
-        err = relative_error(y, ref)
-        assert err <= TOLERANCE[precision], (c, k, hw, ks, s, g, act, err)
+        y = fastconv.conv2d(x, w, None, s, ks // 2, 1, g, **call)
+        err = relative_error(y, _ref(x, w, stride=s, padding=ks // 2, groups=g))
+        assert err <= TOLERANCE[precision], (c, k, hw, ks, s, g, err)
+        ran += 1
+    assert ran >= 3
 
 
 def test_ieee_excludes_tensor_core_plans():
@@ -126,8 +126,7 @@ def test_benchmark_dispatch_times_cudnn_plans_and_explains():
     x = torch.randn(16, 128, 28, 28, device="cuda", dtype=torch.bfloat16)
     x = x.contiguous(memory_format=torch.channels_last)
     w = torch.randn(128, 128, 3, 3, device="cuda", dtype=torch.bfloat16) / 34
-    b = torch.randn(128, device="cuda", dtype=torch.bfloat16)
-    ex = fastconv.explain(x, w, b, padding=1, activation="relu", dispatch="benchmark")
+    ex = fastconv.explain(x, w, padding=1, dispatch="benchmark")
     timed = [r for r in ex.rows if r.backend == "cudnn" and r.ms is not None]
     assert len(timed) >= 2, str(ex)  # every plan is timed, not just cuDNN's first
     assert ex.choice.ms == min(r.ms for r in ex.rows if r.ms is not None)

@@ -172,11 +172,15 @@ class _precision:
         self.allow = problem.precision == Precision.TF32
 
     def __enter__(self):
-        self.saved = torch.backends.cudnn.allow_tf32
-        torch.backends.cudnn.allow_tf32 = self.allow
+        # Set only when it differs (usually it does not): the property setter costs ~1 us
+        # of host time per call, the raw getter 0.2 us.
+        self.saved = torch._C._get_cudnn_allow_tf32()
+        if self.saved != self.allow:
+            torch.backends.cudnn.allow_tf32 = self.allow
 
     def __exit__(self, *exc):
-        torch.backends.cudnn.allow_tf32 = self.saved
+        if self.saved != self.allow:
+            torch.backends.cudnn.allow_tf32 = self.saved
 
 
 def conv_aten(problem: ConvProblem, input: torch.Tensor, weight: torch.Tensor,

@@ -1,12 +1,14 @@
 """The cuDNN backend: convolution graphs through the cuDNN frontend's Python API.
 
-One graph per (problem, operation, tensor strides): the forward with its epilogue fused
-(scale, shift, residual add and activation as pointwise nodes after the convolution), the
-data gradient (also the forward of a transposed convolution) and the weight gradient. Each
-graph's execution plans, in cuDNN's heuristic order, are the backend's candidates: the
-heuristic takes plan 0, benchmark dispatch times them all, because the heuristic order is
-not the speed order (a plan ranked first for a fused relu graph ran more than 100x slower
-than the best one).
+One graph per (problem, operation, tensor strides): the forward, the data gradient (also the
+forward of a transposed convolution) and the weight gradient. Each graph's execution plans,
+in cuDNN's heuristic order, are the backend's candidates: the heuristic takes plan 0,
+benchmark dispatch times them all, because the heuristic order is not the speed order.
+
+Fused epilogues (scale, shift, residual and activation as pointwise nodes) were built and
+measured: cuDNN 9.19 declined them on NCHW tensors and in strict fp32, and some plans of the
+graphs it accepted returned wrong results (benchmarks/NOTES.md). A problem with an epilogue
+is therefore refused here, with that reason, and dispatch moves on to aten or Triton.
 
 Pitfalls of the frontend that this module works around, each with a GPU test:
 
@@ -33,13 +35,10 @@ from ..problem import ConvProblem
 from .base import Backend
 
 #: Fixed tensor uids, so a serialized plan binds the same buffers in a new process.
-_X, _W, _Y, _SCALE, _SHIFT, _RES = 1, 2, 3, 4, 5, 6
-#: Plans tried per graph (cuDNN's heuristic order; later ones are rarely competitive and
-#: runtime-fused plans take up to a second each to build).
+_X, _W, _Y = 1, 2, 3
+#: Plans tried per graph (cuDNN's heuristic order; later ones are rarely competitive).
 MAX_PLANS = 6
 
-_ACTIVATIONS = {"none", "relu", "relu6", "leaky_relu", "silu", "gelu", "gelu_tanh", "sigmoid",
-                "tanh"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -74,25 +73,11 @@ class CudnnBackend(Backend):
     @classmethod
     def not_supported_reasons(cls, problem):
         reasons = super().not_supported_reasons(problem)
-        ep = problem.epilogue
-        if ep.activation not in _ACTIVATIONS:
-            reasons.append(f"activation {ep.activation!r} has no cuDNN pointwise mode "
-                           f"(supported: {', '.join(sorted(_ACTIVATIONS))})")
-        if problem.transposed and not ep.is_identity:
-            reasons.append("a transposed convolution (cuDNN dgrad graph) with an epilogue")
-        if problem.dtype == torch.float32 and problem.precision not in (Precision.IEEE,
-                                                                         Precision.TF32):
-            reasons.append(f"precision {problem.precision.value} for float32 data")
-        if problem.precision == Precision.IEEE and not ep.is_identity:
-            reasons.append("strict fp32 (ieee) with a fused epilogue: cuDNN 9.19 offered "
-                           "only tensor-core (TF32) plans for fused graphs")
-        if problem.dtype != torch.float32 and not ep.is_identity:
-            reasons.append("a fused epilogue in half precision (cuDNN 9.19 fused graphs gave "
-                           "wrong results for some bf16/fp16 layers on H200, e.g. 32->32 3x3 "
-                           "with bias, residual and relu: relative error 0.7)")
-        if problem.layout == "nchw" and not ep.is_identity:
-            reasons.append("a fused epilogue on NCHW tensors (cuDNN 9.19 on H200 declined "
-                           "every such graph: its runtime fusion wants channels-last)")
+        if not problem.epilogue.is_identity:
+            reasons.append("a fused epilogue: cuDNN 9.19 fused graphs returned wrong results "
+                           "on H200 for some layers and plans (tf32 3->64 7x7 with bias, "
+                           "residual and relu: relative error 0.72 from plan 2; bf16 32->32 "
+                           "3x3: 0.70), so fastconv runs only the bare convolution on cuDNN")
         if problem.dtype != torch.float32 and (problem.c_per_group % 8 or
                                                problem.k_per_group % 8):
             reasons.append(f"half precision with {problem.c_per_group} input / "
@@ -127,23 +112,12 @@ class CudnnBackend(Backend):
             return hit
 
         if op == "fprop":
-            fmt = torch.channels_last if problem.layout == "nhwc" and problem.rank == 2 \
-                else torch.contiguous_format
-
             def run(input, weight, bias, scale, shift, residual, out):
-                # Fused graphs take the epilogue tensors in the problem's layout only (cuDNN
-                # wrote nothing into an NCHW output of a channels-last fused graph instead
-                # of declining it): others go through a copy.
-                if residual is not None:
-                    residual = residual.contiguous(memory_format=fmt)
-                target = out
-                if out is None or (not problem.epilogue.is_identity
-                                   and not out.is_contiguous(memory_format=fmt)):
-                    target = problem.new_output(input.device)
-                g, index = graph_of(input, weight, target, residual)
-                g.execute(index, {_X: input, _W: weight, _Y: target, _SCALE: _f32(scale),
-                                  _SHIFT: _f32(shift), _RES: residual})
-                return target if out is None or out is target else out.copy_(target)
+                if out is None:
+                    out = problem.new_output(input.device)
+                g, index = graph_of(input, weight, out)
+                g.execute(index, {_X: input, _W: weight, _Y: out})
+                return out
             return run
         if op == "dgrad":
             def run_dgrad(grad_out, weight, out):
@@ -164,10 +138,6 @@ class CudnnBackend(Backend):
         return run_wgrad
 
 
-def _f32(t):
-    return None if t is None else t.float()
-
-
 def _empty_like_input(problem: ConvProblem, device):
     from ..problem import empty_in_layout
 
@@ -183,8 +153,7 @@ def _default_strides(problem: ConvProblem, op: str) -> tuple:
 
     x, w, y = problem.input_shape(), problem.weight_shape(), problem.output_shape()
     if op == "fprop":
-        res = strides(y) if problem.epilogue.has_residual else None
-        return strides(x), strides(w), strides(y), res
+        return strides(x), strides(w), strides(y)
     if op == "dgrad":
         return strides(y), strides(w), strides(x)
     return strides(y), strides(x), strides(w)
@@ -337,16 +306,14 @@ def _build(cudnn, g, problem: ConvProblem, op: str, strides: tuple) -> dict:
 
     uids = {}
     if op == "fprop" and not problem.transposed:
-        sx, sw, sy, sres = strides
+        sx, sw, sy = strides
         x = tensor(_X, problem.input_shape(), sx)
         w = tensor(_W, problem.weight_shape(), sw)
         y = g.conv_fprop(image=x, weight=w, **geo)
-        uids.update({_X: _X, _W: _W})
-        y = _epilogue(cudnn, g, problem, y, sres, tensor, uids)
         output(y, _Y, problem.output_shape(), sy)
-        uids[_Y] = _Y
+        uids.update({_X: _X, _W: _W, _Y: _Y})
     elif op == "fprop":  # transposed: dgrad of the equivalent convolution
-        sx, sw, sy, _ = strides
+        sx, sw, sy = strides
         dy = tensor(_X, problem.input_shape(), sx)
         w = tensor(_W, problem.weight_shape(), sw)
         dx = g.conv_dgrad(loss=dy, filter=w, **geo)
@@ -367,38 +334,3 @@ def _build(cudnn, g, problem: ConvProblem, op: str, strides: tuple) -> dict:
         output(dw, _W, conv.weight_shape(), sdw)
         uids.update({_Y: _Y, _X: _X, _W: _W})
     return uids
-
-
-def _epilogue(cudnn, g, problem: ConvProblem, y, res_stride, tensor, uids):
-    """Pointwise nodes after the convolution: act(scale·y + shift + residual)."""
-    ep = problem.epilogue
-    chan = (1, problem.k) + (1,) * problem.rank
-    chan_stride = (problem.k,) + (1,) * (problem.rank + 1)
-    f32 = cudnn.data_type.FLOAT
-    if ep.has_scale:
-        y = g.mul(a=y, b=tensor(_SCALE, chan, chan_stride, f32))
-        uids[_SCALE] = _SCALE
-    if ep.has_shift:
-        y = g.bias(input=y, bias=tensor(_SHIFT, chan, chan_stride, f32))
-        uids[_SHIFT] = _SHIFT
-    if ep.has_residual:
-        y = g.add(a=y, b=tensor(_RES, problem.output_shape(), res_stride))
-        uids[_RES] = _RES
-    act = ep.activation
-    if act == "relu":
-        y = g.relu(input=y)
-    elif act == "relu6":
-        y = g.relu(input=y, upper_clip=6.0)
-    elif act == "leaky_relu":
-        y = g.relu(input=y, negative_slope=ep.negative_slope)
-    elif act == "silu":
-        y = g.swish(input=y)
-    elif act == "gelu":
-        y = g.gelu(input=y)
-    elif act == "gelu_tanh":
-        y = g.gelu_approx_tanh(input=y)
-    elif act == "sigmoid":
-        y = g.sigmoid(input=y)
-    elif act == "tanh":
-        y = g.tanh(input=y)
-    return y
