@@ -248,3 +248,30 @@ def test_workspace_pool_grows_only_and_respects_the_cap():
     finally:
         workspace.set_limit(None)
         workspace.clear()
+
+
+def test_out_of_memory_candidate_is_skipped(fakes, monkeypatch):
+    run, _ = fakes
+
+    def oom_run(cls, config):
+        if config == "b":
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+        return run(cls, config)
+
+    p = _problem(k=5)
+    assert dispatch.choose(p, run=oom_run, mode="benchmark").config == "c"
+    rows = dispatch.explain(p, mode="benchmark", run=oom_run).rows
+    assert any(r.note.startswith("out of memory") for r in rows if r.config == "b")
+
+
+def test_check_counts_refused_problems_instead_of_failing(monkeypatch):
+    """A backend that refuses some problems (cuDNN: epilogues) is checked on the rest."""
+    from fastconv import check
+
+    monkeypatch.setitem(backends.REGISTRY, "picky", type("Picky", (backends.REGISTRY["aten"],), {
+        "NAME": "picky",
+        "not_supported_reasons": classmethod(
+            lambda cls, p: ["epilogue"] if not p.epilogue.is_identity else [])}))
+    rows = [r for r in check.run_check(count=6, seed=1) if r.backend == "picky"]
+    assert rows and all(r.ok for r in rows)
+    assert any("refused" in r.case for r in rows if r.case.startswith("random"))

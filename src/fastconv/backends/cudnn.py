@@ -216,7 +216,7 @@ class _Graph:
                           compute_data_type=cudnn.data_type.FLOAT,
                           handle=_handle(self.device))
         self.graph = g
-        self.uids = _build(cudnn, g, problem, op, strides)
+        _build(cudnn, g, problem, op, strides)
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -257,8 +257,8 @@ class _Graph:
     def plan_name(self, index: int) -> str:
         return self.graph.get_plan_name_at_index(index)
 
-    def execute(self, index: int, tensors: dict) -> None:
-        pack = {uid: tensors[role] for role, uid in self.uids.items()}
+    def execute(self, index: int, pack: dict) -> None:
+        """Run plan ``index`` on ``pack`` ({tensor uid: torch tensor})."""
         ws = workspace.get(self.built[index], torch.cuda.current_stream())
         handle = _handle(self.device)
         self.cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
@@ -287,50 +287,33 @@ def _geometry(problem: ConvProblem):
     return dict(pre_padding=pre, post_padding=post, stride=stride, dilation=dil)
 
 
-def _build(cudnn, g, problem: ConvProblem, op: str, strides: tuple) -> dict:
-    """Add the nodes of ``op`` to ``g``; returns {role uid: graph uid} of its tensors."""
-    rank = problem.rank
+def _build(cudnn, g, problem: ConvProblem, op: str, strides: tuple) -> None:
+    """Add the nodes of ``op`` to ``g``: two operand tensors (strides[0], strides[1]), the
+    convolution node, its output (strides[2]). Tensor uids are the roles _X, _W, _Y."""
     conv = problem.conv_equivalent()  # a transposed forward is this convolution's dgrad
     io = _DTYPES(cudnn)[problem.dtype]
     geo = _geometry(conv)
-
-    def tensor(uid, shape, stride, dtype=None):
-        shape, stride = _as4d(shape, stride, rank)
-        return g.tensor(dim=shape, stride=stride, data_type=dtype or io, uid=uid,
-                        name=f"t{uid}")
-
-    def output(t, uid, shape, stride):
-        shape, stride = _as4d(shape, stride, rank)
-        # dim and stride together: a stride alone is silently ignored (wrong results)
-        t.set_output(True).set_dim(shape).set_stride(stride).set_data_type(io).set_uid(uid)
-
-    uids = {}
     if op == "fprop" and not problem.transposed:
-        sx, sw, sy = strides
-        x = tensor(_X, problem.input_shape(), sx)
-        w = tensor(_W, problem.weight_shape(), sw)
-        y = g.conv_fprop(image=x, weight=w, **geo)
-        output(y, _Y, problem.output_shape(), sy)
-        uids.update({_X: _X, _W: _W, _Y: _Y})
-    elif op == "fprop":  # transposed: dgrad of the equivalent convolution
-        sx, sw, sy = strides
-        dy = tensor(_X, problem.input_shape(), sx)
-        w = tensor(_W, problem.weight_shape(), sw)
-        dx = g.conv_dgrad(loss=dy, filter=w, **geo)
-        output(dx, _Y, problem.output_shape(), sy)
-        uids.update({_X: _X, _W: _W, _Y: _Y})
+        a, b, out = (_X, conv.input_shape()), (_W, conv.weight_shape()), (_Y, conv.output_shape())
+    elif op == "fprop":  # transposed: the equivalent convolution's dgrad graph
+        a, b, out = (_X, conv.output_shape()), (_W, conv.weight_shape()), (_Y, conv.input_shape())
     elif op == "dgrad":
-        sdy, sw, sdx = strides
-        dy = tensor(_Y, conv.output_shape(), sdy)
-        w = tensor(_W, conv.weight_shape(), sw)
-        dx = g.conv_dgrad(loss=dy, filter=w, **geo)
-        output(dx, _X, conv.input_shape(), sdx)  # always the dim: grouped dgrad needs it
-        uids.update({_Y: _Y, _W: _W, _X: _X})
-    else:  # wgrad
-        sdy, sx, sdw = strides
-        dy = tensor(_Y, conv.output_shape(), sdy)
-        x = tensor(_X, conv.input_shape(), sx)
-        dw = g.conv_wgrad(image=x, loss=dy, **geo)
-        output(dw, _W, conv.weight_shape(), sdw)
-        uids.update({_Y: _Y, _X: _X, _W: _W})
-    return uids
+        a, b, out = (_Y, conv.output_shape()), (_W, conv.weight_shape()), (_X, conv.input_shape())
+    else:
+        a, b, out = (_Y, conv.output_shape()), (_X, conv.input_shape()), (_W, conv.weight_shape())
+
+    def operand(uid, shape, stride):
+        dim, st = _as4d(shape, stride, problem.rank)
+        return g.tensor(dim=dim, stride=st, data_type=io, uid=uid, name=f"t{uid}")
+
+    ta, tb = operand(*a, strides[0]), operand(*b, strides[1])
+    if op == "fprop" and not problem.transposed:
+        y = g.conv_fprop(image=ta, weight=tb, **geo)
+    elif op in ("fprop", "dgrad"):
+        y = g.conv_dgrad(loss=ta, filter=tb, **geo)
+    else:
+        y = g.conv_wgrad(image=tb, loss=ta, **geo)
+    dim, stride = _as4d(out[1], strides[2], problem.rank)
+    # dim and stride together (a stride alone is silently ignored: wrong results), and
+    # always the dim (a grouped dgrad cannot infer it)
+    y.set_output(True).set_dim(dim).set_stride(stride).set_data_type(io).set_uid(out[0])
