@@ -6,7 +6,15 @@ Public names only; importing fastconv compiles nothing and queries no device.
 from . import dispatch, nn
 from .epilogue import ACTIVATIONS, Epilogue
 from .errors import ConvError, ConvTypeError, NotSupported
-from .functional import conv1d, conv2d, conv_transpose1d, conv_transpose2d, explain
+from .functional import (
+    conv1d,
+    conv2d,
+    conv_bn_act1d,
+    conv_bn_act2d,
+    conv_transpose1d,
+    conv_transpose2d,
+    explain,
+)
 from .precision import TOLERANCE, Precision
 from .problem import ConvProblem
 
@@ -14,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ACTIVATIONS", "ConvError", "ConvProblem", "ConvTypeError", "Epilogue", "NotSupported",
-    "Precision", "TOLERANCE", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d",
+    "Precision", "TOLERANCE", "conv1d", "conv2d", "conv_bn_act1d", "conv_bn_act2d",
+    "conv_transpose1d", "conv_transpose2d",
     "__version__", "dispatch", "explain", "nn",
 ]

@@ -25,7 +25,7 @@ from . import dispatch as _dispatch  # the module, where an argument is called d
 from .backends.aten import conv_backward_both
 from .epilogue import Epilogue, fold_bias
 from .errors import ConvError, ConvTypeError
-from .precision import Precision, resolve
+from .precision import Precision, accumulate_dtype, resolve
 from .problem import ConvProblem, normalize_geometry
 
 _IntOrTuple = int | Sequence[int]
@@ -446,3 +446,98 @@ def _flags_match(problem: ConvProblem) -> bool:
     if problem.dtype != torch.float32:
         return True
     return (problem.precision == Precision.TF32) == torch.backends.cudnn.allow_tf32
+
+
+def conv_bn_act1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  running_mean: torch.Tensor | None = None,
+                  running_var: torch.Tensor | None = None,
+                  bn_weight: torch.Tensor | None = None, bn_bias: torch.Tensor | None = None,
+                  stride: _IntOrTuple = 1, padding: _IntOrTuple | str = 0,
+                  dilation: _IntOrTuple = 1, groups: int = 1, *, training: bool = False,
+                  momentum: float = 0.1, eps: float = 1e-5, activation: str = "relu",
+                  negative_slope: float = 0.01, residual: torch.Tensor | None = None,
+                  process_group=None, backend: str = "auto",
+                  precision: str | None = None) -> torch.Tensor:
+    """:func:`conv_bn_act2d` over ``(N, C, L)`` inputs."""
+    return _conv_bn_act(conv1d, input, weight, bias, running_mean, running_var, bn_weight,
+                        bn_bias, stride, padding, dilation, groups, training, momentum, eps,
+                        activation, negative_slope, residual, process_group, backend,
+                        precision)
+
+
+def conv_bn_act2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  running_mean: torch.Tensor | None = None,
+                  running_var: torch.Tensor | None = None,
+                  bn_weight: torch.Tensor | None = None, bn_bias: torch.Tensor | None = None,
+                  stride: _IntOrTuple = 1, padding: _IntOrTuple | str = 0,
+                  dilation: _IntOrTuple = 1, groups: int = 1, *, training: bool = False,
+                  momentum: float = 0.1, eps: float = 1e-5, activation: str = "relu",
+                  negative_slope: float = 0.01, residual: torch.Tensor | None = None,
+                  process_group=None, backend: str = "auto",
+                  precision: str | None = None) -> torch.Tensor:
+    """``act(batch_norm(conv2d(input, weight, bias)) + residual)`` in one call.
+
+    The convolution arguments are :func:`conv2d`'s; the batch-norm ones are
+    ``torch.nn.functional.batch_norm``'s (``bn_weight``/``bn_bias`` are γ/β, ``momentum`` the
+    factor of the running-statistics update, which happens in place when ``training``).
+
+    * ``training`` (or no running statistics): normalised with the batch statistics of the
+      convolution output (float32), over every rank of ``process_group`` when one is given
+      (as ``torch.nn.SyncBatchNorm``); the backward gives every gradient (input, weight,
+      conv bias, γ, β, residual).
+    * otherwise: the running statistics folded into a per-channel scale and shift of the
+      convolution's fused epilogue — one convolution kernel.
+    """
+    return _conv_bn_act(conv2d, input, weight, bias, running_mean, running_var, bn_weight,
+                        bn_bias, stride, padding, dilation, groups, training, momentum, eps,
+                        activation, negative_slope, residual, process_group, backend,
+                        precision)
+
+
+def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight, bn_bias,
+                 stride, padding, dilation, groups, training, momentum, eps, activation,
+                 negative_slope, residual, process_group, backend, precision):
+    from .batchnorm import BNActFunction
+
+    k = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() > 0 else None
+    for name, t in (("running_mean", running_mean), ("running_var", running_var),
+                    ("bn_weight", bn_weight), ("bn_bias", bn_bias)):
+        if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (k,)):
+            raise ConvError(f"{name}: expected a tensor of shape ({k},) (one value per output "
+                            f"channel), got {getattr(t, 'shape', type(t).__name__)}")
+    if (running_mean is None) != (running_var is None):
+        raise ConvError("running_mean, running_var: give both or neither")
+    if not isinstance(eps, (int, float)) or eps <= 0:
+        raise ConvError(f"eps: expected a positive number, got {eps!r}")
+    if training or running_mean is None:
+        y = conv(input, weight, bias, stride, padding, dilation, groups, backend=backend,
+                 precision=precision)
+        group = _sync_group(process_group) if training else None
+        z, mean, var_unbiased = BNActFunction.apply(y, bn_weight, bn_bias, residual,
+                                                    float(eps), activation,
+                                                    float(negative_slope), group)
+        if training and running_mean is not None:
+            with torch.no_grad():
+                running_mean.lerp_(mean.to(running_mean.dtype), momentum)
+                running_var.lerp_(var_unbiased.to(running_var.dtype), momentum)
+        return z
+    # Inference: act(scale·(conv + bias) + shift + residual), scale = γ/σ, shift = β − μ·scale
+    acc = accumulate_dtype(input.dtype)
+    scale = torch.rsqrt(running_var.to(acc) + eps)
+    if bn_weight is not None:
+        scale = scale * bn_weight.to(acc)
+    shift = -running_mean.to(acc) * scale
+    if bn_bias is not None:
+        shift = shift + bn_bias.to(acc)
+    return conv(input, weight, bias, stride, padding, dilation, groups, activation=activation,
+                negative_slope=negative_slope, residual=residual, scale=scale, shift=shift,
+                backend=backend, precision=precision)
+
+
+def _sync_group(process_group):
+    """The group to synchronise statistics over, or None when there is nothing to sync."""
+    import torch.distributed as dist
+
+    if process_group is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return process_group if dist.get_world_size(process_group) > 1 else None

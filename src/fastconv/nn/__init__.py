@@ -2,5 +2,7 @@
 
 from .conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d
 from .convert import convert
+from .fused import ConvBNAct1d, ConvBNAct2d
 
-__all__ = ["Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "convert"]
+__all__ = ["Conv1d", "Conv2d", "ConvBNAct1d", "ConvBNAct2d", "ConvTranspose1d",
+           "ConvTranspose2d", "convert"]

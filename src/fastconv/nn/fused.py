@@ -1,0 +1,158 @@
+"""Convolution → BatchNorm → activation as one module, in training and in inference.
+
+``ConvBNAct2d`` is a ``fastconv.nn.Conv2d`` (its ``weight`` and ``bias`` initialised and named
+as torch.nn.Conv2d's) holding a ``torch.nn.BatchNorm2d`` as ``bn`` (γ, β, running statistics,
+``num_batches_tracked``, initialised and updated as torch's), so the state_dict keys are
+``weight``, ``bias``, ``bn.weight``, ``bn.bias``, ``bn.running_mean``, ``bn.running_var`` and
+``bn.num_batches_tracked``. ``from_torch``/``to_torch`` convert from and to
+``torch.nn.Sequential(Conv2d, BatchNorm2d, activation)``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+
+from .. import functional as fc
+from ..epilogue import Epilogue
+from ..errors import ConvError
+from .conv import Conv1d, Conv2d
+
+#: torch activation module -> (fastconv activation, negative_slope)
+_TORCH_ACTIVATIONS = {
+    torch.nn.Identity: "none", torch.nn.ReLU: "relu", torch.nn.ReLU6: "relu6",
+    torch.nn.LeakyReLU: "leaky_relu", torch.nn.SiLU: "silu", torch.nn.Sigmoid: "sigmoid",
+    torch.nn.Tanh: "tanh", torch.nn.Hardswish: "hardswish",
+}
+
+
+def _activation_of(module: torch.nn.Module | None) -> tuple[str, float]:
+    if module is None:
+        return "none", 0.01
+    if isinstance(module, torch.nn.GELU):
+        return ("gelu_tanh" if module.approximate == "tanh" else "gelu"), 0.01
+    name = _TORCH_ACTIVATIONS.get(type(module))
+    if name is None:
+        raise ConvError(f"activation: {type(module).__name__} has no fastconv equivalent; "
+                        f"supported: {', '.join(c.__name__ for c in _TORCH_ACTIVATIONS)}, GELU")
+    return name, getattr(module, "negative_slope", 0.01)
+
+
+def _torch_activation(name: str, negative_slope: float) -> torch.nn.Module:
+    if name == "leaky_relu":
+        return torch.nn.LeakyReLU(negative_slope)
+    if name in ("gelu", "gelu_tanh"):
+        return torch.nn.GELU(approximate="tanh" if name == "gelu_tanh" else "none")
+    return next(cls for cls, n in _TORCH_ACTIVATIONS.items() if n == name)()
+
+
+class _ConvBNActMixin:
+    _RANK: int
+    _TORCH_CONV: type
+    _BN: type
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, bias=False, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, activation="relu", process_group=None,
+                 device=None, dtype=None, *, padding_mode="zeros", negative_slope=0.01,
+                 sync_stats=False, backend="auto", precision=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, padding_mode, device=device, dtype=dtype,
+                         backend=backend, precision=precision)
+        Epilogue(activation=activation, negative_slope=float(negative_slope))  # validates
+        self.bn = self._BN(out_channels, eps, momentum, affine, track_running_stats,
+                           device=device, dtype=dtype)
+        self.activation = activation
+        self.negative_slope = float(negative_slope)
+        self.process_group = process_group
+        self.sync_stats = sync_stats
+
+    def forward(self, input: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``act(bn(conv(input)) + residual)``; BatchNorm's train/eval semantics exactly."""
+        bn = self.bn
+        factor = 0.0 if bn.momentum is None else bn.momentum
+        if self.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+            bn.num_batches_tracked.add_(1)
+            if bn.momentum is None:  # cumulative moving average
+                factor = 1.0 / float(bn.num_batches_tracked)
+        batch_stats = self.training or (bn.running_mean is None and bn.running_var is None)
+        keep = not self.training or bn.track_running_stats
+        group = self.process_group
+        if group is None and self.sync_stats:
+            group = torch.distributed.group.WORLD
+        input, padding = self._padded(input)
+        fn = fc.conv_bn_act1d if self._RANK == 1 else fc.conv_bn_act2d
+        return fn(input, self.weight, self.bias, bn.running_mean if keep else None,
+                  bn.running_var if keep else None, bn.weight, bn.bias, self.stride, padding,
+                  self.dilation, self.groups, training=batch_stats, momentum=factor,
+                  eps=bn.eps, activation=self.activation, negative_slope=self.negative_slope,
+                  residual=residual, process_group=group, backend=self.backend,
+                  precision=self.precision)
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr() + f", activation={self.activation!r}"
+        if self.activation == "leaky_relu":
+            s += f", negative_slope={self.negative_slope}"
+        if self.sync_stats or self.process_group is not None:
+            s += ", sync_stats=True"
+        return s
+
+    @classmethod
+    def from_torch(cls, conv: torch.nn.Module, bn: torch.nn.Module | None = None,
+                   activation: torch.nn.Module | None = None, **kwargs):
+        """The fused module computing ``torch.nn.Sequential(conv, bn, activation)`` (pass the
+        Sequential itself or its parts), with copies of its parameters and buffers and its
+        training flag."""
+        if isinstance(conv, torch.nn.Sequential):
+            parts = list(conv)
+            if not 2 <= len(parts) <= 3:
+                raise ConvError(f"conv: expected Sequential(Conv, BatchNorm[, activation]), "
+                                f"got {len(parts)} modules")
+            conv, bn, activation = (parts + [None])[:3]
+        if not isinstance(conv, cls._TORCH_CONV) or not isinstance(bn, cls._BN):
+            raise ConvError(f"conv, bn: expected {cls._TORCH_CONV.__name__} and "
+                            f"{cls._BN.__name__}, got {type(conv).__name__} and "
+                            f"{type(bn).__name__}")
+        act, slope = _activation_of(activation)
+        ref = conv.weight
+        module = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                     conv.padding, conv.dilation, conv.groups, conv.bias is not None, bn.eps,
+                     bn.momentum, bn.affine, bn.track_running_stats, act,
+                     padding_mode=conv.padding_mode, negative_slope=slope, device=ref.device,
+                     dtype=ref.dtype, **kwargs)
+        module.load_state_dict(conv.state_dict(), strict=False)  # conv keys; bn below
+        module.bn = copy.deepcopy(bn)  # every BatchNorm option (e.g. bias=False) as it is
+        return module.train(conv.training)
+
+    def to_torch(self) -> torch.nn.Sequential:
+        """An equivalent ``torch.nn.Sequential(Conv, BatchNorm, activation)`` (copies)."""
+        ref = self.weight
+        conv = self._TORCH_CONV(
+            self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding,
+            self.dilation, self.groups, self.bias is not None, self.padding_mode,
+            device=ref.device, dtype=ref.dtype)
+        conv.load_state_dict({k: v for k, v in self.state_dict().items()
+                              if not k.startswith("bn.")})
+        seq = torch.nn.Sequential(conv, copy.deepcopy(self.bn),
+                                  _torch_activation(self.activation, self.negative_slope))
+        return seq.train(self.training)
+
+
+class ConvBNAct1d(_ConvBNActMixin, Conv1d):
+    """Conv1d → BatchNorm1d → activation; see the module docstring."""
+
+    _RANK, _TORCH_CONV, _BN = 1, torch.nn.Conv1d, torch.nn.BatchNorm1d
+
+
+class ConvBNAct2d(_ConvBNActMixin, Conv2d):
+    """Conv2d → BatchNorm2d → activation; see the module docstring.
+
+    Training mode normalises with the batch statistics of the convolution output (all ranks
+    of ``process_group``, or of the default group with ``sync_stats=True``, as
+    torch.nn.SyncBatchNorm) and updates the running statistics as torch.nn.BatchNorm2d;
+    eval mode folds them into the convolution's epilogue (one kernel).
+    """
+
+    _RANK, _TORCH_CONV, _BN = 2, torch.nn.Conv2d, torch.nn.BatchNorm2d

@@ -1,0 +1,239 @@
+"""Conv + BatchNorm + activation: gradcheck of the training-mode function (Triton kernels in
+the interpreter), parity with torch's Conv -> BatchNorm -> activation in both modes,
+running statistics, state_dict, and statistics synchronised over two processes."""
+
+import copy
+import os
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastconv
+from fastconv import ConvError
+from fastconv.nn import ConvBNAct1d, ConvBNAct2d
+from fastconv.precision import relative_error
+
+
+def _f64(*shape):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+
+@pytest.mark.parametrize("activation,residual", [("relu", False), ("silu", True),
+                                                 ("leaky_relu", False), ("sigmoid", True)])
+def test_gradcheck_training_mode(activation, residual):
+    x, w, b = _f64(2, 4, 5, 4), _f64(6, 2, 3, 2), _f64(6)
+    gamma, beta = _f64(6), _f64(6)
+    res = _f64(2, 6, 3, 5) if residual else None
+
+    def fn(x, w, b, gamma, beta, *rest):
+        return fastconv.conv_bn_act2d(x, w, b, None, None, gamma, beta, (2, 1), 1, 1, 2,
+                                      training=True, activation=activation,
+                                      residual=rest[0] if rest else None, backend="triton",
+                                      precision="ieee")
+    inputs = (x, w, b, gamma, beta) + ((res,) if residual else ())
+    # fast mode: one random projection per input (the interpreter runs each call in numpy)
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5, fast_mode=True)
+
+
+def _torch_reference(conv, bn, act, x, res):
+    y = bn(conv(x))
+    if res is not None:
+        y = y + res
+    return act(y)
+
+
+def _params(conv, bn):
+    return [p for p in (conv.weight, conv.bias, bn.weight, bn.bias) if p is not None]
+
+
+def _config(rng: random.Random):
+    rank = rng.choice((1, 2, 2))
+    groups = rng.choice((1, 1, 2, 4))
+    c, k = groups * rng.choice((1, 2, 3)), groups * rng.choice((1, 2, 5))
+    spatial = tuple(rng.randint(3, 9) for _ in range(rank))
+    return dict(rank=rank, n=rng.choice((2, 3, 4)), c=c, k=k, spatial=spatial,
+                kernel=rng.choice((1, 2, 3)), stride=rng.choice((1, 2)),
+                padding=rng.choice((0, 1)), dilation=rng.choice((1, 1, 2)), groups=groups,
+                bias=rng.random() < 0.4, momentum=rng.choice((0.1, 0.3, None)),
+                affine=rng.random() < 0.8, track=rng.random() < 0.85,
+                activation=rng.choice(fastconv.ACTIVATIONS), residual=rng.random() < 0.3,
+                negative_slope=rng.choice((0.01, 0.2)))
+
+
+CONFIGS = [_config(random.Random(i)) for i in range(60)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"r{c['rank']}{c['activation']}")
+def test_parity_with_torch_in_both_modes(cfg):
+    """Outputs, all five parameter gradients, running statistics and num_batches_tracked
+    after three training steps, then the eval output, against torch's modules."""
+    torch.manual_seed(hash(str(cfg)) % 2**31)
+    rank, k = cfg["rank"], cfg["k"]
+    cls = ConvBNAct1d if rank == 1 else ConvBNAct2d
+    ours = cls(cfg["c"], k, cfg["kernel"], cfg["stride"], cfg["padding"], cfg["dilation"],
+               cfg["groups"], cfg["bias"], momentum=cfg["momentum"], affine=cfg["affine"],
+               track_running_stats=cfg["track"], activation=cfg["activation"],
+               negative_slope=cfg["negative_slope"], precision="ieee")
+    if cfg["affine"]:  # non-trivial γ, β
+        with torch.no_grad():
+            ours.bn.weight.uniform_(0.5, 1.5)
+            ours.bn.bias.uniform_(-0.5, 0.5)
+    seq = ours.to_torch()
+    conv, bn, act = seq
+    conv64, bn64, _ = copy.deepcopy(seq).double()  # the float64 reference
+    for step in range(3):
+        x = torch.randn(cfg["n"], cfg["c"], *cfg["spatial"])
+        try:
+            out_shape = conv(x).shape
+        except RuntimeError:
+            pytest.skip("kernel larger than the padded input")
+        res = torch.randn(out_shape) if cfg["residual"] else None
+        if out_shape[0] * out_shape[2:].numel() <= 1:
+            pytest.skip("one value per channel")
+        a = ours(x, res)
+        b = _torch_reference(conv, bn, act, x, res)
+        r = _torch_reference(conv64, bn64, act, x.double(),
+                             None if res is None else res.double())
+        assert relative_error(a, r) <= 4 * relative_error(b, r) + 1e-6, step
+        g = torch.randn_like(b)
+        ga = torch.autograd.grad(a, list(ours.parameters()), g)
+        gb = torch.autograd.grad(b, _params(conv, bn), g)
+        gr = torch.autograd.grad(r, _params(conv64, bn64), g.double())
+        scale = gr[0].norm()  # BN's backward cancels: the conv bias's gradient is ~0 and
+        for u, v, w in zip(ga, gb, gr):  # others can be small; judged at the weight's scale
+
+            def err(t):
+                return float((t.double() - w).norm() / (w.norm() + 1e-2 * scale))
+            assert err(u) <= 4 * err(v) + 1e-6, step
+    if cfg["track"]:
+        assert relative_error(ours.bn.running_mean, bn.running_mean) < 1e-5
+        assert relative_error(ours.bn.running_var, bn.running_var) < 1e-5
+        assert int(ours.bn.num_batches_tracked) == int(bn.num_batches_tracked) == 3
+    ours.eval()
+    seq.eval()
+    x = torch.randn(1, cfg["c"], *cfg["spatial"])  # batch size 1 in eval
+    res = torch.randn(conv(x).shape) if cfg["residual"] else None
+    assert relative_error(ours(x, res), _torch_reference(conv, bn, act, x, res)) < 1e-5
+
+
+def test_eval_is_one_fused_convolution_and_its_gradients_match():
+    m = ConvBNAct2d(8, 16, 3, padding=1, bias=True, activation="relu6").eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-1, 1)
+        m.bn.running_var.uniform_(0.5, 2)
+        m.bn.weight.uniform_(0.5, 1.5)
+    seq = m.to_torch().eval()
+    x = torch.randn(2, 8, 11, 9, requires_grad=True)
+    a, b = m(x), seq(x)
+    assert relative_error(a, b) < 1e-5
+    ga = torch.autograd.grad(a.sum(), (x, m.weight, m.bias, m.bn.weight, m.bn.bias))
+    gb = torch.autograd.grad(b.sum(), (x, seq[0].weight, seq[0].bias, seq[1].weight,
+                                       seq[1].bias))
+    for u, v in zip(ga, gb):
+        assert relative_error(u, v) < 1e-5
+
+
+def test_state_dict_round_trip_and_torch_interop():
+    seq = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1),
+                              torch.nn.BatchNorm2d(6, momentum=None),
+                              torch.nn.LeakyReLU(0.2))
+    seq(torch.randn(4, 3, 5, 5))  # non-trivial running statistics
+    m = ConvBNAct2d.from_torch(seq)
+    assert (m.activation, m.negative_slope, m.bn.momentum) == ("leaky_relu", 0.2, None)
+    assert set(m.state_dict()) == {"weight", "bias", "bn.weight", "bn.bias",
+                                   "bn.running_mean", "bn.running_var",
+                                   "bn.num_batches_tracked"}
+    fresh = ConvBNAct2d(3, 6, 3, padding=1, bias=True, activation="leaky_relu",
+                        negative_slope=0.2)
+    fresh.load_state_dict(m.state_dict())
+    back = fresh.to_torch()
+    for key, v in seq.state_dict().items():
+        assert torch.equal(back.state_dict()[key], v), key
+    seq.eval()
+    back.eval()
+    fresh.eval()
+    x = torch.randn(2, 3, 5, 5)
+    assert relative_error(fresh(x), seq(x)) < 1e-6 and relative_error(back(x), seq(x)) == 0
+
+
+def test_bad_arguments_are_clear_errors():
+    x, w = torch.randn(1, 2, 1, 1), torch.randn(3, 2, 1, 1)
+    with pytest.raises(ConvError, match="more than 1 value per channel"):
+        fastconv.conv_bn_act2d(x, w, training=True)
+    with pytest.raises(ConvError, match=r"running_mean: expected a tensor of shape \(3,\)"):
+        fastconv.conv_bn_act2d(x, w, None, torch.zeros(4), torch.ones(3))
+    with pytest.raises(ConvError, match="give both or neither"):
+        fastconv.conv_bn_act2d(x, w, None, torch.zeros(3), None)
+    with pytest.raises(ConvError, match="eps"):
+        fastconv.conv_bn_act2d(x, w, None, torch.zeros(3), torch.ones(3), eps=0)
+    with pytest.raises(ConvError, match="activation"):
+        ConvBNAct2d(2, 3, 1, activation="swish")
+    with pytest.raises(ConvError, match="Conv2d and BatchNorm2d"):
+        ConvBNAct2d.from_torch(torch.nn.Sequential(torch.nn.Conv2d(2, 3, 1),
+                                                   torch.nn.BatchNorm1d(3)))
+    with pytest.raises(ConvError, match="Softplus has no fastconv equivalent"):
+        ConvBNAct2d.from_torch(torch.nn.Conv2d(2, 3, 1), torch.nn.BatchNorm2d(3),
+                               torch.nn.Softplus())
+
+
+# ----------------------------------------------------------------- two processes, gloo
+def _sync_worker(rank, world, init_file, x, w, gamma, beta, g, out_file):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        m = ConvBNAct2d(4, 6, 3, padding=1, activation="silu", sync_stats=True,
+                        precision="ieee")
+        with torch.no_grad():
+            m.weight.copy_(w)
+            m.bn.weight.copy_(gamma)
+            m.bn.bias.copy_(beta)
+        part = slice(rank * 3, rank * 3 + 3) if rank == 0 else slice(3, None)  # 3 and 2 images
+        xs = x[part].clone().requires_grad_()
+        y = m(xs)
+        grads = torch.autograd.grad(y, (xs, m.weight, m.bn.weight, m.bn.bias), g[part])
+        dist.all_reduce(grads[1])  # DDP's gradient all-reduce of the parameters
+        dist.all_reduce(grads[2])
+        dist.all_reduce(grads[3])
+        torch.save({"y": y.detach(), "dx": grads[0], "dw": grads[1], "dgamma": grads[2],
+                    "dbeta": grads[3], "running_mean": m.bn.running_mean,
+                    "running_var": m.bn.running_var}, out_file.format(rank))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_synced_statistics_over_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
+    """Two gloo ranks holding 3 and 2 images give what one process gives on all 5 (as
+    SyncBatchNorm would): outputs, input gradients, summed parameter gradients, running
+    statistics."""
+    import torch.multiprocessing as mp
+
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 4, 6, 7), torch.randn(6, 4, 3, 3) / 6
+    gamma, beta = torch.rand(6) + 0.5, torch.randn(6)
+    g = torch.randn(5, 6, 6, 7)
+    out = str(tmp_path / "rank{}.pt")
+    mp.spawn(_sync_worker, args=(2, str(tmp_path / "init"), x, w, gamma, beta, g, out),
+             nprocs=2, join=True)
+    r0, r1 = (torch.load(out.format(r)) for r in range(2))
+
+    ref = ConvBNAct2d(4, 6, 3, padding=1, activation="silu", precision="ieee")
+    with torch.no_grad():
+        ref.weight.copy_(w)
+        ref.bn.weight.copy_(gamma)
+        ref.bn.bias.copy_(beta)
+    xr = x.clone().requires_grad_()
+    y = ref(xr)
+    dx, dw, dgamma, dbeta = torch.autograd.grad(y, (xr, ref.weight, ref.bn.weight,
+                                                    ref.bn.bias), g)
+    assert relative_error(torch.cat([r0["y"], r1["y"]]), y) < 1e-5
+    assert relative_error(torch.cat([r0["dx"], r1["dx"]]), dx) < 1e-5
+    for name, refv in (("dw", dw), ("dgamma", dgamma), ("dbeta", dbeta),
+                       ("running_mean", ref.bn.running_mean),
+                       ("running_var", ref.bn.running_var)):
+        assert relative_error(r0[name], refv) < 1e-5, name
+        assert torch.equal(r0[name], r1[name]), name  # every rank holds the same values
+    assert os.path.exists(out.format(1))
