@@ -8,7 +8,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import fastconv
 from fastconv import ConvError
