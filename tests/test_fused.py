@@ -2,7 +2,6 @@
 the interpreter), parity with torch's Conv -> BatchNorm -> activation in both modes,
 running statistics, state_dict, and statistics synchronised over two processes."""
 
-import copy
 import os
 import random
 
@@ -43,6 +42,11 @@ def _torch_reference(conv, bn, act, x, res):
     return act(y)
 
 
+def _err(t, ref, scale):
+    """Distance to ``ref``, relative to it or to 1 % of ``scale``."""
+    return float((t - ref).norm() / (ref.norm() + 1e-2 * scale))
+
+
 def _params(conv, bn):
     return [p for p in (conv.weight, conv.bias, bn.weight, bn.bias) if p is not None]
 
@@ -64,57 +68,55 @@ def _config(rng: random.Random):
 CONFIGS = [_config(random.Random(i)) for i in range(60)]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"r{c['rank']}{c['activation']}")
-def test_parity_with_torch_in_both_modes(cfg):
-    """Outputs, all five parameter gradients, running statistics and num_batches_tracked
-    after three training steps, then the eval output, against torch's modules."""
-    torch.manual_seed(hash(str(cfg)) % 2**31)
+@pytest.mark.parametrize("index", range(len(CONFIGS)),
+                         ids=[f"r{c['rank']}{c['activation']}" for c in CONFIGS])
+def test_parity_with_torch_in_both_modes(index):
+    """Outputs, every parameter gradient, running statistics and num_batches_tracked after
+    three training steps, then the eval output, against torch's modules. In float64, so the
+    check is of the formulas (1e-9), not of float32 rounding: BatchNorm's backward cancels,
+    and torch's CPU batch norm accumulates float32 in float64; the GPU tests hold the float32
+    and half paths to the precision contract."""
+    cfg = CONFIGS[index]
+    torch.manual_seed(index)
     rank, k = cfg["rank"], cfg["k"]
     cls = ConvBNAct1d if rank == 1 else ConvBNAct2d
     ours = cls(cfg["c"], k, cfg["kernel"], cfg["stride"], cfg["padding"], cfg["dilation"],
                cfg["groups"], cfg["bias"], momentum=cfg["momentum"], affine=cfg["affine"],
                track_running_stats=cfg["track"], activation=cfg["activation"],
-               negative_slope=cfg["negative_slope"], precision="ieee")
+               negative_slope=cfg["negative_slope"], dtype=torch.float64)
     if cfg["affine"]:  # non-trivial γ, β
         with torch.no_grad():
             ours.bn.weight.uniform_(0.5, 1.5)
             ours.bn.bias.uniform_(-0.5, 0.5)
     seq = ours.to_torch()
     conv, bn, act = seq
-    conv64, bn64, _ = copy.deepcopy(seq).double()  # the float64 reference
     for step in range(3):
-        x = torch.randn(cfg["n"], cfg["c"], *cfg["spatial"])
+        x = torch.randn(cfg["n"], cfg["c"], *cfg["spatial"], dtype=torch.float64)
         try:
             out_shape = conv(x).shape
         except RuntimeError:
             pytest.skip("kernel larger than the padded input")
-        res = torch.randn(out_shape) if cfg["residual"] else None
+        res = torch.randn(out_shape, dtype=torch.float64) if cfg["residual"] else None
         if out_shape[0] * out_shape[2:].numel() <= 1:
             pytest.skip("one value per channel")
         a = ours(x, res)
         b = _torch_reference(conv, bn, act, x, res)
-        r = _torch_reference(conv64, bn64, act, x.double(),
-                             None if res is None else res.double())
-        assert relative_error(a, r) <= 4 * relative_error(b, r) + 1e-6, step
+        assert relative_error(a, b) < 1e-9, step
         g = torch.randn_like(b)
         ga = torch.autograd.grad(a, list(ours.parameters()), g)
         gb = torch.autograd.grad(b, _params(conv, bn), g)
-        gr = torch.autograd.grad(r, _params(conv64, bn64), g.double())
-        scale = gr[0].norm()  # BN's backward cancels: the conv bias's gradient is ~0 and
-        for u, v, w in zip(ga, gb, gr):  # others can be small; judged at the weight's scale
-
-            def err(t):
-                return float((t.double() - w).norm() / (w.norm() + 1e-2 * scale))
-            assert err(u) <= 4 * err(v) + 1e-6, step
+        scale = gb[0].norm()  # the conv bias's gradient is ~0 in training (BN removes
+        for u, v in zip(ga, gb):  # the mean): judged at the weight gradient's scale
+            assert _err(u, v, scale) < 1e-9, step
     if cfg["track"]:
-        assert relative_error(ours.bn.running_mean, bn.running_mean) < 1e-5
-        assert relative_error(ours.bn.running_var, bn.running_var) < 1e-5
+        assert relative_error(ours.bn.running_mean, bn.running_mean) < 1e-12
+        assert relative_error(ours.bn.running_var, bn.running_var) < 1e-12
         assert int(ours.bn.num_batches_tracked) == int(bn.num_batches_tracked) == 3
     ours.eval()
     seq.eval()
-    x = torch.randn(1, cfg["c"], *cfg["spatial"])  # batch size 1 in eval
-    res = torch.randn(conv(x).shape) if cfg["residual"] else None
-    assert relative_error(ours(x, res), _torch_reference(conv, bn, act, x, res)) < 1e-5
+    x = torch.randn(1, cfg["c"], *cfg["spatial"], dtype=torch.float64)  # batch 1 in eval
+    res = torch.randn(conv(x).shape, dtype=torch.float64) if cfg["residual"] else None
+    assert relative_error(ours(x, res), _torch_reference(conv, bn, act, x, res)) < 1e-9
 
 
 def test_eval_is_one_fused_convolution_and_its_gradients_match():

@@ -1,0 +1,113 @@
+"""GPU tests of ConvBNAct2d: real sizes in tf32 and bf16 channels-last against float64, and
+(on a host with two GPUs) statistics synchronised over NCCL against torch.nn.SyncBatchNorm
+and a short DDP training run against torch's modules."""
+
+import copy
+import os
+
+import pytest
+import torch
+
+from fastconv.nn import ConvBNAct2d
+from fastconv.precision import TOLERANCE, Precision, relative_error
+
+pytestmark = pytest.mark.gpu
+
+LAYERS = [(64, 64, 56, 3, 1), (256, 128, 28, 1, 1), (128, 128, 28, 3, 2), (3, 64, 112, 7, 2),
+          (512, 512, 7, 3, 1)]
+
+
+def _err(t, ref, scale):
+    return float((t.double() - ref).norm() / (ref.norm() + 1e-2 * scale))
+
+
+@pytest.mark.parametrize("precision", [Precision.TF32, Precision.BF16], ids=str)
+def test_training_and_eval_real_sizes(precision):
+    dtype = torch.float32 if precision == Precision.TF32 else torch.bfloat16
+    for c, k, hw, ks, s in LAYERS:
+        m = ConvBNAct2d(c, k, ks, s, ks // 2, activation="relu", device="cuda",
+                        precision=precision.value).to(memory_format=torch.channels_last)
+        with torch.no_grad():
+            m.bn.weight.uniform_(0.5, 1.5)
+            m.bn.bias.uniform_(-0.5, 0.5)
+        ref = m.to_torch().double()
+        m = m.to(dtype)
+        m.bn.float()  # BatchNorm's parameters and statistics stay float32, as under autocast
+        x = torch.randn(16, c, hw, hw, device="cuda").to(dtype)
+        x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+        xr = x.detach().double().requires_grad_()
+        y, yr = m(x), ref(xr)
+        assert relative_error(y, yr) <= TOLERANCE[precision], (c, k, hw, ks, s)
+        g = torch.randn_like(yr)
+        got = torch.autograd.grad(y, (x, m.weight, m.bn.weight, m.bn.bias), g.to(dtype))
+        want = torch.autograd.grad(yr, (xr, ref[0].weight, ref[1].weight, ref[1].bias), g)
+        scale = want[1].norm()
+        for name, a, b in zip(("dx", "dw", "dgamma", "dbeta"), got, want):
+            assert _err(a, b, scale if name == "dw" else b.norm()) <= TOLERANCE[precision], \
+                (name, c, k, hw, ks, s)
+        assert relative_error(m.bn.running_mean, ref[1].running_mean) < 1e-3
+        m.eval()
+        ref.eval()
+        x1 = x[:1].detach()
+        assert relative_error(m(x1), ref(x1.double())) <= TOLERANCE[precision]
+
+
+def _ddp_worker(rank, world, port, out):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    torch.cuda.set_device(rank)
+    try:
+        torch.manual_seed(0)
+        ours = ConvBNAct2d(8, 16, 3, padding=1, sync_stats=True, precision="ieee").cuda()
+        ref = torch.nn.Sequential(*ours.to_torch())
+        ref[1] = torch.nn.SyncBatchNorm.convert_sync_batchnorm(
+            torch.nn.Sequential(ref[1]))[0]
+        ref = ref.cuda()
+        # synced statistics: one step on rank-dependent data, compared with SyncBatchNorm
+        torch.manual_seed(1 + rank)
+        x = torch.randn(4 + rank, 8, 12, 12, device="cuda")  # unequal batches
+        y, yr = ours(x), ref(x)
+        stats = [relative_error(y, yr), relative_error(ours.bn.running_mean,
+                                                       ref[1].running_mean),
+                 relative_error(ours.bn.running_var, ref[1].running_var)]
+        # a short DDP run of a small net: fastconv's fused layers against torch's modules
+        # holding the same initial weights (with SyncBatchNorm)
+        torch.manual_seed(0)
+        fast = torch.nn.Sequential(
+            ConvBNAct2d(3, 16, 3, padding=1, sync_stats=True, precision="ieee"),
+            ConvBNAct2d(16, 16, 3, 2, 1, sync_stats=True, precision="ieee"),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+        slow = torch.nn.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(
+            *fast[0].to_torch(), *fast[1].to_torch(), *copy.deepcopy(fast[2:])))
+        losses = {}
+        for name, net in (("fastconv", fast), ("torch", slow)):
+            net = DDP(net.cuda(), device_ids=[rank])
+            opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+            gen = torch.Generator(device="cuda").manual_seed(100 + rank)
+            losses[name] = []
+            for _ in range(5):
+                xb = torch.randn(8, 3, 16, 16, device="cuda", generator=gen)
+                yb = torch.randint(0, 10, (8,), device="cuda", generator=gen)
+                loss = torch.nn.functional.cross_entropy(net(xb), yb)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses[name].append(loss.item())
+        torch.save({"stats": stats, "losses": losses}, out.format(rank))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_sync_stats_and_ddp(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rank{}.pt")
+    mp.spawn(_ddp_worker, args=(2, 29517, out), nprocs=2, join=True)
+    for r in range(2):
+        res = torch.load(out.format(r))
+        assert max(res["stats"]) < 1e-5, res["stats"]
+        assert res["losses"]["fastconv"] == pytest.approx(res["losses"]["torch"], rel=1e-4)
