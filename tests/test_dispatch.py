@@ -275,3 +275,21 @@ def test_check_counts_refused_problems_instead_of_failing(monkeypatch):
     rows = [r for r in check.run_check(count=6, seed=1) if r.backend == "picky"]
     assert rows and all(r.ok for r in rows)
     assert any("refused" in r.case for r in rows if r.case.startswith("random"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only output")
+def test_explain_and_plans_commands(monkeypatch, tmp_path, capsys):
+    from fastconv import cli
+
+    monkeypatch.setenv("FASTCONV_CACHE_DIR", str(tmp_path))
+    assert cli.main(["explain", "--input", "2,8,9,7", "--weight", "4,8,3,3", "--padding", "1",
+                     "--activation", "relu", "--bias"]) == 0
+    out = capsys.readouterr().out
+    assert "no CUDA GPU found" in out and "choice: aten" in out
+    assert "cudnn" in out and "no CUDA GPU" in out.split("cudnn", 1)[1]  # refusal reason
+    assert cli.main(["explain", "--input", "2,8,9", "--weight", "4,8,3,3"]) == 2
+    assert cli.main(["plans"]) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path) in out and "workspace limit" in out
+    assert cli.main(["plans", "--clear"]) == 0
+    assert "cleared" in capsys.readouterr().out
