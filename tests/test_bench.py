@@ -215,3 +215,23 @@ def test_roofline_percent_uses_the_tighter_floor():
     assert rows[0]["roofline_pct"] == pytest.approx(100 * 2.5 / 10)  # 2e12 / 800e12 s = 2.5 ms
     assert rows[1]["roofline_pct"] == pytest.approx(100 * 1.0 / 2)   # 4e9 / 4000e9 s = 1 ms
     assert "roofline_pct" not in rows[2]
+
+
+@pytest.mark.parametrize("mode", ["train", "eval", "fwd"])
+def test_conv_bn_relu_suite_modes(mode):
+    """resnet50_cbr: torch's conv2d -> batch_norm -> relu against fastconv's fused layer, in
+    training (batch statistics; every gradient, γ and β included, checked) and eval (the
+    running statistics, folded into the conv's epilogue)."""
+    case = suites.shrink(suites.get("resnet50_cbr")[2])  # 3x3
+    assert case.bn and case.activation == "relu"
+    rows = {}
+    for provider, ms in {"torch": 2.0, "fastconv": 1.0}.items():
+        timer = FakeTimer()
+        timer.ms = ms
+        (rows[provider],) = runner.run_case(case, [provider], Precision.IEEE, "nchw", reps=3,
+                                            device="cpu", timer=timer, mode=mode)
+    for r in rows.values():
+        assert "error" not in r, r.get("error")
+        assert r["rel_err"] < 1e-5, r
+    assert rows["fastconv"]["choice"].startswith("aten")
+    assert report.speedups(list(rows.values()))["fastconv"]["geomean"] == pytest.approx(2.0)

@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--provider", default="fastconv,fastconv_triton,torch")
     p.add_argument("--precision", default="tf32")
     p.add_argument("--mode", default="fwd",
-                   help="fwd, bwd (data + weight gradient) or train (forward + backward); "
+                   help="fwd, bwd (data + weight gradient), train (forward + backward), "
+                        "dgrad, wgrad, or eval (BatchNorm suites: inference mode); "
                         "comma-separated for several")
     p.add_argument("--layout", choices=("nchw", "nhwc"), default=None,
                    help="default: nchw for fp32 data, nhwc (channels_last) for fp16/bf16")

@@ -125,7 +125,7 @@ class GpuTimer:
 #: fwd: the forward; bwd: data + weight gradient of a saved forward (autograd); train:
 #: forward + backward; dgrad / wgrad: one gradient alone, as a direct call (non-transposed
 #: cases), to compare the kernels with cuDNN's.
-MODES = ("fwd", "bwd", "train", "dgrad", "wgrad")
+MODES = ("fwd", "bwd", "train", "dgrad", "wgrad", "eval")
 
 
 def _input_sets(case: BenchCase, precision: Precision, layout: str, mode: str,
@@ -146,8 +146,16 @@ def _input_sets(case: BenchCase, precision: Precision, layout: str, mode: str,
             w = w.contiguous(memory_format=torch.channels_last)
         b = torch.randn(case.k, device=device).to(dtype) if case.bias else None
         t = dict(x=x.requires_grad_(grad), w=w.requires_grad_(grad),
-                 b=b.requires_grad_(grad) if b is not None else None)
-        t["wrt"] = tuple(v for v in (t["x"], t["w"], t["b"]) if v is not None)
+                 b=b.requires_grad_(grad) if b is not None else None, bn=None)
+        wrt = [t["x"], t["w"], t["b"]]
+        if case.bn:  # γ, β and running statistics, float32 as BatchNorm keeps them
+            t["bn"] = dict(gamma=(torch.rand(case.k, device=device) + 0.5).requires_grad_(grad),
+                           beta=torch.randn(case.k, device=device).requires_grad_(grad),
+                           mean=torch.randn(case.k, device=device) / 10,
+                           var=torch.rand(case.k, device=device) + 0.5,
+                           training=mode != "eval")
+            wrt += [t["bn"]["gamma"], t["bn"]["beta"]]
+        t["wrt"] = tuple(v for v in wrt if v is not None)
         sets.append(t)
     return sets
 
@@ -159,7 +167,8 @@ def _geometry(case: BenchCase) -> tuple:
 
 
 def _torch_conv(case: BenchCase):
-    """conv -> add bias -> activation, as a PyTorch user writes it."""
+    """conv -> add bias -> activation (or conv -> batch_norm -> activation), as a PyTorch user
+    writes it: ``f(x, w, b, bn)``."""
     if case.transposed:
         tconv = F.conv_transpose1d if case.rank == 1 else F.conv_transpose2d
     else:
@@ -167,8 +176,11 @@ def _torch_conv(case: BenchCase):
     geo = _geometry(case)
     ep = Epilogue(activation=case.activation)
 
-    def run(x, w, b):
+    def run(x, w, b, bn=None):
         y = tconv(x, w, None, *geo)
+        if bn is not None:
+            y = F.batch_norm(y, bn["mean"], bn["var"], bn["gamma"], bn["beta"], bn["training"])
+            return ep.apply(y)
         if b is None and case.activation == "none":
             return y
         return ep.apply(y, shift=b)
@@ -187,8 +199,14 @@ def _forward(provider: str, case: BenchCase, precision: Precision, compiled: dic
         conv = functional.conv1d if case.rank == 1 else functional.conv2d
     geo = _geometry(case)
     backend = BACKEND_OF[provider]
-    return lambda x, w, b: conv(x, w, b, *geo, activation=case.activation, backend=backend,
-                                precision=precision.value)
+    if case.bn:
+        fused = functional.conv_bn_act1d if case.rank == 1 else functional.conv_bn_act2d
+        return lambda x, w, b, bn: fused(
+            x, w, b, bn["mean"], bn["var"], bn["gamma"], bn["beta"], *geo,
+            training=bn["training"], activation=case.activation, backend=backend,
+            precision=precision.value)
+    return lambda x, w, b, bn=None: conv(x, w, b, *geo, activation=case.activation,
+                                         backend=backend, precision=precision.value)
 
 
 def _gradient(provider: str, case: BenchCase, precision: Precision, mode: str,
@@ -227,29 +245,37 @@ def _call(provider: str, case: BenchCase, precision: Precision, t: dict, mode: s
         grad = _gradient(provider, case, precision, mode, compiled)
         return lambda: grad(t["g"], t["x"], t["w"])
     fwd = _forward(provider, case, precision, compiled)
-    if mode == "fwd":
-        return lambda: fwd(t["x"], t["w"], t["b"])
+    if mode in ("fwd", "eval"):
+        return lambda: fwd(t["x"], t["w"], t["b"], t["bn"])
     if mode == "train":
         def step():
-            y = fwd(t["x"], t["w"], t["b"])
+            y = fwd(t["x"], t["w"], t["b"], t["bn"])
             return (y, *torch.autograd.grad(y, t["wrt"], t["g"]))
         return step
-    y = fwd(t["x"], t["w"], t["b"])
+    y = fwd(t["x"], t["w"], t["b"], t["bn"])
     return lambda: torch.autograd.grad(y, t["wrt"], t["g"], retain_graph=True)
 
 
 def _reference(case: BenchCase, t: dict, mode: str) -> tuple[torch.Tensor, ...]:
     """float64 results to compare against: the output, and for bwd/train the gradients."""
-    f64 = {k: v.detach().to(torch.float64).requires_grad_(mode != "fwd")
+    grad = mode not in ("fwd", "eval")
+    f64 = {k: v.detach().to(torch.float64).requires_grad_(grad)
            for k, v in t.items() if isinstance(v, torch.Tensor) and k != "g"}
+    bn = None
+    if t["bn"] is not None:  # copies: the reference's running-statistics update stays here
+        bn = {k: (v.detach().to(torch.float64).requires_grad_(grad and k in ("gamma", "beta"))
+                  if isinstance(v, torch.Tensor) else v) for k, v in t["bn"].items()}
     if mode in ("dgrad", "wgrad"):  # the bare convolution's gradient
         f64.pop("b", None)
-        case = dataclasses.replace(case, bias=False, activation="none")
+        bn = None
+        case = dataclasses.replace(case, bias=False, activation="none", bn=False)
     with torch.enable_grad():
-        y = _torch_conv(case)(f64["x"], f64["w"], f64.get("b"))
-        if mode == "fwd":
+        y = _torch_conv(case)(f64["x"], f64["w"], f64.get("b"), bn)
+        if mode in ("fwd", "eval"):
             return (y.detach(),)
         wrt = tuple(f64[k] for k in ("x", "w", "b") if k in f64)
+        if bn is not None:
+            wrt += (bn["gamma"], bn["beta"])
         grads = torch.autograd.grad(y, wrt, t["g"].to(torch.float64))
     if mode == "dgrad":
         return grads[:1]
@@ -271,7 +297,7 @@ def _mode_cost(problem: ConvProblem, mode: str) -> tuple[int, int]:
     w = math.prod(problem.weight_shape())
     y = math.prod(problem.output_shape())
     bwd_bytes = item * (2 * x + 2 * w + y)
-    if mode == "fwd":
+    if mode in ("fwd", "eval"):
         return fwd_flops, fwd_bytes
     if mode == "dgrad":  # read dy and w, write dx
         return fwd_flops, item * (y + w + x)
@@ -285,8 +311,8 @@ def _mode_cost(problem: ConvProblem, mode: str) -> tuple[int, int]:
 def _choices(problem: ConvProblem, backend: str, mode: str) -> str:
     """What dispatch picked for each operation the mode ran."""
     hit = dispatch.cached(problem, backend)
-    parts = [hit.name() if hit else "?"] if mode in ("fwd", "train") else []
-    if mode != "fwd":
+    parts = [hit.name() if hit else "?"] if mode in ("fwd", "train", "eval") else []
+    if mode not in ("fwd", "eval"):
         bare = dataclasses.replace(problem.conv_equivalent(), epilogue=Epilogue())
         dgrad_op = "fprop" if problem.transposed else "dgrad"
         ops = (("dgrad", dgrad_op), ("wgrad", "wgrad"))
@@ -311,11 +337,17 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
     if timer is None and device == "cuda":
         timer = GpuTimer()
     sets = _input_sets(case, precision, layout, mode, device)
+    epilogue, per_channel = Epilogue(activation=case.activation, has_shift=case.bias), None
+    if case.bn:  # eval: BatchNorm folded into the conv's epilogue; else the bare conv
+        per_channel = torch.ones(case.k, device=device)
+        epilogue = Epilogue(activation=case.activation, has_scale=True, has_shift=True) \
+            if mode == "eval" else Epilogue()
     problem = ConvProblem.from_tensors(
         sets[0]["x"], sets[0]["w"], sets[0]["b"], case.stride, case.padding, case.dilation,
         case.groups, rank=case.rank, transposed=case.transposed,
-        output_padding=case.output_padding, precision=precision.value,
-        epilogue=Epilogue(activation=case.activation, has_shift=case.bias))
+        output_padding=case.output_padding, precision=precision.value, epilogue=epilogue,
+        scale=per_channel if epilogue.has_scale else None,
+        shift=per_channel if epilogue.has_scale else None)
     for t in sets:  # the output gradient in the layout autograd would give it
         g = torch.randn(problem.output_shape(), device=device).to(DTYPE[precision])
         t["g"] = g.contiguous(memory_format=torch.channels_last) \
@@ -346,7 +378,8 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                     # on a saved autograd graph cannot be captured, and a failed capture of a
                     # train step left the CUDA generator unusable for the next case (H200,
                     # torch 2.11). Direct calls (fwd, dgrad, wgrad) are also graph-timed.
-                    graph = timer.graph(fns) if mode in ("fwd", "dgrad", "wgrad") else None
+                    graph = timer.graph(fns) if mode in ("fwd", "dgrad", "wgrad", "eval") \
+                        else None
                     row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80, tflops=flops / p50 / 1e9,
                                gbps=min_bytes / p50 / 1e6,
                                graph_ms_p50=statistics.median(graph) if graph else None)

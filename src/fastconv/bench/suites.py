@@ -25,6 +25,7 @@ class BenchCase:
     activation: str = "none"
     transposed: bool = False  # then c is the input's channels and k the output's
     output_padding: int = 0
+    bn: bool = False  # conv -> BatchNorm -> activation (batch statistics unless mode eval)
 
     @property
     def rank(self) -> int:
@@ -38,6 +39,11 @@ class BenchCase:
 
 def _r50(name, c, k, hw, ks, stride=1):
     return BenchCase(f"r50_{name}", 32, c, k, (hw, hw), (ks, ks), stride, ks // 2)
+
+
+def _cbr(name, c, k, hw, ks, stride=1):
+    return dataclasses.replace(_r50(name, c, k, hw, ks, stride), name=f"cbr_{name}", bn=True,
+                               activation="relu")
 
 
 SUITES: dict[str, list[BenchCase]] = {
@@ -74,6 +80,26 @@ SUITES: dict[str, list[BenchCase]] = {
         _r50("l4_ds_1024_2048_s2", 1024, 2048, 14, 1, 2),
         _r50("l4_1x1_2048_512", 2048, 512, 7, 1),
         _r50("l4_3x3_512", 512, 512, 7, 3),
+    ],
+    # ResNet-50's conv -> BatchNorm -> ReLU layers (the stem and each bottleneck's first two
+    # convolutions) at batch 32: torch runs conv2d, batch_norm, relu.
+    "resnet50_cbr": [
+        _cbr("stem_7x7_s2", 3, 64, 224, 7, 2),
+        _cbr("l1_1x1_64_64", 64, 64, 56, 1),
+        _cbr("l1_3x3_64", 64, 64, 56, 3),
+        _cbr("l1_1x1_256_64", 256, 64, 56, 1),
+        _cbr("l2_1x1_256_128", 256, 128, 56, 1),
+        _cbr("l2_3x3_128_s2", 128, 128, 56, 3, 2),
+        _cbr("l2_1x1_512_128", 512, 128, 28, 1),
+        _cbr("l2_3x3_128", 128, 128, 28, 3),
+        _cbr("l3_1x1_512_256", 512, 256, 28, 1),
+        _cbr("l3_3x3_256_s2", 256, 256, 28, 3, 2),
+        _cbr("l3_1x1_1024_256", 1024, 256, 14, 1),
+        _cbr("l3_3x3_256", 256, 256, 14, 3),
+        _cbr("l4_1x1_1024_512", 1024, 512, 14, 1),
+        _cbr("l4_3x3_512_s2", 512, 512, 14, 3, 2),
+        _cbr("l4_1x1_2048_512", 2048, 512, 7, 1),
+        _cbr("l4_3x3_512", 512, 512, 7, 3),
     ],
     # Decoder upsampling layers (U-Net / DCGAN style, as in PyTorch's own figures in
     # ../shared/anchors/): kernel 4 stride 2 padding 1, and kernel 2 stride 2.
