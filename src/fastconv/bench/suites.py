@@ -41,11 +41,6 @@ def _r50(name, c, k, hw, ks, stride=1):
     return BenchCase(f"r50_{name}", 32, c, k, (hw, hw), (ks, ks), stride, ks // 2)
 
 
-def _cbr(name, c, k, hw, ks, stride=1):
-    return dataclasses.replace(_r50(name, c, k, hw, ks, stride), name=f"cbr_{name}", bn=True,
-                               activation="relu")
-
-
 SUITES: dict[str, list[BenchCase]] = {
     # The seed's headline case (input 32x512x7x7, weight 512x512x3x3, s1 p1): the plain
     # convolution, and conv + bias + ReLU (torch runs conv2d -> add -> relu).
@@ -81,26 +76,6 @@ SUITES: dict[str, list[BenchCase]] = {
         _r50("l4_1x1_2048_512", 2048, 512, 7, 1),
         _r50("l4_3x3_512", 512, 512, 7, 3),
     ],
-    # ResNet-50's conv -> BatchNorm -> ReLU layers (the stem and each bottleneck's first two
-    # convolutions) at batch 32: torch runs conv2d, batch_norm, relu.
-    "resnet50_cbr": [
-        _cbr("stem_7x7_s2", 3, 64, 224, 7, 2),
-        _cbr("l1_1x1_64_64", 64, 64, 56, 1),
-        _cbr("l1_3x3_64", 64, 64, 56, 3),
-        _cbr("l1_1x1_256_64", 256, 64, 56, 1),
-        _cbr("l2_1x1_256_128", 256, 128, 56, 1),
-        _cbr("l2_3x3_128_s2", 128, 128, 56, 3, 2),
-        _cbr("l2_1x1_512_128", 512, 128, 28, 1),
-        _cbr("l2_3x3_128", 128, 128, 28, 3),
-        _cbr("l3_1x1_512_256", 512, 256, 28, 1),
-        _cbr("l3_3x3_256_s2", 256, 256, 28, 3, 2),
-        _cbr("l3_1x1_1024_256", 1024, 256, 14, 1),
-        _cbr("l3_3x3_256", 256, 256, 14, 3),
-        _cbr("l4_1x1_1024_512", 1024, 512, 14, 1),
-        _cbr("l4_3x3_512_s2", 512, 512, 14, 3, 2),
-        _cbr("l4_1x1_2048_512", 2048, 512, 7, 1),
-        _cbr("l4_3x3_512", 512, 512, 7, 3),
-    ],
     # Decoder upsampling layers (U-Net / DCGAN style, as in PyTorch's own figures in
     # ../shared/anchors/): kernel 4 stride 2 padding 1, and kernel 2 stride 2.
     "transposed": [
@@ -110,6 +85,15 @@ SUITES: dict[str, list[BenchCase]] = {
         BenchCase("up_k2s2_256_128_64", 16, 256, 128, (64, 64), (2, 2), 2, 0, transposed=True),
     ],
 }
+
+
+# ResNet-50's conv -> BatchNorm -> ReLU layers at batch 32 (the stem and each bottleneck's
+# first two convolutions; not the expanding 1x1 nor the downsample, whose BatchNorm feeds the
+# residual add): torch runs conv2d, batch_norm, relu.
+SUITES["resnet50_cbr"] = [
+    dataclasses.replace(c, name=c.name.replace("r50_", "cbr_"), bn=True, activation="relu")
+    for c in SUITES["resnet50"]
+    if "_ds_" not in c.name and not (c.kernel == (1, 1) and c.k == 4 * c.c)]
 
 
 def shrink(case: BenchCase) -> BenchCase:
