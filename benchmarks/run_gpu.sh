@@ -9,8 +9,10 @@ set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-# The cuDNN frontend is not installed on the device: carried wheels (.whl, see README) go
-# to /tmp/site.
+# The cuDNN frontend is not installed on the device: carried wheels go to /tmp/site. Fetch
+# them once (ignored by git) and name .whl in the device call's carry:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 -d .whl nvidia-cudnn-frontend==1.32.0
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
