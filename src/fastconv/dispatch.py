@@ -140,7 +140,9 @@ def _entry(choice: Choice) -> dict:
 def pin(problem: ConvProblem, backend: str, config: Any = None, *, op: str = "fprop") -> None:
     """Fix the backend (and configuration; None = its first candidate) that ``pinned``
     mode uses for ``problem``. Checked now: a backend that cannot run it raises
-    NotSupported. Stored on disk with the benchmark choices."""
+    NotSupported. Stored on disk with the benchmark choices. Pin before a process first
+    calls the problem, or call ``fastconv.functional.clear_plans()`` after: calls reuse the
+    plan bound at their first sight."""
     cls = backends.get(backend)
     reasons = cls.not_supported_reasons(problem)
     if reasons:
