@@ -235,3 +235,18 @@ def test_conv_bn_relu_suite_modes(mode):
         assert r["rel_err"] < 1e-5, r
     assert rows["fastconv"]["choice"].startswith("aten")
     assert report.speedups(list(rows.values()))["fastconv"]["geomean"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("suite", ["seed002_conv1d", "depthwise", "grouped", "conv1d_short"])
+def test_kernel_family_suites_run_and_agree(suite):
+    """The issue-7 suites: every shrunk case's fastconv and torch rows agree with float64
+    (causal padding included) and carry the seed's error columns."""
+    cases = suites.get(suite)
+    assert len(cases) == {"seed002_conv1d": 17}.get(suite, len(cases))
+    picks = [cases[0], cases[-1]] + [c for c in cases if c.causal][:1]
+    for case in picks:
+        rows = runner.run_case(suites.shrink(case), ["torch", "fastconv"], Precision.IEEE,
+                               "nchw", device="cpu")
+        for r in rows:
+            assert "error" not in r, (case.name, r.get("error"))
+            assert r["rel_err"] < 1e-5 and 0 < r["max_err"] and r["mean_err"] <= r["max_err"]

@@ -163,7 +163,7 @@ def _input_sets(case: BenchCase, precision: Precision, layout: str, mode: str,
 def _geometry(case: BenchCase) -> tuple:
     if case.transposed:
         return (case.stride, case.padding, case.output_padding, case.groups, case.dilation)
-    return (case.stride, case.padding, case.dilation, case.groups)
+    return (case.stride, case.padding_arg(), case.dilation, case.groups)
 
 
 def _torch_conv(case: BenchCase):
@@ -174,9 +174,13 @@ def _torch_conv(case: BenchCase):
     else:
         tconv = F.conv1d if case.rank == 1 else F.conv2d
     geo = _geometry(case)
+    if case.causal:  # torch pads symmetrically only: pad the input itself
+        geo = (case.stride, 0, case.dilation, case.groups)
     ep = Epilogue(activation=case.activation)
 
     def run(x, w, b, bn=None):
+        if case.causal:
+            x = F.pad(x, (case.dilation * (case.kernel[0] - 1), 0))
         y = tconv(x, w, None, *geo)
         if bn is not None:
             y = F.batch_norm(y, bn["mean"], bn["var"], bn["gamma"], bn["beta"], bn["training"])
@@ -214,9 +218,10 @@ def _gradient(provider: str, case: BenchCase, precision: Precision, mode: str,
     """``f(g, x, w) -> dx`` (mode dgrad) or ``-> dw`` (wgrad) for ``provider``."""
     from .. import ops
 
-    if case.transposed:
-        raise ValueError(f"mode {mode} times a convolution's gradient; {case.name} is "
-                         "transposed (use bwd)")
+    if case.transposed or case.causal:
+        raise ValueError(f"mode {mode} times a convolution's gradient with symmetric padding; "
+                         f"{case.name} is {'transposed' if case.transposed else 'causal'} "
+                         "(use bwd)")
     r = case.rank
     stride, pad, dil = [case.stride] * r, [case.padding] * r, [case.dilation] * r
     mask = [mode == "dgrad", mode == "wgrad", False]
@@ -343,7 +348,7 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
         epilogue = Epilogue(activation=case.activation, has_scale=True, has_shift=True) \
             if mode == "eval" else Epilogue()
     problem = ConvProblem.from_tensors(
-        sets[0]["x"], sets[0]["w"], sets[0]["b"], case.stride, case.padding, case.dilation,
+        sets[0]["x"], sets[0]["w"], sets[0]["b"], case.stride, case.padding_arg(), case.dilation,
         case.groups, rank=case.rank, transposed=case.transposed,
         output_padding=case.output_padding, precision=precision.value, epilogue=epilogue,
         scale=per_channel if epilogue.has_scale else None,
@@ -372,6 +377,8 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                         torch.cuda.synchronize()
                     row["compile_s"] = time.perf_counter() - start
                 row["rel_err"] = max(relative_error(a, b) for a, b in zip(_as_tuple(first), ref))
+                diff = (_as_tuple(first)[0].detach().double() - ref[0]).abs()
+                row["max_err"], row["mean_err"] = float(diff.max()), float(diff.mean())
                 if timer is not None:
                     p50, p20, p80 = percentiles(timer.eager(fns, reps))
                     # Autograd rows (bwd, train) are timed eagerly only: a backward replayed

@@ -26,6 +26,13 @@ class BenchCase:
     transposed: bool = False  # then c is the input's channels and k the output's
     output_padding: int = 0
     bn: bool = False  # conv -> BatchNorm -> activation (batch statistics unless mode eval)
+    causal: bool = False  # rank 1: all the padding on the left, dilation·(kernel − 1)
+
+    def padding_arg(self):
+        """The padding as fastconv takes it (causal: one (pre, post) pair)."""
+        if self.causal:
+            return ((self.dilation * (self.kernel[0] - 1), 0),)
+        return self.padding
 
     @property
     def rank(self) -> int:
@@ -86,6 +93,60 @@ SUITES: dict[str, list[BenchCase]] = {
     ],
 }
 
+
+def _seed002(name, c, k, ks=3, stride=1, groups=1):
+    return BenchCase(f"seed002_{name}", 128, c, k, (448,), (ks,), stride, 1, groups=groups)
+
+
+def _dw(name, c, hw, ks, stride=1):
+    return BenchCase(f"dw_{name}", 64, c, c, (hw, hw), (ks, ks), stride, ks // 2, groups=c)
+
+
+def _rx(name, c, hw, stride=1):
+    return BenchCase(f"rx50_{name}", 64, c, c, (hw, hw), (3, 3), stride, 1, groups=32)
+
+
+def _w2v(name, c, length, ks, stride):
+    return BenchCase(f"w2v2_{name}", 16, c, 512, (length,), (ks,), stride, 0)
+
+
+SUITES.update({
+    # The seed's 17-case conv1d table (file 002): batch 128, length 448, padding 1; kernel,
+    # stride, groups and channels varied around 512 -> 1024 k3 s1 (which is also the last
+    # channels case, as in the seed's table).
+    "seed002_conv1d": [
+        *(_seed002(f"k{k}", 512, 1024, ks=k) for k in (3, 5, 7, 9)),
+        *(_seed002(f"s{s}", 512, 1024, stride=s) for s in (2, 4, 8, 16)),
+        *(_seed002(f"g{g}", 512, 1024, groups=g) for g in (2, 4, 8, 16)),
+        *(_seed002(f"c{c}_{2 * c}", c, 2 * c) for c in (32, 64, 128, 256, 512)),
+    ],
+    # Depthwise layers of MobileNetV2 and EfficientNet-B0 at batch 64.
+    "depthwise": [
+        _dw("32_112_k3", 32, 112, 3), _dw("96_112_k3_s2", 96, 112, 3, 2),
+        _dw("144_56_k3", 144, 56, 3), _dw("144_56_k3_s2", 144, 56, 3, 2),
+        _dw("192_28_k3", 192, 28, 3), _dw("384_14_k3", 384, 14, 3),
+        _dw("576_14_k3", 576, 14, 3), _dw("960_7_k3", 960, 7, 3),
+        _dw("240_28_k5", 240, 28, 5), _dw("672_14_k5", 672, 14, 5),
+    ],
+    # ResNeXt-50 32x4d's grouped 3x3 convolutions (32 groups) at batch 64.
+    "grouped": [
+        _rx("128_56", 128, 56), _rx("256_56_s2", 256, 56, 2), _rx("256_28", 256, 28),
+        _rx("512_28_s2", 512, 28, 2), _rx("512_14", 512, 14), _rx("1024_14_s2", 1024, 14, 2),
+        _rx("1024_7", 1024, 7),
+    ],
+    # Short 1-D convolutions: causal depthwise k=4 as in Mamba-style blocks, and the wav2vec2
+    # feature encoder's seven convolutions on 16 x 4 s of 16 kHz audio.
+    "conv1d_short": [
+        BenchCase("causal_dw_k4_8x4096x2048", 8, 4096, 4096, (2048,), (4,), groups=4096,
+                  causal=True),
+        BenchCase("causal_dw_k4_32x2048x1024", 32, 2048, 2048, (1024,), (4,), groups=2048,
+                  causal=True),
+        _w2v("conv0_k10_s5", 1, 64000, 10, 5),
+        *(_w2v(f"conv{i}_k3_s2", 512, n, 3, 2)
+          for i, n in enumerate((12799, 6399, 3199, 1599), start=1)),
+        *(_w2v(f"conv{i}_k2_s2", 512, n, 2, 2) for i, n in ((5, 799), (6, 399))),
+    ],
+})
 
 # ResNet-50's conv -> BatchNorm -> ReLU layers at batch 32 (the stem and each bottleneck's
 # first two convolutions; not the expanding 1x1 nor the downsample, whose BatchNorm feeds the
