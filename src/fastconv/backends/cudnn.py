@@ -34,11 +34,10 @@ from ..precision import Precision
 from ..problem import ConvProblem
 from .base import Backend
 
-#: Fixed tensor uids, so a serialized plan binds the same buffers in a new process.
+#: Tensor uids by role (input, weight, output): the keys of every execution's variant pack.
 _X, _W, _Y = 1, 2, 3
 #: Plans tried per graph (cuDNN's heuristic order; later ones are rarely competitive).
 MAX_PLANS = 6
-
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,7 +81,8 @@ class CudnnBackend(Backend):
                                                problem.k_per_group % 8):
             reasons.append(f"half precision with {problem.c_per_group} input / "
                            f"{problem.k_per_group} output channels per group, not multiples "
-                           f"of 8 (a plan returned wrong results for 3 channels, H200)")
+                           f"of 8 (the 3-channel bf16 stem gave wrong results in a fused "
+                           f"graph on H200; not yet re-tested bare)")
         return reasons
 
     @classmethod
