@@ -147,3 +147,66 @@ def test_workspace_cap_skips_candidates_never_fails():
         print(prob.key(), ex)
     finally:
         workspace.set_limit(None)
+
+
+_SERIALIZATION_SCRIPT = r"""
+import json, time, torch, torch.nn.functional as F
+import fastconv
+from fastconv.backends import cudnn
+from fastconv.precision import relative_error
+torch.manual_seed(int(__import__("sys").argv[1]))
+x = torch.randn(7, 96, 29, 31, device="cuda", dtype=torch.bfloat16)
+x = x.contiguous(memory_format=torch.channels_last)
+w = (torch.randn(80, 96, 3, 3, device="cuda", dtype=torch.bfloat16) / 30)
+w = w.contiguous(memory_format=torch.channels_last)
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+y = fastconv.conv2d(x, w, padding=1, stride=2, backend="cudnn", dispatch="benchmark")
+torch.cuda.synchronize()
+first = time.perf_counter() - t0
+err = relative_error(y, F.conv2d(x.double(), w.double(), padding=1, stride=2))
+print(json.dumps(dict(cudnn.SERIALIZATION, graphs=cudnn.graph_count(), err=err, first_s=first)))
+"""
+
+
+def test_plan_serialization_round_trip_across_processes(tmp_path):
+    """The first process stores its chosen plan serialized; the second runs it without
+    building a graph (no heuristics query, no plan build) and gets a correct result."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FASTCONV_CACHE_DIR=str(tmp_path))
+    runs = []
+    for seed in (1, 2):
+        proc = subprocess.run([sys.executable, "-c", _SERIALIZATION_SCRIPT, str(seed)],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print(runs)
+    first, second = runs
+    assert first["stored"] == 1 and first["restored"] == 0 and first["graphs"] >= 1, first
+    assert second["restored"] == 1 and second["graphs"] == 0, second
+    assert second["last_error"] == "", second  # deserialized, not rebuilt from the recipe
+    for run in runs:
+        assert run["err"] < TOLERANCE[Precision.BF16], run
+
+
+def test_out_of_memory_candidate_is_skipped(monkeypatch):
+    """A cuDNN plan whose workspace allocation really runs out of GPU memory is skipped with
+    that reason; dispatch chooses another candidate and the result is correct."""
+    import fastconv.backends.cudnn as cudnn_backend
+
+    def huge(nbytes, stream):
+        return torch.empty(1 << 46, dtype=torch.uint8, device="cuda")  # 64 TiB
+
+    monkeypatch.setattr(cudnn_backend.workspace, "get", huge)
+    x = torch.randn(5, 48, 23, 27, device="cuda")
+    w = torch.randn(40, 48, 3, 3, device="cuda") / 20
+    ex = fastconv.explain(x, w, padding=1, precision="tf32", dispatch="benchmark")
+    oom = [r for r in ex.rows if r.backend == "cudnn" and "out of memory" in r.note]
+    assert oom and all(r.ms is None for r in ex.rows if r.backend == "cudnn"), str(ex)
+    assert ex.choice.backend != "cudnn"
+    y = fastconv.conv2d(x, w, padding=1, precision="tf32", dispatch="benchmark")
+    assert relative_error(y, _ref(x, w, padding=1)) < TOLERANCE[Precision.TF32]

@@ -253,9 +253,10 @@ def cmd_plans(args) -> int:
     path = cache.path()
     if args.clear:
         cache.clear(disk=True)
-        cudnn.clear()
+        cudnn.clear(disk=True)
         workspace.clear()
-        print(f"cleared the in-memory choices, the cuDNN graphs and {path or 'no disk cache'}")
+        print(f"cleared the in-memory choices, the cuDNN graphs and serialized plans, and "
+              f"{path or 'no disk cache'}")
         return 0
     print(f"disk cache: {path or 'disabled (FASTCONV_CACHE_DIR)'}"
           + (f" ({cache.disk_entries()} entries)" if path else ""))
@@ -269,6 +270,11 @@ def cmd_plans(args) -> int:
         print(f"  ... {len(entries) - args.limit} more (--limit)")
     print(f"in memory: {len(cache)} choices (hits {cache.hits}, misses {cache.misses}, "
           f"evictions {cache.evictions}); cuDNN graphs built: {cudnn.graph_count()}")
+    if cudnn.PLANS.path():
+        ser = cudnn.SERIALIZATION
+        print(f"serialized cuDNN plans: {cudnn.PLANS.disk_entries()} in {cudnn.PLANS.path()} "
+              f"(this process: {ser['restored']} restored, {ser['stored']} stored"
+              + (f"; last error: {ser['last_error']}" if ser["last_error"] else "") + ")")
     for s in workspace.stats():
         print(f"workspace {s.device} stream {s.stream:#x}: {s.bytes} bytes, {s.requests} "
               f"requests, {s.grows} grows, largest {s.largest_request}, refused {s.refused}")

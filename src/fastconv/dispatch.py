@@ -67,6 +67,13 @@ class Settings:
 
 
 _UNSET = Settings()  # frozen: safe to share as the default
+_TIMING: contextvars.ContextVar[bool] = contextvars.ContextVar("fastconv_timing", default=False)
+
+
+def timing() -> bool:
+    """True while benchmark dispatch runs candidates to time them (a backend can skip
+    one-off work such as storing a plan that may not be chosen)."""
+    return _TIMING.get()
 _SETTINGS: contextvars.ContextVar[Settings] = contextvars.ContextVar("fastconv_dispatch",
                                                                      default=_UNSET)
 
@@ -283,6 +290,14 @@ class Row:
 
 
 def _benchmark(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
+    token = _TIMING.set(True)
+    try:
+        return _time_candidates(problem, names, run, op)
+    finally:
+        _TIMING.reset(token)
+
+
+def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
     rows = []
     for name in names:
         cls = backends.REGISTRY[name]

@@ -80,8 +80,9 @@ def _driver_version() -> str:
 class PlanCache:
     """Thread-safe LRU of JSON-serialisable entries, mirrored to disk on ``store``."""
 
-    def __init__(self, max_entries: int = MEMORY_ENTRIES):
+    def __init__(self, max_entries: int = MEMORY_ENTRIES, file_name: str = FILE_NAME):
         self.max_entries = max_entries
+        self.file_name = file_name
         self._mem: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self._lock = threading.RLock()
         self._disk: dict[str, dict] | None = None  # loaded lazily, once
@@ -140,7 +141,7 @@ class PlanCache:
     # ------------------------------------------------------------------------------ disk
     def path(self) -> str | None:
         d = cache_dir()
-        return os.path.join(d, FILE_NAME) if d else None
+        return os.path.join(d, self.file_name) if d else None
 
     def disk_entries(self) -> int:
         with self._lock:
@@ -184,7 +185,8 @@ class PlanCache:
                 del disk[old]
         self._disk = disk
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".plans-", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{self.file_name}-",
+                                   suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump({"format": FORMAT, "environment": environment(), "entries": disk}, f)
@@ -192,7 +194,6 @@ class PlanCache:
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
-
 
     def _warn(self, message: str) -> None:
         if not self._warned:

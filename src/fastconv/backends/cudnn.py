@@ -17,18 +17,24 @@ Pitfalls of the frontend that this module works around, each with a GPU test:
 * the handle runs on torch's current stream, set before every execution;
 * strict fp32 ("ieee") drops every plan with the tensor-core numerical note (TF32).
 
+Plans are serialized (``PLANS``, file ``cudnn-plans-v1.json`` beside dispatch's choices): the
+first process that runs a plan stores cuDNN's serialized plan and its (engine, knobs) recipe;
+a later process with the same GPU, driver and library versions deserializes it (or replays the
+recipe) instead of querying the heuristics and building every candidate plan again.
+
 Rank-1 problems run as rank-2 ones of height 1. The package is optional: without it (or
 without a GPU) the backend reports itself unavailable with the reason.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import threading
 
 import torch
 
-from .. import workspace
+from .. import plancache, workspace
 from ..errors import NotSupported
 from ..precision import Precision
 from ..problem import ConvProblem
@@ -93,8 +99,11 @@ class CudnnBackend(Backend):
 
     @classmethod
     def bind(cls, problem, config, op="fprop"):
+        from ..dispatch import timing
+
         chosen = int(config or 0)
-        graphs: dict[tuple, tuple[_Graph, int]] = {}
+        graphs: dict[tuple, tuple[_Graph | _Restored, int]] = {}
+        stored: set[tuple] = set()
 
         def graph_of(*tensors):
             """(graph, plan index) for these tensors' strides: the chosen plan, or cuDNN's
@@ -102,13 +111,20 @@ class CudnnBackend(Backend):
             sig = tuple(tuple(t.stride()) if t is not None else None for t in tensors)
             hit = graphs.get(sig)
             if hit is None:
-                g = _graph_for(problem, op, sig)
-                try:
-                    g.require(chosen)
-                    hit = (g, chosen)
-                except RuntimeError:
-                    hit = (g, g.plans[0])
+                restored = _restore(problem, op, sig, chosen)
+                if restored is not None:
+                    hit = (restored, 0)
+                else:
+                    g = _graph_for(problem, op, sig)
+                    try:
+                        g.require(chosen)
+                        hit = (g, chosen)
+                    except RuntimeError:
+                        hit = (g, g.plans[0])
                 graphs[sig] = hit
+            if sig not in stored and isinstance(hit[0], _Graph) and not timing():
+                stored.add(sig)  # a plan that runs outside autotuning: keep it for next time
+                _persist(hit[0], hit[1], _plan_key(problem, op, sig, hit[1]))
             return hit
 
         if op == "fprop":
@@ -174,14 +190,79 @@ def _handle(device_index: int):
     return h
 
 
-def clear() -> None:
-    """Forget every built graph (tests; `fastconv plans --clear`)."""
+def clear(disk: bool = False) -> None:
+    """Forget every built and restored graph (tests; ``fastconv plans --clear``); with
+    ``disk`` also the serialized plans."""
     with _LOCK:
         _GRAPHS.clear()
+        _RESTORED.clear()
+        PLANS.clear(disk=disk)
+        SERIALIZATION.update(restored=0, stored=0, last_error="")
 
 
 def graph_count() -> int:
     return len(_GRAPHS)
+
+
+# ------------------------------------------------------------------- plan serialization
+#: Serialized plans on disk, keyed by problem, operation, strides, determinism and plan.
+PLANS = plancache.PlanCache(file_name="cudnn-plans-v1.json")
+#: What serialization did in this process (``fastconv plans`` and the tests read it).
+SERIALIZATION = {"restored": 0, "stored": 0, "last_error": ""}
+_RESTORED: dict[tuple, _Restored] = {}
+
+
+def _plan_key(problem: ConvProblem, op: str, strides: tuple, plan: int) -> str:
+    from ..dispatch import current
+
+    return f"{problem.key()}|{op}|{strides}|det={int(current()[1])}|plan={plan}"
+
+
+def _persist(g: _Graph, index: int, key: str) -> None:
+    """Store plan ``index`` of ``g``: its (engine, knobs) and cuDNN's serialized plan, built
+    once more on a graph that holds only that plan (serialize() writes the selected one)."""
+    if plancache.cache_dir() is None or PLANS.get(key) is not None:
+        return
+    try:
+        engine, knobs = g.graph.get_engine_and_knobs_at_index(index)
+        knobs = {int(k): int(v) for k, v in knobs.items()}
+        single = g.fresh()
+        single.create_execution_plan(engine, _knobs(g.cudnn, knobs))
+        single.build_plans()
+        blob = bytes(single.serialize(as_bytes=True))
+        PLANS.put(key, {"engine": int(engine), "knobs": knobs,
+                        "name": g.plan_name(index),
+                        "blob": base64.b64encode(blob).decode("ascii")}, persist=True)
+        SERIALIZATION["stored"] += 1
+    except Exception as exc:  # serialization saves time; it must never break a call
+        SERIALIZATION["last_error"] = f"serialize: {type(exc).__name__}: {exc}"
+
+
+def _knobs(cudnn, knobs: dict) -> dict:
+    return {cudnn.knob_type(int(k)): int(v) for k, v in knobs.items()}
+
+
+def _restore(problem: ConvProblem, op: str, strides: tuple, plan: int) -> _Restored | None:
+    """The stored plan for this graph, deserialized (or rebuilt from its recipe), or None."""
+    key = _plan_key(problem, op, strides, plan)
+    mem_key = (key, torch.cuda.current_device())
+    r = _RESTORED.get(mem_key)
+    if r is not None:
+        return r
+    entry = PLANS.get(key) if plancache.cache_dir() is not None else None
+    if entry is None:
+        return None
+    with _LOCK:
+        r = _RESTORED.get(mem_key)
+        if r is None:
+            try:
+                r = _Restored(problem, op, strides, entry)
+            except Exception as exc:
+                SERIALIZATION["last_error"] = f"restore: {type(exc).__name__}: {exc}"
+                return None
+            _RESTORED[mem_key] = r
+            SERIALIZATION["restored"] += 1
+    return r
 
 
 def _graph_for(problem: ConvProblem, op: str, strides: tuple) -> _Graph:
@@ -211,14 +292,8 @@ class _Graph:
         self.cudnn = cudnn
         self.device = torch.cuda.current_device()
         self.lock = threading.Lock()
-        io = _DTYPES(cudnn)[problem.dtype]
-        g = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT,
-                          handle=_handle(self.device))
-        self.graph = g
-        _build(cudnn, g, problem, op, strides)
-        g.validate()
-        g.build_operation_graph()
+        self.fresh = functools.partial(_operation_graph, cudnn, problem, op, strides)
+        self.graph = g = self.fresh()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         if problem.dtype == torch.float32 and problem.precision == Precision.IEEE:
             # strict fp32: no TF32 tensor-core plan (checked against float64 in the tests)
@@ -263,6 +338,47 @@ class _Graph:
         handle = _handle(self.device)
         self.cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
         self.graph.execute_plan_at_index(pack, ws, index, handle=handle)
+
+
+class _Restored:
+    """One stored plan: cuDNN's serialized plan deserialized, or, where that fails, the plan
+    rebuilt from its (engine, knobs) recipe without a heuristics query."""
+
+    def __init__(self, problem: ConvProblem, op: str, strides: tuple, entry: dict):
+        cudnn, _ = _import()
+        self.cudnn = cudnn
+        self.device = torch.cuda.current_device()
+        self.name = entry.get("name", "")
+        try:
+            g = cudnn.pygraph(handle=_handle(self.device))
+            g.deserialize(_handle(self.device), base64.b64decode(entry["blob"]))
+            self.how = "deserialized"
+        except Exception as exc:
+            SERIALIZATION["last_error"] = f"deserialize: {type(exc).__name__}: {exc}"
+            g = _operation_graph(cudnn, problem, op, strides)
+            g.create_execution_plan(int(entry["engine"]), _knobs(cudnn, entry["knobs"]))
+            g.build_plans()
+            self.how = "rebuilt from its recipe"
+        self.graph = g
+        self.workspace = int(g.get_workspace_size())
+
+    def execute(self, index: int, pack: dict) -> None:
+        ws = workspace.get(self.workspace, torch.cuda.current_stream())
+        handle = _handle(self.device)
+        self.cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+        self.graph.execute(pack, ws, handle=handle)
+
+
+def _operation_graph(cudnn, problem: ConvProblem, op: str, strides: tuple):
+    """A validated graph of ``op`` with its operation graph built (no plans yet)."""
+    io = _DTYPES(cudnn)[problem.dtype]
+    g = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT,
+                      handle=_handle(torch.cuda.current_device()))
+    _build(cudnn, g, problem, op, strides)
+    g.validate()
+    g.build_operation_graph()
+    return g
 
 
 def _DTYPES(cudnn):

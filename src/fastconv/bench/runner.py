@@ -261,6 +261,33 @@ def _call(provider: str, case: BenchCase, precision: Precision, t: dict, mode: s
     return lambda: torch.autograd.grad(y, t["wrt"], t["g"], retain_graph=True)
 
 
+def _memory(step: Callable[[], object], forward: Callable[[], object]) -> dict:
+    """Peak memory of one training step above what was allocated before it (``peak_mb``)
+    and the bytes the forward saves for backward (``saved_mb``: distinct storages caught by
+    autograd's saved-tensor hooks, inputs and parameters included)."""
+    out: dict = {}
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    out["peak_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            forward()
+        out["saved_mb"] = sum(seen.values()) / 2**20
+    except Exception as exc:  # a compiled forward may not accept the hooks
+        out["saved_mb"] = None
+        out["saved_note"] = f"{type(exc).__name__}: {exc}"[:120]
+    return out
+
+
 def _reference(case: BenchCase, t: dict, mode: str) -> tuple[torch.Tensor, ...]:
     """float64 results to compare against: the output, and for bwd/train the gradients."""
     grad = mode not in ("fwd", "eval")
@@ -397,6 +424,9 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                 row["error"] = f"{type(exc).__name__}: {exc}"
                 rows.append(row)
                 continue
+            if mode == "train" and device == "cuda":
+                row.update(_memory(fns[0], _call(provider, case, precision, sets[0], "fwd",
+                                                 compiled)))
             if provider.startswith("fastconv"):
                 backend = "auto" if provider == "fastconv" else provider.split("_", 1)[1]
                 row["choice"] = _choices(problem, backend, mode)
