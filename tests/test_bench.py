@@ -221,7 +221,7 @@ def test_roofline_percent_uses_the_tighter_floor():
 def test_conv_bn_relu_suite_modes(mode):
     """resnet50_cbr: torch's conv2d -> batch_norm -> relu against fastconv's fused layer, in
     training (batch statistics; every gradient, γ and β included, checked) and eval (the
-    running statistics, folded into the conv's epilogue)."""
+    modules in eval mode: BatchNorm folded into the conv's weights and bias)."""
     case = suites.shrink(suites.get("resnet50_cbr")[2])  # 3x3
     assert case.bn and case.activation == "relu"
     rows = {}

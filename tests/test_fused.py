@@ -9,9 +9,17 @@ import pytest
 import torch
 
 import fastconv
-from fastconv import ConvError
+from fastconv import ConvError, batchnorm
 from fastconv.nn import ConvBNAct1d, ConvBNAct2d
 from fastconv.precision import relative_error
+
+
+@pytest.fixture(params=["triton", "torch"])
+def bn_path(request, monkeypatch):
+    """Both implementations of the batch-norm passes: the Triton kernels (interpreted here)
+    and the torch operations used where the kernels cannot run."""
+    monkeypatch.setattr(batchnorm, "USE_TRITON", request.param == "triton")
+    return request.param
 
 
 def _f64(*shape):
@@ -20,7 +28,7 @@ def _f64(*shape):
 
 @pytest.mark.parametrize("activation,residual", [("relu", False), ("silu", True),
                                                  ("leaky_relu", False), ("sigmoid", True)])
-def test_gradcheck_training_mode(activation, residual):
+def test_gradcheck_training_mode(activation, residual, bn_path):
     x, w, b = _f64(2, 4, 5, 4), _f64(6, 2, 3, 2), _f64(6)
     gamma, beta = _f64(6), _f64(6)
     res = _f64(2, 6, 3, 5) if residual else None
@@ -71,6 +79,16 @@ CONFIGS = [_config(random.Random(i)) for i in range(60)]
 @pytest.mark.parametrize("index", range(len(CONFIGS)),
                          ids=[f"r{c['rank']}{c['activation']}" for c in CONFIGS])
 def test_parity_with_torch_in_both_modes(index):
+    _check_parity(index)
+
+
+@pytest.mark.parametrize("index", range(0, len(CONFIGS), 5))
+def test_parity_of_the_torch_operations_path(index, monkeypatch):
+    monkeypatch.setattr(batchnorm, "USE_TRITON", False)
+    _check_parity(index)
+
+
+def _check_parity(index):
     """Outputs, every parameter gradient, running statistics and num_batches_tracked after
     three training steps, then the eval output, against torch's modules. In float64, so the
     check is of the formulas (1e-9), not of float32 rounding: BatchNorm's backward cancels,
@@ -134,6 +152,30 @@ def test_eval_is_one_fused_convolution_and_its_gradients_match():
                                        seq[1].bias))
     for u, v in zip(ga, gb):
         assert relative_error(u, v) < 1e-5
+
+
+def test_inference_without_grad_reuses_folded_weights_until_something_changes():
+    m = ConvBNAct2d(6, 10, 3, padding=1, stride=2, activation="silu").eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-1, 1)
+        m.bn.running_var.uniform_(0.5, 2)
+    seq = m.to_torch().eval()
+    x = torch.randn(3, 6, 9, 13)
+    with torch.no_grad():
+        assert relative_error(m(x), seq(x)) < 1e-5
+        first = m.__dict__["_fold"]
+        m(x)
+        assert m.__dict__["_fold"] is first  # nothing changed: no refold
+        for ours, theirs in ((m.bn.running_var, seq[1].running_var),
+                             (m.weight, seq[0].weight), (m.bn.bias, seq[1].bias)):
+            ours.mul_(1.5)  # in place: the version moves
+            theirs.mul_(1.5)
+            assert relative_error(m(x), seq(x)) < 1e-5
+        m.bn.running_mean = torch.zeros(10)  # replaced
+        seq[1].running_mean = torch.zeros(10)
+        assert relative_error(m(x), seq(x)) < 1e-5
+    y = m(x.requires_grad_())  # with autograd: folded per call, gradients flow
+    assert "_fold" in m.__dict__ and y.requires_grad
 
 
 def test_state_dict_round_trip_and_torch_interop():

@@ -22,8 +22,14 @@ def _err(t, ref, scale):
 
 
 @pytest.mark.parametrize("precision", [Precision.TF32, Precision.BF16], ids=str)
-def test_training_and_eval_real_sizes(precision):
+def test_training_and_eval_real_sizes(precision, monkeypatch):
+    """Outputs and gradients against float64. The input gradient passes through BatchNorm's
+    backward, which cancels (dy − mean(dy) − x̂·mean(dy·x̂)): its error is judged against the
+    error torch's own Conv -> BatchNorm -> ReLU makes in the same precision (at most twice
+    it), the rest against the precision contract."""
     dtype = torch.float32 if precision == Precision.TF32 else torch.bfloat16
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", precision == Precision.TF32)
+    report = []
     for c, k, hw, ks, s in LAYERS:
         m = ConvBNAct2d(c, k, ks, s, ks // 2, activation="relu", device="cuda",
                         precision=precision.value).to(memory_format=torch.channels_last)
@@ -31,25 +37,35 @@ def test_training_and_eval_real_sizes(precision):
             m.bn.weight.uniform_(0.5, 1.5)
             m.bn.bias.uniform_(-0.5, 0.5)
         ref = m.to_torch().double()
+        same = m.to_torch().to(dtype)  # torch's modules in the same precision
+        same[1].float()
         m = m.to(dtype)
         m.bn.float()  # BatchNorm's parameters and statistics stay float32, as under autocast
         x = torch.randn(16, c, hw, hw, device="cuda").to(dtype)
         x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
         xr = x.detach().double().requires_grad_()
-        y, yr = m(x), ref(xr)
+        xs = x.detach().clone().requires_grad_()
+        y, yr, ys = m(x), ref(xr), same(xs)
         assert relative_error(y, yr) <= TOLERANCE[precision], (c, k, hw, ks, s)
         g = torch.randn_like(yr)
         got = torch.autograd.grad(y, (x, m.weight, m.bn.weight, m.bn.bias), g.to(dtype))
         want = torch.autograd.grad(yr, (xr, ref[0].weight, ref[1].weight, ref[1].bias), g)
+        theirs = torch.autograd.grad(ys, (xs, same[0].weight, same[1].weight, same[1].bias),
+                                     g.to(dtype))
         scale = want[1].norm()
-        for name, a, b in zip(("dx", "dw", "dgamma", "dbeta"), got, want):
-            assert _err(a, b, scale if name == "dw" else b.norm()) <= TOLERANCE[precision], \
-                (name, c, k, hw, ks, s)
+        for name, a, b, t in zip(("dx", "dw", "dgamma", "dbeta"), got, want, theirs):
+            ref_scale = scale if name == "dw" else b.norm()
+            ours, torchs = _err(a, b, ref_scale), _err(t, b, ref_scale)
+            report.append((name, c, k, hw, ks, s, f"{ours:.2e}", f"torch {torchs:.2e}"))
+            bound = max(TOLERANCE[precision], 2 * torchs) if name == "dx" \
+                else TOLERANCE[precision]
+            assert ours <= bound, report[-1]
         assert relative_error(m.bn.running_mean, ref[1].running_mean) < 1e-3
         m.eval()
         ref.eval()
         x1 = x[:1].detach()
         assert relative_error(m(x1), ref(x1.double())) <= TOLERANCE[precision]
+    print(*report, sep="\n")
 
 
 def _ddp_worker(rank, world, port, out):

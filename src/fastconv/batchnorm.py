@@ -3,8 +3,13 @@ optional residual, synchronised statistics across a process group, and its backw
 
     z = act(γ·(y − μ)·σ⁻¹ + β + residual),   μ, σ² = mean and biased variance of y per channel
 
-Statistics are computed in float32 for every floating dtype but float64 (as torch's batch
-norm does for half inputs), per rank with ``torch.var_mean``; under a process group they are
+Where the Triton kernels can run (a GPU of compute capability 8.0, or the interpreter on the
+CPU) every pass is one of backends/triton/bnstats.py's: per-tile partial statistics and a
+deterministic finalize that also updates the running statistics, then one fused
+normalise + activation (+ residual) pass; the backward is one reduction pass and one apply
+pass. Elsewhere the same maths runs as torch operations. Statistics are computed in float32
+for every floating dtype but float64 (as torch's batch norm does for half inputs); under a
+process group they are
 combined in rank order from every rank's (count, mean, M2) — Chan's parallel formula,
 deterministic, exact in the counts (ranks may hold different batch sizes). The backward is
 the closed form torch's ``batch_norm_backward`` uses; under a group its two channel sums are
@@ -23,6 +28,11 @@ from .errors import ConvError
 from .ops import activation_grad
 from .precision import accumulate_dtype
 
+try:  # a dependency on Linux; elsewhere the torch operations below do the work
+    from .backends.triton import bnstats
+except ImportError:  # pragma: no cover
+    bnstats = None
+
 
 def _dims(y: Tensor) -> list[int]:
     return [0, *range(2, y.dim())]
@@ -32,19 +42,108 @@ def _channel(v: Tensor, y: Tensor) -> Tensor:
     return v.view(1, -1, *([1] * (y.dim() - 2)))
 
 
-def batch_stats(y: Tensor, group=None) -> tuple[Tensor, Tensor, int]:
-    """(mean, biased variance, count) per channel of ``y`` (float32), over the whole
-    ``group`` when one is given."""
-    count = y.numel() // y.shape[1]
-    acc = accumulate_dtype(y.dtype)
-    var, mean = torch.var_mean(y.to(acc), dim=_dims(y), unbiased=False)
-    if group is None:
-        return mean, var, count
+class BNActFunction(torch.autograd.Function):
+    """``(y, γ, β, residual) -> z`` in training mode; updates ``running_mean`` and
+    ``running_var`` in place (when given) with weight ``momentum``."""
+
+    @staticmethod
+    def forward(ctx, y, gamma, beta, residual, running_mean, running_var, momentum, eps,
+                activation, negative_slope, group):
+        count = y.numel() // y.shape[1]
+        if count <= 1 and group is None:
+            raise ConvError(f"input: batch normalisation in training needs more than 1 value "
+                            f"per channel, got {count} (input shape {tuple(y.shape)})")
+        acc = accumulate_dtype(y.dtype)
+        if residual is not None and residual.stride() != y.stride():
+            residual = torch.empty_like(y).copy_(residual)  # the kernels index both alike
+        fast = _triton(y)
+        if fast and group is None:
+            mean, _, invstd, scale, shift = bnstats.forward_stats(
+                y, acc, gamma, beta, eps, running_mean, running_var, momentum)
+        else:
+            if fast:
+                mean, var = bnstats.local_stats(y, acc)
+                count = y.numel() // y.shape[1]
+            else:
+                var, mean = torch.var_mean(y.to(acc), dim=_dims(y), unbiased=False)
+            if group is not None:
+                mean, var, count = _combine(mean, var, count, group)
+                if count <= 1:
+                    raise ConvError(f"input: batch normalisation in training needs more than "
+                                    f"1 value per channel, got {count} over the group")
+            invstd = torch.rsqrt(var + eps)
+            scale = invstd if gamma is None else invstd * gamma.to(acc)
+            shift = -mean * scale if beta is None else beta.to(acc) - mean * scale
+            if running_mean is not None:
+                with torch.no_grad():
+                    running_mean.lerp_(mean.to(running_mean.dtype), momentum)
+                    running_var.lerp_((var * (count / (count - 1))).to(running_var.dtype),
+                                      momentum)
+        if fast:
+            z = bnstats.apply(y, residual, scale, shift, activation, negative_slope)
+        else:
+            u = y.to(acc) * _channel(scale, y) + _channel(shift, y)
+            if residual is not None:
+                u = u + residual.to(acc)
+            z = activate(u, activation, negative_slope).to(y.dtype)
+        ctx.save_for_backward(y, z, gamma, residual, mean, invstd, scale, shift)
+        ctx.extra = (activation, negative_slope, group, count, fast,
+                     None if beta is None else beta.dtype)
+        return z
+
+    @staticmethod
+    def backward(ctx, dz):
+        y, z, gamma, residual, mean, invstd, scale, shift = ctx.saved_tensors
+        activation, negative_slope, group, count, fast, beta_dtype = ctx.extra
+        if fast:
+            if dz.stride() != y.stride():
+                dz = torch.empty_like(y).copy_(dz)
+            local = bnstats.backward_sums(dz, z, y, residual, mean, invstd, scale, shift,
+                                          activation, negative_slope)
+        else:
+            xhat = (y.to(mean.dtype) - _channel(mean, y)) * _channel(invstd, y)
+
+            def pre_activation():
+                u = y.to(mean.dtype) * _channel(scale, y) + _channel(shift, y)
+                return u if residual is None else u + residual.to(mean.dtype)
+
+            du = activation_grad(dz.to(mean.dtype), z.to(mean.dtype), activation,
+                                 negative_slope, pre_activation)
+            local = torch.stack([du.sum(_dims(y)), (du * xhat).sum(_dims(y))])
+        sums = local
+        if group is not None:  # the input gradient needs the sums over every rank; γ's and
+            sums = local.clone()  # β's stay local, for DDP to reduce (as SyncBatchNorm)
+            dist.all_reduce(sums, group=group)
+        if fast:
+            dy, dres = bnstats.backward_apply(dz, z, y, residual, mean, invstd, scale, shift,
+                                              sums, count, activation, negative_slope)
+        else:
+            sum_du, sum_du_xhat = sums
+            dy = (_channel(scale, y) * (du - _channel(sum_du / count, y)
+                                        - xhat * _channel(sum_du_xhat / count, y))).to(y.dtype)
+            dres = du.to(residual.dtype) if residual is not None else None
+        return (dy,
+                None if gamma is None else local[1].to(gamma.dtype),
+                None if beta_dtype is None else local[0].to(beta_dtype),
+                dres, None, None, None, None, None, None, None)
+
+
+def _triton(y: Tensor) -> bool:
+    return USE_TRITON and bnstats is not None and bnstats.usable(y) and bnstats.supports(y)
+
+
+#: Whether the Triton kernels are used where they can run (tests compare both paths).
+USE_TRITON = True
+
+
+def _combine(mean: Tensor, var: Tensor, count: int, group) -> tuple[Tensor, Tensor, int]:
+    """Every rank's (count, mean, M2) gathered and combined in rank order (Chan)."""
     world = dist.get_world_size(group)
-    k = y.shape[1]
-    mine = torch.cat([torch.full((1,), float(count), device=y.device, dtype=acc), mean,
+    k = mean.numel()
+    acc = mean.dtype
+    mine = torch.cat([torch.full((1,), float(count), device=mean.device, dtype=acc), mean,
                       var * count])
-    every = torch.empty(world * (2 * k + 1), device=y.device, dtype=acc)
+    every = torch.empty(world * (2 * k + 1), device=mean.device, dtype=acc)
     dist.all_gather_into_tensor(every, mine, group=group)
     every = every.view(world, 2 * k + 1)
     counts, means, m2s = every[:, :1], every[:, 1:k + 1], every[:, k + 1:]
@@ -54,56 +153,19 @@ def batch_stats(y: Tensor, group=None) -> tuple[Tensor, Tensor, int]:
     return mean, m2 / total, int(total.item())
 
 
-class BNActFunction(torch.autograd.Function):
-    """``(y, γ, β, residual) -> z`` in training mode; also returns the batch mean and the
-    unbiased variance (not differentiable) for the running statistics."""
-
-    @staticmethod
-    def forward(ctx, y, gamma, beta, residual, eps, activation, negative_slope, group):
-        mean, var, count = batch_stats(y, group)
-        if count <= 1:
-            raise ConvError(f"input: batch normalisation in training needs more than 1 value "
-                            f"per channel, got {count} (input shape {tuple(y.shape)})")
-        acc = mean.dtype
-        invstd = torch.rsqrt(var + eps)
-        scale = invstd if gamma is None else invstd * gamma.to(acc)
-        shift = -mean * scale if beta is None else beta.to(acc) - mean * scale
-        u = y.to(acc) * _channel(scale, y) + _channel(shift, y)
-        if residual is not None:
-            u = u + residual.to(acc)
-        z = activate(u, activation, negative_slope).to(y.dtype)
-        ctx.save_for_backward(y, z, gamma, beta, residual, mean, invstd)
-        ctx.extra = (activation, negative_slope, group, count)
-        var_unbiased = var * (count / (count - 1))
-        ctx.mark_non_differentiable(mean, var_unbiased)
-        return z, mean, var_unbiased
-
-    @staticmethod
-    def backward(ctx, dz, _dmean, _dvar):
-        y, z, gamma, beta, residual, mean, invstd = ctx.saved_tensors
-        activation, negative_slope, group, count = ctx.extra
-        acc = mean.dtype
-        xhat = (y.to(acc) - _channel(mean, y)) * _channel(invstd, y)
-
-        def pre_activation():
-            u = xhat if gamma is None else xhat * _channel(gamma.to(acc), y)
-            u = u if beta is None else u + _channel(beta.to(acc), y)
-            return u if residual is None else u + residual.to(acc)
-
-        du = activation_grad(dz.to(acc), z.to(acc), activation, negative_slope,
-                             pre_activation)
-        local = torch.stack([du.sum(_dims(y)), (du * xhat).sum(_dims(y))])
-        sums = local
-        if group is not None:  # the input gradient needs the sums over every rank; γ's and
-            sums = local.clone()  # β's stay local, for DDP to reduce (as SyncBatchNorm)
-            dist.all_reduce(sums, group=group)
-        sum_du, sum_du_xhat = sums
-        g = invstd if gamma is None else invstd * gamma.to(acc)
-        dy = _channel(g, y) * (du - _channel(sum_du / count, y)
-                               - xhat * _channel(sum_du_xhat / count, y))
-        return (dy.to(y.dtype),
-                None if gamma is None else local[1].to(gamma.dtype),
-                None if beta is None else local[0].to(beta.dtype),
-                None if residual is None else du.to(residual.dtype),
-                None, None, None, None)
-
+def fold(weight: Tensor, bias: Tensor | None, running_mean: Tensor, running_var: Tensor,
+         gamma: Tensor | None, beta: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
+    """Inference BatchNorm folded into a convolution's weight and bias:
+    ``bn(conv(x, w, b)) = conv(x, w·s, (b − μ)·s + β)`` with ``s = γ/√(σ² + ε)`` per output
+    channel. Computed in float32 (float64 for float64 weights), returned in the weight's
+    dtype and memory format; differentiable."""
+    acc = accumulate_dtype(weight.dtype)
+    scale = torch.rsqrt(running_var.to(acc) + eps)
+    if gamma is not None:
+        scale = scale * gamma.to(acc)
+    shift = -running_mean.to(acc) if bias is None else bias.to(acc) - running_mean.to(acc)
+    shift = shift * scale
+    if beta is not None:
+        shift = shift + beta.to(acc)
+    w = weight.to(acc) * scale.view(-1, *([1] * (weight.dim() - 1)))
+    return w.to(weight.dtype), shift.to(weight.dtype)

@@ -25,7 +25,7 @@ from . import dispatch as _dispatch  # the module, where an argument is called d
 from .backends.aten import conv_backward_both
 from .epilogue import Epilogue, fold_bias
 from .errors import ConvError, ConvTypeError
-from .precision import Precision, accumulate_dtype, resolve
+from .precision import Precision, resolve
 from .problem import ConvProblem, normalize_geometry
 
 _IntOrTuple = int | Sequence[int]
@@ -513,25 +513,20 @@ def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight
         y = conv(input, weight, bias, stride, padding, dilation, groups, backend=backend,
                  precision=precision)
         group = _sync_group(process_group) if training else None
-        z, mean, var_unbiased = BNActFunction.apply(y, bn_weight, bn_bias, residual,
-                                                    float(eps), activation,
-                                                    float(negative_slope), group)
-        if training and running_mean is not None:
-            with torch.no_grad():
-                running_mean.lerp_(mean.to(running_mean.dtype), momentum)
-                running_var.lerp_(var_unbiased.to(running_var.dtype), momentum)
-        return z
-    # Inference: act(scale·(conv + bias) + shift + residual), scale = γ/σ, shift = β − μ·scale
-    acc = accumulate_dtype(input.dtype)
-    scale = torch.rsqrt(running_var.to(acc) + eps)
-    if bn_weight is not None:
-        scale = scale * bn_weight.to(acc)
-    shift = -running_mean.to(acc) * scale
-    if bn_bias is not None:
-        shift = shift + bn_bias.to(acc)
-    return conv(input, weight, bias, stride, padding, dilation, groups, activation=activation,
-                negative_slope=negative_slope, residual=residual, scale=scale, shift=shift,
-                backend=backend, precision=precision)
+        update = training and running_mean is not None
+        return BNActFunction.apply(y, bn_weight, bn_bias, residual,
+                                   running_mean if update else None,
+                                   running_var if update else None, float(momentum),
+                                   float(eps), activation, float(negative_slope), group)
+    # Inference: BatchNorm folded into the weight and bias, one convolution with its epilogue
+    from .batchnorm import fold
+
+    if not isinstance(weight, torch.Tensor):  # conv names the argument and what it expects
+        return conv(input, weight, bias, stride, padding, dilation, groups, backend=backend)
+    w, b = fold(weight, bias, running_mean, running_var, bn_weight, bn_bias, eps)
+    return conv(input, w, b, stride, padding, dilation, groups, activation=activation,
+                negative_slope=negative_slope, residual=residual, backend=backend,
+                precision=precision)
 
 
 def _sync_group(process_group):

@@ -213,6 +213,41 @@ def _forward(provider: str, case: BenchCase, precision: Precision, compiled: dic
                                          backend=backend, precision=precision.value)
 
 
+def _eval_modules(provider: str, case: BenchCase, precision: Precision, t: dict,
+                  compiled: dict) -> torch.nn.Module:
+    """Inference as users run it (under ``torch.no_grad``): torch's
+    ``Sequential(Conv, BatchNorm, activation)`` in eval mode (``torch``; ``torch_compile`` compiles it, once for every input set) or the
+    fastconv ``ConvBNAct`` built from it, holding the input set's values (BatchNorm in
+    float32, as the functional rows keep it)."""
+    from ..nn import fused
+
+    if case.transposed or case.causal or case.bias:
+        raise ValueError(f"eval rows run Conv -> BatchNorm -> activation modules; "
+                         f"{case.name} is not such a layer")
+    conv = (torch.nn.Conv1d if case.rank == 1 else torch.nn.Conv2d)(
+        case.c, case.k, case.kernel, case.stride, case.padding, case.dilation, case.groups,
+        bias=False)
+    bn = (torch.nn.BatchNorm1d if case.rank == 1 else torch.nn.BatchNorm2d)(case.k)
+    seq = torch.nn.Sequential(conv, bn, fused._torch_activation(case.activation, 0.01))
+    seq = seq.to(t["w"].device).eval()
+    with torch.no_grad():
+        conv.weight.data = t["w"].detach().clone()
+        bn.weight.copy_(t["bn"]["gamma"])
+        bn.bias.copy_(t["bn"]["beta"])
+        bn.running_mean.copy_(t["bn"]["mean"])
+        bn.running_var.copy_(t["bn"]["var"])
+    if provider == "torch":
+        return seq
+    if provider == "torch_compile":
+        compiled.setdefault("module", seq)  # the first set's values: compiled once
+        return compiled.setdefault("fn", torch.compile(compiled["module"], dynamic=False))
+    cls = fused.ConvBNAct1d if case.rank == 1 else fused.ConvBNAct2d
+    module = cls.from_torch(seq, backend=BACKEND_OF[provider], precision=precision.value)
+    if t["w"].dim() == 4 and t["w"].is_contiguous(memory_format=torch.channels_last):
+        module = module.to(memory_format=torch.channels_last)
+    return module
+
+
 def _gradient(provider: str, case: BenchCase, precision: Precision, mode: str,
               compiled: dict):
     """``f(g, x, w) -> dx`` (mode dgrad) or ``-> dw`` (wgrad) for ``provider``."""
@@ -249,6 +284,13 @@ def _call(provider: str, case: BenchCase, precision: Precision, t: dict, mode: s
     if mode in ("dgrad", "wgrad"):
         grad = _gradient(provider, case, precision, mode, compiled)
         return lambda: grad(t["g"], t["x"], t["w"])
+    if mode == "eval" and case.bn:
+        module = _eval_modules(provider, case, precision, t, compiled)
+
+        def infer():
+            with torch.no_grad():  # inference, as it is run
+                return module(t["x"])
+        return infer
     fwd = _forward(provider, case, precision, compiled)
     if mode in ("fwd", "eval"):
         return lambda: fwd(t["x"], t["w"], t["b"], t["bn"])
@@ -369,17 +411,16 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
     if timer is None and device == "cuda":
         timer = GpuTimer()
     sets = _input_sets(case, precision, layout, mode, device)
-    epilogue, per_channel = Epilogue(activation=case.activation, has_shift=case.bias), None
-    if case.bn:  # eval: BatchNorm folded into the conv's epilogue; else the bare conv
-        per_channel = torch.ones(case.k, device=device)
-        epilogue = Epilogue(activation=case.activation, has_scale=True, has_shift=True) \
-            if mode == "eval" else Epilogue()
+    epilogue, bias = Epilogue(activation=case.activation, has_shift=case.bias), sets[0]["b"]
+    if case.bn:  # eval: BatchNorm folded into the weights and a bias; train: the bare conv
+        bias = torch.ones(case.k, device=device).to(DTYPE[precision]) if mode == "eval" \
+            else None
+        epilogue = Epilogue(activation=case.activation, has_shift=True) if mode == "eval" \
+            else Epilogue()
     problem = ConvProblem.from_tensors(
-        sets[0]["x"], sets[0]["w"], sets[0]["b"], case.stride, case.padding_arg(), case.dilation,
+        sets[0]["x"], sets[0]["w"], bias, case.stride, case.padding_arg(), case.dilation,
         case.groups, rank=case.rank, transposed=case.transposed,
-        output_padding=case.output_padding, precision=precision.value, epilogue=epilogue,
-        scale=per_channel if epilogue.has_scale else None,
-        shift=per_channel if epilogue.has_scale else None)
+        output_padding=case.output_padding, precision=precision.value, epilogue=epilogue)
     for t in sets:  # the output gradient in the layout autograd would give it
         g = torch.randn(problem.output_shape(), device=device).to(DTYPE[precision])
         t["g"] = g.contiguous(memory_format=torch.channels_last) \

@@ -78,6 +78,8 @@ class _ConvBNActMixin:
             if bn.momentum is None:  # cumulative moving average
                 factor = 1.0 / float(bn.num_batches_tracked)
         batch_stats = self.training or (bn.running_mean is None and bn.running_var is None)
+        if not batch_stats and not (torch.is_grad_enabled() and self._needs_grad()):
+            return self._folded_forward(input, residual)
         keep = not self.training or bn.track_running_stats
         group = self.process_group
         if group is None and self.sync_stats:
@@ -90,6 +92,31 @@ class _ConvBNActMixin:
                   eps=bn.eps, activation=self.activation, negative_slope=self.negative_slope,
                   residual=residual, process_group=group, backend=self.backend,
                   precision=self.precision)
+
+    def _needs_grad(self) -> bool:
+        return any(p.requires_grad for p in self.parameters())
+
+    def _folded_forward(self, input: Tensor, residual: Tensor | None) -> Tensor:
+        """Inference without autograd: one convolution with BatchNorm folded into weights and
+        bias that are kept between calls and refolded only when a parameter or statistic
+        changed (in place or replaced: its identity, storage and version are the key)."""
+        from ..batchnorm import fold
+
+        bn = self.bn
+        sources = (self.weight, self.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+        key = tuple(None if t is None else (id(t), t.data_ptr(), t._version, t.dtype, t.device)
+                    for t in sources) + (bn.eps,)
+        cached = self.__dict__.get("_fold")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = (key, *fold(self.weight, self.bias, bn.running_mean, bn.running_var,
+                                     bn.weight, bn.bias, bn.eps))
+            self.__dict__["_fold"] = cached
+        input, padding = self._padded(input)
+        fn = fc.conv1d if self._RANK == 1 else fc.conv2d
+        return fn(input, cached[1], cached[2], self.stride, padding, self.dilation, self.groups,
+                  activation=self.activation, negative_slope=self.negative_slope,
+                  residual=residual, backend=self.backend, precision=self.precision)
 
     def extra_repr(self) -> str:
         s = super().extra_repr() + f", activation={self.activation!r}"

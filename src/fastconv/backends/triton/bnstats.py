@@ -1,0 +1,306 @@
+"""Batch-norm statistics, normalisation + activation, and their backward, as Triton kernels.
+
+A convolution output ``y`` is viewed as ``(N, C, S)`` with its own strides (NCHW, NHWC or
+rank 1 alike); rows are the ``N·S`` positions of one channel. Every kernel walks tiles of
+``BLOCK_R`` rows by ``BLOCK_C`` channels, so each pass reads ``y`` once:
+
+* forward: per-tile (mean, M2) partials -> a finalize that combines them in tile order
+  (Chan's formula: deterministic, no atomics, no E[x²]−E[x]² cancellation) and updates the
+  running statistics -> ``z = act(y·scale + shift (+ residual))``;
+* backward: per-tile sums of ``du`` and ``du·x̂`` (``du = act'·dz``, recomputed from ``z`` or
+  from the pre-activation) -> one reduction over tiles -> ``dy`` (and ``du`` for a residual).
+
+Statistics and arithmetic are float32 for half and single inputs, float64 for float64 ones.
+The activation codes are epilogue.ACTIVATIONS', as in the convolution kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...epilogue import ACTIVATIONS
+from .fprop import INTERPRETED, _activation
+
+BLOCK_R = 64
+BLOCK_C = 32
+
+
+def usable(y: torch.Tensor) -> bool:
+    """Whether these kernels can run on ``y``'s device in this process."""
+    if INTERPRETED:
+        return y.device.type == "cpu"
+    return y.is_cuda and torch.cuda.get_device_capability(y.device) >= (8, 0)
+
+
+def _view(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
+    """(N, C, S, stride N, stride C, stride S) of a tensor whose trailing dims are one
+    flat spatial dim (true of contiguous and channels-last tensors)."""
+    n, c = t.shape[:2]
+    s = t[0, 0].numel() if t.dim() > 2 else 1
+    s_s = t.stride(-1) if t.dim() > 2 else 1
+    return n, c, s, t.stride(0), t.stride(1), s_s
+
+
+def _flat_spatial(t: torch.Tensor) -> bool:
+    if t.dim() <= 3:
+        return True
+    expect = t.stride(-1)
+    for size, stride in zip(reversed(t.shape[2:]), reversed(t.stride()[2:])):
+        if size != 1 and stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def supports(y: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """The kernels index ``(N, C, S)`` with one spatial stride: every tensor must have
+    ``y``'s strides and a flat spatial part."""
+    return _flat_spatial(y) and all(o is None or o.stride() == y.stride() for o in others)
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+@triton.jit
+def _tile(r0, c0, R, C, S, s_n, s_c, s_s, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = r0 + tl.arange(0, BLOCK_R)
+    cols = c0 + tl.arange(0, BLOCK_C)
+    n = rows // S
+    s = rows - n * S
+    offs = (n * s_n + s * s_s)[:, None] + (cols * s_c)[None, :]
+    mask = (rows < R)[:, None] & (cols < C)[None, :]
+    return offs, mask, cols, cols < C
+
+
+@triton.jit
+def _stats_partials_kernel(y_ptr, mean_ptr, m2_ptr, R, C, S, s_n, s_c, s_s,
+                           ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    t = tl.program_id(0)
+    offs, mask, cols, cmask = _tile(t * BLOCK_R, tl.program_id(1) * BLOCK_C, R, C, S, s_n,
+                                    s_c, s_s, BLOCK_R, BLOCK_C)
+    y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC)
+    count = tl.minimum(R - t * BLOCK_R, BLOCK_R).to(ACC)
+    mean = tl.sum(y, axis=0) / count
+    d = tl.where(mask, y - mean[None, :], 0.0)
+    tl.store(mean_ptr + t * C + cols, mean, mask=cmask)
+    tl.store(m2_ptr + t * C + cols, tl.sum(d * d, axis=0), mask=cmask)
+
+
+@triton.jit
+def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, C, gamma_ptr, beta_ptr, eps,
+                           mean_ptr, var_ptr, invstd_ptr, scale_ptr, shift_ptr,
+                           rmean_ptr, rvar_ptr, momentum,
+                           HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr,
+                           HAS_RUNNING: tl.constexpr, ACC: tl.constexpr,
+                           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    mean = tl.zeros([BLOCK_C], ACC)
+    m2 = tl.zeros([BLOCK_C], ACC)
+    n = (R * 0).to(ACC)
+    for t in range(0, T):  # in tile order: the same sums on every run
+        nb = tl.minimum(R - t * BLOCK_R, BLOCK_R).to(ACC)
+        mb = tl.load(pmean_ptr + t * C + cols, mask=cmask, other=0.0)
+        m2b = tl.load(pm2_ptr + t * C + cols, mask=cmask, other=0.0)
+        total = n + nb
+        delta = mb - mean
+        mean += delta * (nb / total)
+        m2 += m2b + delta * delta * (n * nb / total)
+        n = total
+    var = m2 / n
+    invstd = 1.0 / tl.sqrt(var + eps)
+    scale = invstd
+    if HAS_GAMMA:
+        scale = scale * tl.load(gamma_ptr + cols, mask=cmask, other=1.0).to(ACC)
+    shift = -mean * scale
+    if HAS_BETA:
+        shift += tl.load(beta_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    tl.store(mean_ptr + cols, mean, mask=cmask)
+    tl.store(var_ptr + cols, var, mask=cmask)
+    tl.store(invstd_ptr + cols, invstd, mask=cmask)
+    tl.store(scale_ptr + cols, scale, mask=cmask)
+    tl.store(shift_ptr + cols, shift, mask=cmask)
+    if HAS_RUNNING:  # torch.nn.BatchNorm: the unbiased variance goes into running_var
+        rm = tl.load(rmean_ptr + cols, mask=cmask).to(ACC)
+        rv = tl.load(rvar_ptr + cols, mask=cmask).to(ACC)
+        tl.store(rmean_ptr + cols, rm + momentum * (mean - rm), mask=cmask)
+        tl.store(rvar_ptr + cols, rv + momentum * (m2 / (n - 1.0) - rv), mask=cmask)
+
+
+@triton.jit
+def _apply_kernel(y_ptr, res_ptr, z_ptr, scale_ptr, shift_ptr, R, C, S, s_n, s_c, s_s,
+                  negative_slope, HAS_RES: tl.constexpr, ACT: tl.constexpr, ACC: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    offs, mask, cols, cmask = _tile(tl.program_id(0) * BLOCK_R, tl.program_id(1) * BLOCK_C,
+                                    R, C, S, s_n, s_c, s_s, BLOCK_R, BLOCK_C)
+    scale = tl.load(scale_ptr + cols, mask=cmask, other=0.0)
+    shift = tl.load(shift_ptr + cols, mask=cmask, other=0.0)
+    u = tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) * scale[None, :] + shift[None, :]
+    if HAS_RES:
+        u += tl.load(res_ptr + offs, mask=mask, other=0.0).to(ACC)
+    z = _activation(u, ACT, negative_slope)
+    tl.store(z_ptr + offs, z.to(z_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _activation_grad(dz, z, y_ptr, res_ptr, offs, mask, scale, shift, negative_slope,
+                     HAS_RES: tl.constexpr, ACT: tl.constexpr, ACC: tl.constexpr):
+    """``act'(u)·dz``; from the output ``z`` where it determines the derivative, else from
+    the pre-activation ``u = y·scale + shift (+ residual)``, recomputed."""
+    if ACT == 0:
+        du = dz
+    elif ACT == 1:  # relu
+        du = tl.where(z > 0, dz, 0.0)
+    elif ACT == 2:  # relu6
+        du = tl.where((z > 0) & (z < 6.0), dz, 0.0)
+    elif ACT == 7:  # sigmoid
+        du = dz * z * (1.0 - z)
+    elif ACT == 8:  # tanh
+        du = dz * (1.0 - z * z)
+    else:
+        u = tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) * scale[None, :] \
+            + shift[None, :]
+        if HAS_RES:
+            u += tl.load(res_ptr + offs, mask=mask, other=0.0).to(ACC)
+        if ACT == 3:  # leaky_relu
+            du = tl.where(u > 0, dz, dz * negative_slope)
+        elif ACT == 4:  # silu
+            sg = tl.sigmoid(u)
+            du = dz * sg * (1.0 + u * (1.0 - sg))
+        elif ACT == 5:  # gelu (erf); constants in ACC (a bare literal is float32)
+            cdf = 0.5 * (1.0 + tl.math.erf(u * tl.full((), 0.7071067811865476, ACC)))
+            du = dz * (cdf + u * tl.full((), 0.3989422804014327, ACC) * tl.exp(-0.5 * u * u))
+        elif ACT == 6:  # gelu_tanh
+            k = tl.full((), 0.7978845608028654, ACC)
+            kappa = tl.full((), 0.044715, ACC)
+            th = 2.0 * tl.sigmoid(2.0 * k * (u + kappa * u * u * u)) - 1.0
+            du = dz * (0.5 * (1.0 + th)
+                       + 0.5 * u * (1.0 - th * th) * k * (1.0 + 3.0 * kappa * u * u))
+        else:  # hardswish, as torch's hardswish_backward
+            du = dz * tl.where(u < -3.0, 0.0, tl.where(u <= 3.0, u / 3.0 + 0.5, 1.0))
+    return du
+
+
+@triton.jit
+def _backward_partials_kernel(dz_ptr, z_ptr, y_ptr, res_ptr, mean_ptr, invstd_ptr,
+                              scale_ptr, shift_ptr, sums_ptr, T, R, C, S, s_n, s_c, s_s,
+                              negative_slope, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+                              ACC: tl.constexpr, BLOCK_R: tl.constexpr,
+                              BLOCK_C: tl.constexpr):
+    t = tl.program_id(0)
+    offs, mask, cols, cmask = _tile(t * BLOCK_R, tl.program_id(1) * BLOCK_C, R, C, S, s_n,
+                                    s_c, s_s, BLOCK_R, BLOCK_C)
+    scale = tl.load(scale_ptr + cols, mask=cmask, other=0.0)
+    shift = tl.load(shift_ptr + cols, mask=cmask, other=0.0)
+    dz = tl.load(dz_ptr + offs, mask=mask, other=0.0).to(ACC)
+    z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(ACC)
+    du = _activation_grad(dz, z, y_ptr, res_ptr, offs, mask, scale, shift, negative_slope,
+                          HAS_RES, ACT, ACC)
+    du = tl.where(mask, du, 0.0)
+    mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
+    invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
+    xhat = (tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) - mean[None, :]) \
+        * invstd[None, :]
+    tl.store(sums_ptr + t * C + cols, tl.sum(du, axis=0), mask=cmask)
+    tl.store(sums_ptr + (T + t) * C + cols, tl.sum(du * xhat, axis=0), mask=cmask)
+
+
+@triton.jit
+def _backward_apply_kernel(dz_ptr, z_ptr, y_ptr, res_ptr, mean_ptr, invstd_ptr, scale_ptr,
+                           shift_ptr, sums_ptr, dy_ptr, dres_ptr, R, C, S, s_n, s_c, s_s,
+                           count, negative_slope, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+                           ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    offs, mask, cols, cmask = _tile(tl.program_id(0) * BLOCK_R, tl.program_id(1) * BLOCK_C,
+                                    R, C, S, s_n, s_c, s_s, BLOCK_R, BLOCK_C)
+    scale = tl.load(scale_ptr + cols, mask=cmask, other=0.0)
+    shift = tl.load(shift_ptr + cols, mask=cmask, other=0.0)
+    dz = tl.load(dz_ptr + offs, mask=mask, other=0.0).to(ACC)
+    z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(ACC)
+    du = _activation_grad(dz, z, y_ptr, res_ptr, offs, mask, scale, shift, negative_slope,
+                          HAS_RES, ACT, ACC)
+    mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
+    invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
+    mean_du = tl.load(sums_ptr + cols, mask=cmask, other=0.0) / count
+    mean_du_xhat = tl.load(sums_ptr + C + cols, mask=cmask, other=0.0) / count
+    xhat = (tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) - mean[None, :]) \
+        * invstd[None, :]
+    dy = scale[None, :] * (du - mean_du[None, :] - xhat * mean_du_xhat[None, :])
+    tl.store(dy_ptr + offs, dy.to(dy_ptr.dtype.element_ty), mask=mask)
+    if HAS_RES:
+        tl.store(dres_ptr + offs, du.to(dres_ptr.dtype.element_ty), mask=mask)
+
+
+def _or(t: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
+    return dummy if t is None else t
+
+
+def _grid(y: torch.Tensor) -> tuple[int, int, tuple]:
+    n, c, s, *strides = _view(y)
+    r = n * s
+    return triton.cdiv(r, BLOCK_R), triton.cdiv(c, BLOCK_C), (r, c, s, *strides)
+
+
+def local_stats(y: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, biased variance) per channel of ``y`` on this rank."""
+    mean, var, *_ = forward_stats(y, acc, None, None, 1.0, None, None, 0.0)
+    return mean, var
+
+
+def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum):
+    """(mean, biased var, invstd, scale, shift) per channel, float ``acc``; updates the
+    running statistics in place when given (unbiased variance, ``momentum`` weight)."""
+    t, cb, (r, c, s, s_n, s_c, s_s) = _grid(y)
+    pmean = torch.empty((t, c), device=y.device, dtype=acc)
+    pm2 = torch.empty((t, c), device=y.device, dtype=acc)
+    _stats_partials_kernel[(t, cb)](y, pmean, pm2, r, c, s, s_n, s_c, s_s, ACC=_acc(acc),
+                                    BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    out = torch.empty((5, c), device=y.device, dtype=acc)
+    has_running = running_mean is not None
+    dummy = pmean  # never read: the matching HAS_* flag is False
+    _stats_finalize_kernel[(cb,)](
+        pmean, pm2, t, r, c, _or(gamma, dummy), _or(beta, dummy), float(eps), out[0], out[1],
+        out[2], out[3], out[4], _or(running_mean, dummy), _or(running_var, dummy),
+        float(momentum), HAS_GAMMA=gamma is not None,
+        HAS_BETA=beta is not None, HAS_RUNNING=has_running, ACC=_acc(acc),
+        BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    return tuple(out)
+
+
+def apply(y, residual, scale, shift, activation, negative_slope):
+    """``act(y·scale + shift (+ residual))`` in ``y``'s dtype and layout."""
+    z = torch.empty_like(y)
+    t, cb, geo = _grid(y)
+    _apply_kernel[(t, cb)](y, _or(residual, y), z, scale, shift, *geo, float(negative_slope),
+                           HAS_RES=residual is not None, ACT=ACTIVATIONS.index(activation),
+                           ACC=_acc(scale.dtype), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    return z
+
+
+def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
+                  negative_slope) -> torch.Tensor:
+    """``[Σ du, Σ du·x̂]`` per channel on this rank, shape (2, C)."""
+    t, cb, geo = _grid(y)
+    part = torch.empty((2, t, y.shape[1]), device=y.device, dtype=mean.dtype)
+    _backward_partials_kernel[(t, cb)](
+        dz, z, y, _or(residual, y), mean, invstd, scale, shift, part, t, *geo,
+        float(negative_slope), HAS_RES=residual is not None,
+        ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=BLOCK_R,
+        BLOCK_C=BLOCK_C)
+    return part.sum(1)
+
+
+def backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums, count, activation,
+                   negative_slope):
+    """(dy, d residual or None) given the channel sums over every rank."""
+    dy = torch.empty_like(y)
+    dres = torch.empty_like(residual) if residual is not None else None
+    t, cb, geo = _grid(y)
+    _backward_apply_kernel[(t, cb)](
+        dz, z, y, _or(residual, y), mean, invstd, scale, shift, sums, dy, _or(dres, dy),
+        *geo, float(count), float(negative_slope), HAS_RES=residual is not None,
+        ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=BLOCK_R,
+        BLOCK_C=BLOCK_C)
+    return dy, dres
