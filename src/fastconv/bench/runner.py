@@ -215,10 +215,10 @@ def _forward(provider: str, case: BenchCase, precision: Precision, compiled: dic
 
 def _eval_modules(provider: str, case: BenchCase, precision: Precision, t: dict,
                   compiled: dict) -> torch.nn.Module:
-    """Inference as users run it (under ``torch.no_grad``): torch's
-    ``Sequential(Conv, BatchNorm, activation)`` in eval mode (``torch``; ``torch_compile`` compiles it, once for every input set) or the
-    fastconv ``ConvBNAct`` built from it, holding the input set's values (BatchNorm in
-    float32, as the functional rows keep it)."""
+    """Inference as users run it (under ``torch.no_grad``): torch's ``Sequential(Conv,
+    BatchNorm, activation)`` in eval mode (``torch``; ``torch_compile`` compiles the first
+    set's once) or the fastconv ``ConvBNAct`` built from it, holding the input set's values
+    (BatchNorm in float32, as the functional rows keep it)."""
     from ..nn import fused
 
     if case.transposed or case.causal or case.bias:
