@@ -1,7 +1,7 @@
 """Host time of one Triton kernel launch, GPU only: a trivial kernel with 3 and with 20
 arguments, the batch-norm kernels of backends/triton/bnstats.py, and a ConvBNAct training
-step with the Triton passes against the torch-operations path; then a cProfile of 200
-launches of the 20-argument kernel (where the time goes).
+step with the Triton passes against the torch-operations path; then cProfiles of 100
+launches of the 20-argument kernel and of 100 training steps (where the time goes).
 
 Usage: PYTHONPATH=src python benchmarks/launch_overhead.py
 """
@@ -82,9 +82,11 @@ for use in (True, False):
           f"{host_us(step, 100):6.1f} us")
 batchnorm.USE_TRITON = True
 
-prof = cProfile.Profile()
-prof.enable()
-for _ in range(200):
-    wide()
-prof.disable()
-pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+for what, fn in (("20-argument launch", wide), ("ConvBNAct2d train step", step)):
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(100):
+        fn()
+    prof.disable()
+    print(f"--- cProfile of 100 x {what}")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)

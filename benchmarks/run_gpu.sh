@@ -35,7 +35,7 @@ for step in $steps; do
              --plot --out "$OUT/results" 2>"$OUT/bench.err" | tee -a "$OUT/bench.log" | grep -E "geomean|wrote" || status=1
            tail -5 "$OUT/bench.err"
            tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results" ;;
-    launch) python3 benchmarks/launch_overhead.py 2>&1 | tee "$OUT/launch.log" | head -12 || status=1 ;;
+    launch) python3 benchmarks/launch_overhead.py 2>&1 | tee "$OUT/launch.log" | tail -80 || status=1 ;;
     overhead) python3 benchmarks/dispatch_overhead.py 2>&1 | tee "$OUT/overhead.log" | tail -4 || status=1 ;;
     probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
     sweep) python3 benchmarks/sweep_fprop.py 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;

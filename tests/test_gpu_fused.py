@@ -23,10 +23,11 @@ def _err(t, ref, scale):
 
 @pytest.mark.parametrize("precision", [Precision.TF32, Precision.BF16], ids=str)
 def test_training_and_eval_real_sizes(precision, monkeypatch):
-    """Outputs and gradients against float64. The input and weight gradients pass through
-    BatchNorm's backward, which cancels (dy − mean(dy) − x̂·mean(dy·x̂)): their error is judged
-    against the error torch's own Conv -> BatchNorm -> ReLU makes in the same precision (at
-    most twice it), the rest against the precision contract."""
+    """Outputs and gradients against float64. The outputs are held to the precision
+    contract. Every gradient passes through the activation's mask (set by rounded outputs)
+    and BatchNorm's backward, which cancels (dy − mean(dy) − x̂·mean(dy·x̂)): their error is
+    judged against the error torch's own Conv -> BatchNorm -> ReLU makes in the same
+    precision (at most twice it, or the contract where torch does better)."""
     dtype = torch.float32 if precision == Precision.TF32 else torch.bfloat16
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", precision == Precision.TF32)
     report = []
@@ -57,10 +58,12 @@ def test_training_and_eval_real_sizes(precision, monkeypatch):
             ref_scale = scale if name == "dw" else b.norm()
             ours, torchs = _err(a, b, ref_scale), _err(t, b, ref_scale)
             report.append((name, c, k, hw, ks, s, f"{ours:.2e}", f"torch {torchs:.2e}"))
-            bound = max(TOLERANCE[precision], 2 * torchs) if name in ("dx", "dw") \
-                else TOLERANCE[precision]
+            bound = max(TOLERANCE[precision], 2 * torchs)
             assert ours <= bound, report[-1]
-        assert relative_error(m.bn.running_mean, ref[1].running_mean) < 1e-3
+        for stat in ("running_mean", "running_var"):  # means near 0: judged as above
+            ours = relative_error(getattr(m.bn, stat), getattr(ref[1], stat))
+            torchs = relative_error(getattr(same[1], stat), getattr(ref[1], stat))
+            assert ours <= max(1e-3, 2 * torchs), (stat, ours, torchs)
         m.eval()
         ref.eval()
         x1 = x[:1].detach()
