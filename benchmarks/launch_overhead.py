@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+import fastconv
 from fastconv import batchnorm
 from fastconv.backends.triton import bnstats
 from fastconv.nn import ConvBNAct2d
@@ -81,6 +82,30 @@ for use in (True, False):
     print(f"ConvBNAct2d train step, tiny, {'triton' if use else 'torch ops'}: "
           f"{host_us(step, 100):6.1f} us")
 batchnorm.USE_TRITON = True
+seq = m.to_torch()
+yi = torch.randn(2, 64, 8, 8, device="cuda", dtype=torch.bfloat16,
+                 requires_grad=True).contiguous(memory_format=torch.channels_last)
+
+
+def part(fn, wrt):
+    def run():
+        out = fn()
+        torch.autograd.grad(out, wrt, torch.ones_like(out))
+    return run
+
+
+parts = {
+    "torch Sequential step": part(lambda: seq(xi), (xi, seq[0].weight)),
+    "torch conv2d fwd+bwd": part(lambda: torch.nn.functional.conv2d(xi, m.weight, None, 1, 1),
+                                 (xi, m.weight)),
+    "fastconv conv2d fwd+bwd": part(lambda: fastconv.conv2d(xi, m.weight, None, 1, 1),
+                                    (xi, m.weight)),
+    "BNActFunction fwd+bwd": part(lambda: batchnorm.BNActFunction.apply(
+        yi, m.bn.weight, m.bn.bias, None, None, None, 0.1, 1e-5, "relu", 0.0, None), (yi,)),
+    "ConvBNAct2d forward only": lambda: m(xi),
+}
+for name, fn in parts.items():
+    print(f"{name:28} {host_us(fn, 100):7.1f} us")
 
 for what, fn in (("20-argument launch", wide), ("ConvBNAct2d train step", step)):
     prof = cProfile.Profile()
