@@ -122,6 +122,15 @@ parts = {
 for name, fn in parts.items():
     print(f"{name:28} {host_us(fn, 100):7.1f} us")
 
+bn_step = parts["BNActFunction fwd+bwd"]
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                        torch.profiler.ProfilerActivity.CUDA]) as tp:
+    for _ in range(20):
+        bn_step()
+    torch.cuda.synchronize()
+print("--- torch.profiler, 20 x BNActFunction fwd+bwd")
+print(tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=22))
+
 for what, fn in (("20-argument launch", wide), ("ConvBNAct2d train step", step)):
     prof = cProfile.Profile()
     prof.enable()

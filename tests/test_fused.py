@@ -280,3 +280,21 @@ def test_synced_statistics_over_two_processes_equal_one_process_on_the_whole_bat
         assert relative_error(r0[name], refv) < 1e-5, name
         assert torch.equal(r0[name], r1[name]), name  # every rank holds the same values
     assert os.path.exists(out.format(1))
+
+
+def test_statistics_kernels_over_many_tiles():
+    """More partial-statistics tiles than the finalize combines at once (4800 rows: 75 tiles
+    of 64), a mean far from zero (no E[x²]−E[x]² cancellation), channels-last strides, the
+    running statistics updated in place."""
+    from fastconv.backends.triton import bnstats
+
+    y = (torch.randn(3, 5, 40, 40) * 0.01 + 100).contiguous(memory_format=torch.channels_last)
+    rm, rv = torch.randn(5), torch.rand(5) + 0.5
+    want_rm = 0.9 * rm + 0.1 * y.double().mean((0, 2, 3))
+    want_rv = 0.9 * rv + 0.1 * y.double().var((0, 2, 3))
+    mean, var, invstd, scale, shift = bnstats.forward_stats(y, torch.float32, None, None, 1e-5,
+                                                            rm, rv, 0.1)
+    assert relative_error(mean, y.double().mean((0, 2, 3))) < 1e-6
+    assert relative_error(var, y.double().var((0, 2, 3), unbiased=False)) < 1e-4
+    assert relative_error(rm, want_rm) < 1e-6 and relative_error(rv, want_rv) < 1e-4
+    assert relative_error(scale, invstd) == 0 and relative_error(shift, -mean * invstd) < 1e-6

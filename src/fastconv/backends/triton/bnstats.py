@@ -4,7 +4,7 @@ A convolution output ``y`` is viewed as ``(N, C, S)`` with its own strides (NCHW
 rank 1 alike); rows are the ``N·S`` positions of one channel. Every kernel walks tiles of
 ``BLOCK_R`` rows by ``BLOCK_C`` channels, so each pass reads ``y`` once:
 
-* forward: per-tile (mean, M2) partials -> a finalize that combines them in tile order
+* forward: per-tile (mean, M2) partials -> a finalize that combines them in a fixed order
   (Chan's formula: deterministic, no atomics, no E[x²]−E[x]² cancellation) and updates the
   running statistics -> ``z = act(y·scale + shift (+ residual))``;
 * backward: per-tile sums of ``du`` and ``du·x̂`` (``du = act'·dz``, recomputed from ``z`` or
@@ -25,6 +25,7 @@ from .fprop import INTERPRETED, _activation
 
 BLOCK_R = 64
 BLOCK_C = 32
+BLOCK_T = 64  # partial-statistics tiles combined at once by the finalize
 
 
 def usable(y: torch.Tensor) -> bool:
@@ -90,26 +91,34 @@ def _stats_partials_kernel(y_ptr, mean_ptr, m2_ptr, R, C, S, s_n, s_c, s_s,
 
 
 @triton.jit
-def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, C, gamma_ptr, beta_ptr, eps,
+def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, n, C, gamma_ptr, beta_ptr, eps,
                            mean_ptr, var_ptr, invstd_ptr, scale_ptr, shift_ptr,
                            rmean_ptr, rvar_ptr, momentum,
                            HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr,
                            HAS_RUNNING: tl.constexpr, ACC: tl.constexpr,
-                           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                           BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+                           BLOCK_C: tl.constexpr):
+    # The tiles' (count, mean, M2) combined exactly as Chan's pairwise formula does, in two
+    # fixed-order passes: mean = Σ nₜ·meanₜ / n, then M2 = Σ M2ₜ + nₜ·(meanₜ − mean)².
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    mean = tl.zeros([BLOCK_C], ACC)
+    total = tl.zeros([BLOCK_C], ACC)
+    for t0 in range(0, T, BLOCK_T):
+        ts = t0 + tl.arange(0, BLOCK_T)
+        nt = tl.minimum(R - ts * BLOCK_R, BLOCK_R).to(ACC)
+        m = (ts < T)[:, None] & cmask[None, :]
+        mt = tl.load(pmean_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
+        total += tl.sum(tl.where(m, nt[:, None] * mt, 0.0), axis=0)
+    mean = total / n
     m2 = tl.zeros([BLOCK_C], ACC)
-    n = (R * 0).to(ACC)
-    for t in range(0, T):  # in tile order: the same sums on every run
-        nb = tl.minimum(R - t * BLOCK_R, BLOCK_R).to(ACC)
-        mb = tl.load(pmean_ptr + t * C + cols, mask=cmask, other=0.0)
-        m2b = tl.load(pm2_ptr + t * C + cols, mask=cmask, other=0.0)
-        total = n + nb
-        delta = mb - mean
-        mean += delta * (nb / total)
-        m2 += m2b + delta * delta * (n * nb / total)
-        n = total
+    for t0 in range(0, T, BLOCK_T):
+        ts = t0 + tl.arange(0, BLOCK_T)
+        nt = tl.minimum(R - ts * BLOCK_R, BLOCK_R).to(ACC)
+        m = (ts < T)[:, None] & cmask[None, :]
+        mt = tl.load(pmean_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
+        m2t = tl.load(pm2_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
+        d = mt - mean[None, :]
+        m2 += tl.sum(tl.where(m, m2t + nt[:, None] * d * d, 0.0), axis=0)
     var = m2 / n
     invstd = 1.0 / tl.sqrt(var + eps)
     scale = invstd
@@ -261,11 +270,11 @@ def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum)
     has_running = running_mean is not None
     dummy = pmean  # never read: the matching HAS_* flag is False
     _stats_finalize_kernel[(cb,)](
-        pmean, pm2, t, r, c, _or(gamma, dummy), _or(beta, dummy), float(eps), out[0], out[1],
+        pmean, pm2, t, r, float(r), c, _or(gamma, dummy), _or(beta, dummy), float(eps), out[0], out[1],
         out[2], out[3], out[4], _or(running_mean, dummy), _or(running_var, dummy),
         float(momentum), HAS_GAMMA=gamma is not None,
         HAS_BETA=beta is not None, HAS_RUNNING=has_running, ACC=_acc(acc),
-        BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+        BLOCK_R=BLOCK_R, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
     return tuple(out)
 
 
