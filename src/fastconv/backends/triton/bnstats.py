@@ -270,10 +270,10 @@ def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum)
     has_running = running_mean is not None
     dummy = pmean  # never read: the matching HAS_* flag is False
     _stats_finalize_kernel[(cb,)](
-        pmean, pm2, t, r, float(r), c, _or(gamma, dummy), _or(beta, dummy), float(eps), out[0], out[1],
-        out[2], out[3], out[4], _or(running_mean, dummy), _or(running_var, dummy),
-        float(momentum), HAS_GAMMA=gamma is not None,
-        HAS_BETA=beta is not None, HAS_RUNNING=has_running, ACC=_acc(acc),
+        pmean, pm2, t, r, float(r), c, _or(gamma, dummy), _or(beta, dummy), float(eps),
+        *out, _or(running_mean, dummy), _or(running_var, dummy), float(momentum),
+        HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None, HAS_RUNNING=has_running,
+        ACC=_acc(acc),
         BLOCK_R=BLOCK_R, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
     return tuple(out)
 
