@@ -28,7 +28,7 @@ for step in $steps; do
     # Correctness runs use heuristic dispatch: benchmark mode would compile and time every
     # tile candidate for each of hundreds of random keys (each candidate is checked on its own
     # by test_every_candidate_config_is_correct).
-    tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_cudnn.py tests/test_gpu_fused.py -k "${TESTS:-}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
+    tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_gpu*.py -k "${TESTS:-}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
     check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     bench) python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
              --mode ${MODES:-fwd} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \

@@ -1,4 +1,5 @@
-"""The Triton backend: implicit-GEMM kernels with a fused epilogue.
+"""The Triton backend: implicit-GEMM kernels with a fused epilogue, and direct kernels for
+depthwise convolutions (depthwise.py: groups == input channels, not transposed).
 
 On the GPU it needs compute capability 8.0 (bf16 and TF32 tensor cores). On the CPU it runs
 only under the Triton interpreter (``TRITON_INTERPRET=1`` set before the kernels are first
@@ -69,12 +70,19 @@ class TritonBackend(Backend):
 
     @classmethod
     def decode_config(cls, data):
-        if not isinstance(data, dict) or data.get("__dataclass__") != "TileConfig":
+        from .depthwise import DwConfig
+
+        kinds = {"TileConfig": TileConfig, "DwConfig": DwConfig}
+        if not isinstance(data, dict) or data.get("__dataclass__") not in kinds:
             raise ValueError(f"not a Triton tile configuration: {data!r}")
-        return TileConfig(**{k: v for k, v in data.items() if k != "__dataclass__"})
+        return kinds[data["__dataclass__"]](**{k: v for k, v in data.items()
+                                              if k != "__dataclass__"})
 
     @classmethod
-    def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list[TileConfig]:
+    def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list:
+        if _direct_depthwise(problem):
+            from .depthwise import candidates
+            return candidates(problem.layout == "nhwc", problem.device == "cuda")
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]
         if op == "dgrad" or (op == "fprop" and problem.transposed):
@@ -84,9 +92,11 @@ class TritonBackend(Backend):
         return fprop_candidates(problem)
 
     @classmethod
-    def bind(cls, problem: ConvProblem, config: TileConfig | None, op: str = "fprop"):
+    def bind(cls, problem: ConvProblem, config, op: str = "fprop"):
         config = config or cls.candidates(problem, op)[0]
         geo = _Geometry(problem)
+        if _direct_depthwise(problem):
+            return geo.bind_depthwise(config, op)
         if op == "dgrad":
             return geo.bind_dgrad(config)
         if op == "wgrad":
@@ -98,6 +108,11 @@ class TritonBackend(Backend):
     @classmethod
     def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
         return cls.bind(problem, config)(input, weight, bias, scale, shift, residual, out)
+
+
+def _direct_depthwise(problem: ConvProblem) -> bool:
+    """Depthwise problems (any channel multiplier) run on depthwise.py's direct kernels."""
+    return problem.depthwise and not problem.transposed
 
 
 class _Geometry:
@@ -124,6 +139,43 @@ class _Geometry:
         if self.int64 is None:
             self.int64 = any(_max_offset(t) >= 2**31 - 1 for t in tensors if t is not None)
         return self.int64
+
+    def bind_depthwise(self, config, op: str):
+        from . import depthwise
+
+        problem = self.problem
+        cl = problem.layout == "nhwc"
+        geo = dict(stride=self.stride, pad=self.pad, dilation=self.dilation,
+                   channels_last=cl, config=config)
+        if op == "dgrad":
+            def run_dgrad(grad_out, weight, out):
+                if out is None:
+                    out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
+                                          grad_out.dtype, grad_out.device)
+                d4, w4, o4 = self.four_d(grad_out, weight, out)
+                depthwise.launch_dgrad(d4, w4, o4, int64=self.needs_int64(d4, w4, o4), **geo)
+                return out
+            return run_dgrad
+        if op == "wgrad":
+            def run_wgrad(grad_out, input, out):
+                if out is None:
+                    out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
+                                      device=grad_out.device)
+                d4, x4, o4 = self.four_d(grad_out, input, out)
+                depthwise.launch_wgrad(d4, x4, o4, int64=self.needs_int64(d4, x4), **geo)
+                return out
+            return run_wgrad
+        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
+
+        def run(input, weight, bias, scale, shift, residual, out):
+            if out is None:
+                out = problem.new_output(input.device)
+            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
+            depthwise.launch_fprop(x4, w4, o4, _contig(scale), _contig(shift), r4,
+                                   act_code=act, negative_slope=slope,
+                                   int64=self.needs_int64(x4, w4, o4, r4), **geo)
+            return out
+        return run
 
     def bind_fprop(self, config):
         from .fprop import launch_fprop

@@ -1,0 +1,281 @@
+"""Depthwise convolution (groups == input channels, any channel multiplier), rank 1 and 2:
+forward with the fused epilogue, data gradient and weight gradient.
+
+Each output channel ``k`` reads one input channel ``k // M`` (``M = K / C``, the multiplier)
+through an ``R × S`` window, so the work is ``R·S`` multiply-adds per output element and the
+problem is memory-bound: the kernels stream the input once (the window's taps hit L1/L2)
+and write the output once, in fp32 registers, with no im2col and no GEMM.
+
+Tiles follow the layout so that the contiguous dimension is the vector dimension:
+
+* channels-last (NHWC / NLC): ``[BLOCK_A positions × BLOCK_B channels]``, positions
+  flattened over ``(n, p, q)``;
+* channels-first (NCHW / NCL): ``[BLOCK_A channels × BLOCK_B columns]`` of one output row
+  ``(n, p)``, columns contiguous.
+
+The data gradient is the same walk over the input's positions, taking for each tap the
+output position it fed (``p = (h + π − r·δ) / σ`` when exact and in range). The weight
+gradient reduces ``dy · x`` over positions: programs take contiguous position ranges
+(``SPLIT`` of them per channel block), keep one fp32 accumulator row per tap, and write
+partial sums that one fixed-order sum combines (deterministic, no atomics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from .fprop import INTERPRETED, _activation
+
+__all__ = ["DwConfig", "candidates", "launch_fprop", "launch_dgrad", "launch_wgrad"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DwConfig:
+    """A depthwise tile: ``block_a × block_b`` (see the module docstring for which is which
+    in each layout) and the warps per program."""
+    block_a: int
+    block_b: int
+    num_warps: int
+
+    def name(self) -> str:
+        return f"dw{self.block_a}x{self.block_b}w{self.num_warps}"
+
+
+_CL = [(64, 64, 4), (128, 32, 4), (32, 128, 4), (16, 128, 4), (256, 16, 4)]
+_ROWS = [(4, 256, 4), (8, 128, 4), (2, 512, 4), (16, 64, 4), (1, 1024, 4)]
+
+
+def candidates(channels_last: bool, on_gpu: bool) -> list[DwConfig]:
+    if not on_gpu:
+        return [DwConfig(8, 16, 4) if channels_last else DwConfig(4, 16, 4)]
+    return [DwConfig(*t) for t in (_CL if channels_last else _ROWS)]
+
+
+@triton.jit
+def _tile(pid0, pid1, N, K, P, Q, CL: tl.constexpr, BLOCK_A: tl.constexpr,
+          BLOCK_B: tl.constexpr):
+    """(n, k, p, q, mask) of a tile, broadcastable to [BLOCK_A, BLOCK_B]."""
+    if CL:
+        m = pid0 * BLOCK_A + tl.arange(0, BLOCK_A)
+        k = (pid1 * BLOCK_B + tl.arange(0, BLOCK_B))[None, :]
+        n = m // (P * Q)
+        pq = m - n * (P * Q)
+        p = pq // Q
+        q = pq - p * Q
+        mask = (m < N * P * Q)[:, None] & (k < K)
+        return n[:, None], k, p[:, None], q[:, None], mask
+    q_blocks = tl.cdiv(Q, BLOCK_B)
+    row = pid0 // q_blocks
+    n = row // P
+    p = row - n * P
+    q = ((pid0 - row * q_blocks) * BLOCK_B + tl.arange(0, BLOCK_B))[None, :]
+    k = (pid1 * BLOCK_A + tl.arange(0, BLOCK_A))[:, None]
+    return n, k, p, q, (k < K) & (q < Q)
+
+
+@triton.jit
+def _dw_fprop_kernel(
+    x_ptr, w_ptr, out_ptr, scale_ptr, shift_ptr, res_ptr,
+    N, H, W, K, P, Q, MULT,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    sxn, sxc, sxh, sxw, swk, swr, sws, son, sok, sop, soq, srn, srk, srp, srq,
+    negative_slope,
+    R: tl.constexpr, S: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+    HAS_RES: tl.constexpr, ACT: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
+    CL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    n, k, p, q, mask = _tile(tl.program_id(0), tl.program_id(1), N, K, P, Q, CL, BLOCK_A,
+                             BLOCK_B)
+    if INT64:
+        n = n.to(tl.int64)
+    kmask = k < K
+    ih0 = p * stride_h - pad_h
+    iw0 = q * stride_w - pad_w
+    x_base = x_ptr + n * sxn + (k // MULT) * sxc
+    acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
+    for r in tl.static_range(R):
+        ih = ih0 + r * dil_h
+        row_ok = (ih >= 0) & (ih < H)
+        for s in tl.static_range(S):
+            iw = iw0 + s * dil_w
+            ok = mask & row_ok & (iw >= 0) & (iw < W)
+            xv = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0)
+            wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask, other=0.0)
+            acc += xv.to(ACC) * wv.to(ACC)
+    if HAS_SCALE:
+        acc = acc * tl.load(scale_ptr + k, mask=kmask, other=0.0).to(ACC)
+    if HAS_SHIFT:
+        acc = acc + tl.load(shift_ptr + k, mask=kmask, other=0.0).to(ACC)
+    if HAS_RES:
+        acc = acc + tl.load(res_ptr + n * srn + k * srk + p * srp + q * srq, mask=mask,
+                            other=0.0).to(ACC)
+    acc = _activation(acc, ACT, negative_slope)
+    tl.store(out_ptr + n * son + k * sok + p * sop + q * soq,
+             acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dw_dgrad_kernel(
+    dy_ptr, w_ptr, dx_ptr,
+    N, C, H, W, P, Q, MULT,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    sdn, sdk, sdp, sdq, swk, swr, sws, sxn, sxc, sxh, sxw,
+    R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
+    CL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    # positions are the input's (n, h, w), channels its c: _tile's (n, k, p, q) = (n, c, h, w)
+    n, c, h, w, mask = _tile(tl.program_id(0), tl.program_id(1), N, C, H, W, CL, BLOCK_A,
+                             BLOCK_B)
+    if INT64:
+        n = n.to(tl.int64)
+    acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
+    for j in range(0, MULT):
+        k = c * MULT + j
+        dy_base = dy_ptr + n * sdn + k * sdk
+        for r in tl.static_range(R):
+            hp = h + pad_h - r * dil_h
+            p = hp // stride_h
+            row_ok = (hp >= 0) & (hp - p * stride_h == 0) & (p < P)
+            for s in tl.static_range(S):
+                wq = w + pad_w - s * dil_w
+                q = wq // stride_w
+                ok = mask & row_ok & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q)
+                g = tl.load(dy_base + p * sdp + q * sdq, mask=ok, other=0.0)
+                wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=c < C, other=0.0)
+                acc += g.to(ACC) * wv.to(ACC)
+    tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def _dw_wgrad_kernel(
+    dy_ptr, x_ptr, part_ptr,
+    N, H, W, K, P, Q, MULT, M_PER,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    sdn, sdk, sdp, sdq, sxn, sxc, sxh, sxw,
+    R: tl.constexpr, S: tl.constexpr, TAPS: tl.constexpr, ACC: tl.constexpr,
+    INT64: tl.constexpr, CL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # one program: channels k-block, positions [split·M_PER, (split+1)·M_PER) of N·P·Q
+    split = tl.program_id(0)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    kmask = k < K
+    taps = tl.arange(0, TAPS)
+    acc = tl.zeros([TAPS, BLOCK_K], ACC)
+    for m0 in range(split * M_PER, tl.minimum((split + 1) * M_PER, N * P * Q), BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        n = m // (P * Q)
+        pq = m - n * (P * Q)
+        p = pq // Q
+        q = pq - p * Q
+        if INT64:
+            n = n.to(tl.int64)
+        mmask = (m < N * P * Q) & (m < (split + 1) * M_PER)
+        if CL:  # [positions, channels]
+            mk = mmask[:, None] & kmask[None, :]
+            g = tl.load(dy_ptr + (n * sdn + p * sdp + q * sdq)[:, None] + (k * sdk)[None, :],
+                        mask=mk, other=0.0).to(ACC)
+            x_base = x_ptr + (n * sxn)[:, None] + ((k // MULT) * sxc)[None, :]
+            for r in tl.static_range(R):
+                ih = (p * stride_h - pad_h + r * dil_h)[:, None]
+                for s in tl.static_range(S):
+                    iw = (q * stride_w - pad_w + s * dil_w)[:, None]
+                    ok = mk & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                    xv = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0).to(ACC)
+                    part = tl.sum(g * xv, axis=0)
+                    acc += tl.where((taps == r * S + s)[:, None], part[None, :], 0.0)
+        else:  # [channels, positions]
+            mk = kmask[:, None] & mmask[None, :]
+            g = tl.load(dy_ptr + (k * sdk)[:, None] + (n * sdn + p * sdp + q * sdq)[None, :],
+                        mask=mk, other=0.0).to(ACC)
+            x_base = x_ptr + ((k // MULT) * sxc)[:, None] + (n * sxn)[None, :]
+            for r in tl.static_range(R):
+                ih = (p * stride_h - pad_h + r * dil_h)[None, :]
+                for s in tl.static_range(S):
+                    iw = (q * stride_w - pad_w + s * dil_w)[None, :]
+                    ok = mk & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                    xv = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0).to(ACC)
+                    part = tl.sum(g * xv, axis=1)
+                    acc += tl.where((taps == r * S + s)[:, None], part[None, :], 0.0)
+    tl.store(part_ptr + (split * TAPS + taps)[:, None] * K + k[None, :], acc,
+             mask=(taps < R * S)[:, None] & kmask[None, :])
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _strides(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.stride())
+
+
+def _grid(channels_last: bool, n: int, k: int, p: int, q: int, config: DwConfig):
+    if channels_last:
+        return triton.cdiv(n * p * q, config.block_a), triton.cdiv(k, config.block_b)
+    return n * p * triton.cdiv(q, config.block_b), triton.cdiv(k, config.block_a)
+
+
+def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act_code,
+                 negative_slope, channels_last, config: DwConfig, int64: bool):
+    """Depthwise forward on 4-D (N, C, H, W)-indexed views (any strides)."""
+    n, c, h, w = x4.shape
+    k, _, r, s = w4.shape
+    _, _, p, q = out4.shape
+    dummy = out4  # never read: the matching HAS_* flag is False
+    res_strides = _strides(res4) if res4 is not None else (0, 0, 0, 0)
+    _dw_fprop_kernel[_grid(channels_last, n, k, p, q, config)](
+        x4, w4, out4, scale if scale is not None else dummy,
+        shift if shift is not None else dummy, res4 if res4 is not None else dummy,
+        n, h, w, k, p, q, k // c, stride[0], stride[1], pad[0], pad[1], dilation[0],
+        dilation[1], *_strides(x4), w4.stride(0), w4.stride(2), w4.stride(3),
+        *_strides(out4), *res_strides, float(negative_slope),
+        R=r, S=s, HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None,
+        HAS_RES=res4 is not None, ACT=act_code, ACC=_acc(x4.dtype), INT64=int64,
+        CL=channels_last, BLOCK_A=config.block_a, BLOCK_B=config.block_b,
+        num_warps=config.num_warps)
+
+
+def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: DwConfig,
+                 int64: bool):
+    """``dx`` of a depthwise convolution, written into the 4-D view ``dx4``."""
+    n, c, h, w = dx4.shape
+    k, _, r, s = w4.shape
+    _, _, p, q = dy4.shape
+    _dw_dgrad_kernel[_grid(channels_last, n, c, h, w, config)](
+        dy4, w4, dx4, n, c, h, w, p, q, k // c, stride[0], stride[1], pad[0], pad[1],
+        dilation[0], dilation[1], *_strides(dy4), w4.stride(0), w4.stride(2), w4.stride(3),
+        *_strides(dx4), R=r, S=s, ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last,
+        BLOCK_A=config.block_a, BLOCK_B=config.block_b, num_warps=config.num_warps)
+
+
+def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: DwConfig,
+                 int64: bool):
+    """``dw`` of a depthwise convolution (shape (K, 1, R, S)), written into ``dw4``."""
+    n, c, h, w = x4.shape
+    k, _, r, s = dw4.shape
+    _, _, p, q = dy4.shape
+    m = n * p * q
+    block_m, block_k = ((config.block_a, config.block_b) if channels_last
+                        else (config.block_b, config.block_a))
+    block_m = min(block_m, 256)
+    if INTERPRETED or not dy4.is_cuda:
+        splits = triton.cdiv(m, block_m)
+    else:
+        sms = torch.cuda.get_device_properties(dy4.device).multi_processor_count
+        splits = max(1, min(triton.cdiv(m, block_m), 4 * sms // triton.cdiv(k, block_k)))
+    m_per = triton.cdiv(triton.cdiv(m, splits), block_m) * block_m
+    splits = triton.cdiv(m, m_per)
+    taps = triton.next_power_of_2(r * s)
+    acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
+    part = torch.empty((splits, taps, k), device=dy4.device, dtype=acc)
+    _dw_wgrad_kernel[(splits, triton.cdiv(k, block_k))](
+        dy4, x4, part, n, h, w, k, p, q, k // c, m_per, stride[0], stride[1], pad[0], pad[1],
+        dilation[0], dilation[1], *_strides(dy4), *_strides(x4), R=r, S=s, TAPS=taps,
+        ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last, BLOCK_M=block_m,
+        BLOCK_K=block_k, num_warps=config.num_warps)
+    total = part.sum(0)[: r * s]  # (R·S, K): one fixed-order sum over the splits
+    dw4.copy_(total.t().reshape(k, 1, r, s))
