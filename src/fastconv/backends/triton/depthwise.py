@@ -56,18 +56,22 @@ def candidates(channels_last: bool, on_gpu: bool) -> list[DwConfig]:
 
 
 @triton.jit
-def _tile(pid0, pid1, N, K, P, Q, CL: tl.constexpr, BLOCK_A: tl.constexpr,
-          BLOCK_B: tl.constexpr):
-    """(n, k, p, q, mask) of a tile, broadcastable to [BLOCK_A, BLOCK_B]."""
-    if CL:
-        m = pid0 * BLOCK_A + tl.arange(0, BLOCK_A)
-        k = (pid1 * BLOCK_B + tl.arange(0, BLOCK_B))[None, :]
-        n = m // (P * Q)
-        pq = m - n * (P * Q)
-        p = pq // Q
-        q = pq - p * Q
-        mask = (m < N * P * Q)[:, None] & (k < K)
-        return n[:, None], k, p[:, None], q[:, None], mask
+def _positions_by_channels(pid0, pid1, N, K, P, Q, BLOCK_A: tl.constexpr,
+                           BLOCK_B: tl.constexpr):
+    """Channels-last tile: (n, k, p, q, mask) broadcastable to [BLOCK_A, BLOCK_B]."""
+    m = pid0 * BLOCK_A + tl.arange(0, BLOCK_A)
+    k = (pid1 * BLOCK_B + tl.arange(0, BLOCK_B))[None, :]
+    n = m // (P * Q)
+    pq = m - n * (P * Q)
+    p = pq // Q
+    q = pq - p * Q
+    mask = (m < N * P * Q)[:, None] & (k < K)
+    return n[:, None], k, p[:, None], q[:, None], mask
+
+
+@triton.jit
+def _channels_by_columns(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Channels-first tile of one output row: (n, k, p, q, mask), n and p scalars."""
     q_blocks = tl.cdiv(Q, BLOCK_B)
     row = pid0 // q_blocks
     n = row // P
@@ -88,8 +92,12 @@ def _dw_fprop_kernel(
     HAS_RES: tl.constexpr, ACT: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
     CL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
-    n, k, p, q, mask = _tile(tl.program_id(0), tl.program_id(1), N, K, P, Q, CL, BLOCK_A,
-                             BLOCK_B)
+    if CL:  # a compile-time branch: only one helper is compiled
+        n, k, p, q, mask = _positions_by_channels(tl.program_id(0), tl.program_id(1), N, K, P,
+                                                  Q, BLOCK_A, BLOCK_B)
+    else:
+        n, k, p, q, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), K, P, Q,
+                                                BLOCK_A, BLOCK_B)
     if INT64:
         n = n.to(tl.int64)
     kmask = k < K
@@ -127,9 +135,13 @@ def _dw_dgrad_kernel(
     R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
     CL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
-    # positions are the input's (n, h, w), channels its c: _tile's (n, k, p, q) = (n, c, h, w)
-    n, c, h, w, mask = _tile(tl.program_id(0), tl.program_id(1), N, C, H, W, CL, BLOCK_A,
-                             BLOCK_B)
+    # positions are the input's (n, h, w), channels its c: the tile's (n, c, h, w)
+    if CL:
+        n, c, h, w, mask = _positions_by_channels(tl.program_id(0), tl.program_id(1), N, C, H,
+                                                  W, BLOCK_A, BLOCK_B)
+    else:
+        n, c, h, w, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), C, H, W,
+                                                BLOCK_A, BLOCK_B)
     if INT64:
         n = n.to(tl.int64)
     acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
