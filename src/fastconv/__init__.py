@@ -3,7 +3,7 @@
 Public names only; importing fastconv compiles nothing and queries no device.
 """
 
-from . import dispatch, nn
+from . import dispatch, growth, nn
 from .epilogue import ACTIVATIONS, Epilogue
 from .errors import ConvError, ConvTypeError, NotSupported
 from .functional import (
@@ -24,5 +24,5 @@ __all__ = [
     "ACTIVATIONS", "ConvError", "ConvProblem", "ConvTypeError", "Epilogue", "NotSupported",
     "Precision", "TOLERANCE", "conv1d", "conv2d", "conv_bn_act1d", "conv_bn_act2d",
     "conv_transpose1d", "conv_transpose2d",
-    "__version__", "dispatch", "explain", "nn",
+    "__version__", "dispatch", "explain", "growth", "nn",
 ]

@@ -1,0 +1,578 @@
+"""Width growth of convolutional networks that keeps what they compute.
+
+A *producer* (a convolution whose output channels grow, with the BatchNorm after it) and its
+*consumer* (the next convolution, whose input channels grow) are widened together:
+
+* ``init="zero"``: the producer's new filters are initialised as torch initialises a fresh
+  layer, the consumer's weights from them are zero — the network computes exactly what it
+  did, and gradients reach the new weights at once (the new channels are not dead);
+* ``init="net2net"``: each new filter copies an existing one of its group and the consumer
+  divides the weights of every copied channel among its copies (Net2WiderNet).
+
+New BatchNorm channels start as the identity (γ = 1, β = 0, running mean 0, variance 1) under
+``"zero"`` and as copies of their source channel under ``"net2net"``. Old weights are copied
+slice-wise into zero-initialised tensors of the new size; every hyper-parameter (stride,
+padding, padding_mode, dilation, groups, bias, device, dtype, fastconv's backend and
+precision) is kept. With groups, channels stay in their group: old channel ``c`` of group
+``b`` keeps its offset inside the group, and new channels are appended at the end of each
+group. ``noise`` (a fraction of the old weights' standard deviation) perturbs the new filters
+and breaks exact preservation.
+
+:func:`grow_width` walks a model, widens every producer/consumer pair it can prove safe
+(chains inside ``nn.Sequential``, the inner convolutions of residual blocks, each
+:class:`MultiBranch` branch) and either succeeds as a whole or leaves model and optimizer
+exactly as they were (raising :class:`GrowthError` with a per-layer report). Optimizer state
+(SGD momentum, Adam/AdamW moments, step counts) moves to the new parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.conv import _ConvNd
+
+from .errors import ConvError
+
+__all__ = ["GrowthError", "GrowthReport", "MultiBranch", "Widening", "carry_optimizer",
+           "grow_width", "widen_batchnorm", "widen_conv_in", "widen_conv_out", "widen_pair"]
+
+INITS = ("zero", "net2net")
+
+#: Modules that keep the channel dimension and act per channel or per element: a producer
+#: and a consumer separated only by these (and at most one BatchNorm) form a pair.
+PASSTHROUGH = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
+               nn.Hardswish, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+               nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d)
+
+
+class GrowthError(ConvError):
+    """A growth step that could not be done; ``report`` says which layer failed and why.
+    The model and optimizer are left exactly as they were."""
+
+    def __init__(self, message: str, report: GrowthReport | None = None):
+        self.report = report
+        super().__init__(message if report is None else f"{message}\n{report}")
+
+
+@dataclasses.dataclass
+class Widening:
+    """Where the ``old`` channels of a dimension go among ``new`` and, for net2net, which
+    old channel each new position copies. Channels stay in their block (group)."""
+    old: int
+    new: int
+    blocks: int
+    old_pos: Tensor  # (old,) the new position of each old channel
+    source: Tensor | None  # (new,) the old channel each position copies (net2net), else None
+
+    @property
+    def fresh(self) -> Tensor:
+        """Positions that hold no old channel."""
+        mask = torch.ones(self.new, dtype=torch.bool)
+        mask[self.old_pos] = False
+        return mask.nonzero().flatten()
+
+    @staticmethod
+    def plan(old: int, new: int, blocks: int = 1, init: str = "zero",
+             generator: torch.Generator | None = None) -> Widening:
+        if init not in INITS:
+            raise ConvError(f"init: got {init!r}; allowed: {', '.join(map(repr, INITS))}")
+        if not isinstance(new, int) or new < old:
+            raise ConvError(f"new width: got {new!r}; expected an int >= the current {old}")
+        if old % blocks or new % blocks:
+            raise ConvError(f"new width: got {new}; it must be a multiple of {blocks} (the "
+                            f"groups of the layers it connects; current width {old})")
+        ob, nb = old // blocks, new // blocks
+        c = torch.arange(old)
+        old_pos = c // ob * nb + c % ob
+        source = None
+        if init == "net2net":
+            source = torch.empty(new, dtype=torch.long)
+            source[old_pos] = c
+            for b in range(blocks):
+                picks = torch.randint(b * ob, (b + 1) * ob, (nb - ob,), generator=generator)
+                source[b * nb + ob:(b + 1) * nb] = picks
+        return Widening(old, new, blocks, old_pos, source)
+
+    def counts(self) -> Tensor:
+        """How many positions copy each old channel (net2net)."""
+        return torch.bincount(self.source, minlength=self.old)
+
+
+# ----------------------------------------------------------------------------- tensors
+def _place(t: Tensor, w: Widening, axis: int, groups: int = 1) -> Tensor:
+    """``t`` widened along ``axis`` (global when it spans all groups, ``groups`` > 1 when it
+    is the within-group axis of a grouped weight): old values at their new positions, zeros
+    elsewhere."""
+    if axis == 0:
+        out = t.new_zeros((w.new, *t.shape[1:]))
+        out[w.old_pos.to(t.device)] = t
+        return out
+    a = t.shape[0]
+    b_old, b_new = w.old // groups, w.new // groups
+    out = t.new_zeros((a, b_new, *t.shape[2:]))
+    tg, og = t.reshape(groups, a // groups, b_old, *t.shape[2:]), out.view(
+        groups, a // groups, b_new, *t.shape[2:])
+    local = (w.old_pos.view(groups, b_old) - torch.arange(groups).view(-1, 1) * b_new)
+    for g in range(groups):
+        og[g][:, local[g].to(t.device)] = tg[g]
+    return out
+
+
+def _gather(t: Tensor, w: Widening, axis: int, groups: int = 1) -> Tensor:
+    """``t`` widened along ``axis`` with every position copying ``w.source``'s channel."""
+    src = w.source
+    if axis == 0:
+        return t.index_select(0, src.to(t.device))
+    a = t.shape[0]
+    b_old, b_new = w.old // groups, w.new // groups
+    local = src.view(groups, b_new) - torch.arange(groups).view(-1, 1) * b_old
+    tg = t.reshape(groups, a // groups, b_old, *t.shape[2:])
+    return torch.stack([tg[g].index_select(1, local[g].to(t.device)) for g in range(groups)]
+                       ).view(a, b_new, *t.shape[2:])
+
+
+def _channel_view(v: Tensor, axis: int, ndim: int) -> Tensor:
+    shape = [1] * ndim
+    shape[axis] = -1
+    return v.view(shape)
+
+
+# ----------------------------------------------------------------------------- modules
+#: parameter or buffer name in a widened module -> (original tensor, carry): ``carry(state)``
+#: places an optimizer-state tensor of the original's shape at the new positions (zeros in
+#: new slices); composed when a module is widened twice.
+Carries = dict[str, tuple[Tensor, Callable[[Tensor], Tensor]]]
+
+
+def _check_conv(conv, what: str) -> None:
+    if not isinstance(conv, _ConvNd):
+        raise ConvError(f"{what}: expected a convolution module (torch.nn or fastconv Conv*, "
+                        f"ConvTranspose*, ConvBNAct*), got {type(conv).__name__}")
+
+
+def _out_axis(conv) -> int:
+    return 1 if conv.transposed else 0
+
+
+def _set(module: nn.Module, name: str, value: Tensor, like: Tensor | None,
+         carries: Carries, carry: Callable[[Tensor], Tensor], prefix: str) -> None:
+    """Install ``value`` as parameter/buffer ``name`` (in ``like``'s memory format) and
+    record how optimizer state follows it."""
+    if like is not None and like.dim() == 4 and not like.is_contiguous() \
+            and like.is_contiguous(memory_format=torch.channels_last):
+        value = value.contiguous(memory_format=torch.channels_last)
+    if isinstance(like, nn.Parameter):
+        setattr(module, name, nn.Parameter(value, requires_grad=like.requires_grad))
+    else:
+        module._buffers[name] = value
+    key = prefix + name
+    if key in carries:  # widened before in this step: compose the two placements
+        origin, first = carries[key]
+        carries[key] = (origin, lambda s, first=first: carry(first(s)))
+    else:
+        carries[key] = (like, carry)
+
+
+def _widen_conv_out(conv, w: Widening, init: str, noise: float, generator,
+                    carries: Carries, prefix: str = ""):
+    _check_conv(conv, "conv")
+    axis, groups = _out_axis(conv), conv.groups
+    new = copy.deepcopy(conv)
+    weight = conv.weight.detach()
+    if init == "net2net":
+        nw = _gather(weight, w, axis, groups)
+    else:
+        nw = _place(weight, w, axis, groups)
+        fresh_init = torch.empty_like(nw)
+        nn.init.kaiming_uniform_(fresh_init, a=math.sqrt(5))  # torch's Conv init
+        idx = w.fresh.to(nw.device)
+        if axis == 0:
+            nw[idx] = fresh_init[idx]
+        else:
+            fresh_local = idx.view(groups, -1) - torch.arange(groups, device=nw.device).view(
+                -1, 1) * (w.new // groups)
+            for g in range(groups):
+                rows = slice(g * nw.shape[0] // groups, (g + 1) * nw.shape[0] // groups)
+                nw[rows][:, fresh_local[g]] = fresh_init[rows][:, fresh_local[g]]
+    if noise:
+        std = float(weight.float().std()) if weight.numel() > 1 else 1.0
+        mask = torch.zeros(w.new, dtype=torch.bool, device=nw.device)
+        mask[w.fresh.to(nw.device)] = True
+        bump = torch.randn(nw.shape, generator=generator, dtype=torch.float32).to(nw)
+        nw = nw + noise * std * bump * _channel_view(mask, axis, nw.dim()).to(nw.dtype)
+    _set(new, "weight", nw, conv.weight, carries,
+         lambda s: _place(s, w, axis, groups), prefix)
+    if conv.bias is not None:
+        b = conv.bias.detach()
+        if init == "net2net":
+            nb = b.index_select(0, w.source.to(b.device))
+        else:
+            nb = _place(b, w, 0)
+            fan_in = nn.init._calculate_fan_in_and_fan_out(nw)[0]
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+            idx = w.fresh.to(b.device)
+            nb[idx] = torch.empty(len(idx), dtype=nb.dtype, device=nb.device).uniform_(
+                -bound, bound)
+        _set(new, "bias", nb, conv.bias, carries, lambda s: _place(s, w, 0), prefix)
+    new.out_channels = w.new
+    bn = getattr(conv, "bn", None)
+    if isinstance(bn, _BatchNorm):  # a fused ConvBNAct: its BatchNorm grows with it
+        new.bn = _widen_batchnorm(bn, w, carries, prefix + "bn.")
+    return new
+
+
+def _widen_conv_in(conv, w: Widening, init: str, carries: Carries, prefix: str = ""):
+    _check_conv(conv, "conv")
+    axis = 0 if conv.transposed else 1  # the input-channel axis of the weight
+    groups = conv.groups
+    new = copy.deepcopy(conv)
+    weight = conv.weight.detach()
+    if init == "net2net":
+        share = (1.0 / w.counts().to(weight.device, weight.dtype)).index_select(
+            0, w.source.to(weight.device))  # each copy takes an equal part of its source
+        nw = _gather(weight, w, axis, groups)
+        if axis == 0:
+            nw = nw * _channel_view(share, 0, nw.dim())
+        else:
+            b_new = w.new // groups
+            per = share.view(groups, b_new)
+            nw = (nw.view(groups, -1, b_new, *nw.shape[2:])
+                  * per.view(groups, 1, b_new, *([1] * (nw.dim() - 2)))).view(nw.shape)
+    else:
+        nw = _place(weight, w, axis, groups)
+    _set(new, "weight", nw, conv.weight, carries,
+         lambda s: _place(s, w, axis, groups), prefix)
+    new.in_channels = w.new
+    return new
+
+
+def _widen_batchnorm(bn, w: Widening, carries: Carries, prefix: str = ""):
+    if not isinstance(bn, _BatchNorm):
+        raise ConvError(f"bn: expected a BatchNorm module, got {type(bn).__name__}")
+    new = copy.deepcopy(bn)
+    fresh_values = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
+    for name, fill in fresh_values.items():
+        t = getattr(bn, name)
+        if t is None:
+            continue
+        t = t.detach()
+        if w.source is not None:
+            nt = t.index_select(0, w.source.to(t.device))
+        else:
+            nt = _place(t, w, 0)
+            nt[w.fresh.to(t.device)] = fill
+        _set(new, name, nt, getattr(bn, name), carries, lambda s: _place(s, w, 0), prefix)
+    new.num_features = w.new
+    return new
+
+
+def widen_conv_out(conv, new_out: int, init: str = "zero", noise: float = 0.0, *,
+                   widening: Widening | None = None,
+                   generator: torch.Generator | None = None):
+    """A copy of ``conv`` with ``new_out`` output channels (its BatchNorm too, for a fused
+    ConvBNAct). The old filters are unchanged; see the module docstring for ``init``."""
+    _check_conv(conv, "conv")
+    w = widening or Widening.plan(conv.out_channels, new_out, conv.groups, init, generator)
+    return _widen_conv_out(conv, w, init, noise, generator, {})
+
+
+def widen_conv_in(conv, new_in: int, init: str = "zero", *, widening: Widening | None = None,
+                  generator: torch.Generator | None = None):
+    """A copy of ``conv`` taking ``new_in`` input channels: zero weights from the new ones
+    (``"zero"``), or, for ``"net2net"`` with the producer's ``widening``, every copied
+    channel's weights shared among its copies."""
+    _check_conv(conv, "conv")
+    w = widening or Widening.plan(conv.in_channels, new_in, conv.groups, init, generator)
+    if init == "net2net" and w.source is None:
+        raise ConvError("widening: net2net needs the producer's widening (its source map)")
+    return _widen_conv_in(conv, w, init, {})
+
+
+def widen_batchnorm(bn, new_features: int, *, widening: Widening | None = None):
+    """A copy of ``bn`` with ``new_features`` channels: old statistics, parameters, eps,
+    momentum and num_batches_tracked kept; new channels the identity (or copies, given a
+    net2net ``widening``)."""
+    if not isinstance(bn, _BatchNorm):
+        raise ConvError(f"bn: expected a BatchNorm module, got {type(bn).__name__}")
+    w = widening or Widening.plan(bn.num_features, new_features)
+    return _widen_batchnorm(bn, w, {})
+
+
+def _blocks(producer, consumer) -> int:
+    """Channel blocks that keep both layers' groups: lcm of their groups (each group of
+    either layer is a run of whole blocks, before and after growth)."""
+    gp, gc = producer.groups, consumer.groups
+    blocks = math.lcm(gp, gc)
+    if producer.out_channels % blocks:
+        raise ConvError(f"groups: the producer has {gp} and the consumer {gc}; their "
+                        f"{producer.out_channels} channels do not split into {blocks} "
+                        f"blocks, so they cannot grow inside their groups")
+    return blocks
+
+
+def widen_pair(producer, consumer, new_width: int, bn=None, init: str = "zero",
+               noise: float = 0.0, generator: torch.Generator | None = None):
+    """``(producer, consumer, bn)`` widened together to ``new_width`` channels between
+    them, computing what they did (exactly when ``noise`` is 0). Copies; the originals are
+    untouched."""
+    _check_conv(producer, "producer")
+    _check_conv(consumer, "consumer")
+    _pair_sizes(producer, consumer, bn)
+    w = Widening.plan(producer.out_channels, new_width, _blocks(producer, consumer), init,
+                      generator)
+    carries: Carries = {}
+    p = _widen_conv_out(producer, w, init, noise, generator, carries)
+    c = _widen_conv_in(consumer, w, init, carries)
+    b = _widen_batchnorm(bn, w, carries) if bn is not None else None
+    return p, c, b
+
+
+def _pair_sizes(producer, consumer, bn) -> None:
+    if producer.out_channels != consumer.in_channels:
+        raise ConvError(f"consumer: takes {consumer.in_channels} channels but the producer "
+                        f"gives {producer.out_channels}")
+    if bn is not None and bn.num_features != producer.out_channels:
+        raise ConvError(f"bn: has {bn.num_features} features, the producer gives "
+                        f"{producer.out_channels}")
+
+
+# ------------------------------------------------------------------------- MultiBranch
+def _out_width(module: nn.Module) -> int:
+    for m in reversed(list(module.modules())):
+        for attr in ("out_channels", "num_features"):
+            if isinstance(getattr(m, attr, None), int):
+                return getattr(m, attr)
+    raise ConvError(f"branches: cannot tell the output width of {type(module).__name__} "
+                    f"(no convolution or BatchNorm inside); give out_channels")
+
+
+class MultiBranch(nn.Module):
+    """Branches applied to the same input and merged: ``merge="mean"`` returns
+    ``scale · mean(branch outputs)`` (add it to a residual stream: ``x + block(x)``),
+    branches of another width than ``out_channels`` (default: the widest) meeting through
+    1x1 convolutions initialised to the identity — learnable, never zero padding;
+    ``merge="concat"`` concatenates them along channels (ASPP-like)."""
+
+    def __init__(self, branches, merge: str = "mean", scale: float = 0.2,
+                 out_channels: int | None = None):
+        super().__init__()
+        if merge not in ("mean", "concat"):
+            raise ConvError(f"merge: got {merge!r}; allowed: 'mean', 'concat'")
+        self.branches = nn.ModuleList(branches)
+        if len(self.branches) == 0:
+            raise ConvError("branches: expected at least one module")
+        self.merge, self.scale = merge, float(scale)
+        widths = [_out_width(b) for b in self.branches]
+        self.out_channels = sum(widths) if merge == "concat" else (out_channels or max(widths))
+        self.projections = nn.ModuleList(
+            [self._identity(b, w) if merge == "mean" and w != self.out_channels
+             else nn.Identity() for b, w in zip(self.branches, widths)])
+
+    def _identity(self, branch: nn.Module, width: int) -> nn.Module:
+        ref = next((m for m in branch.modules() if isinstance(m, _ConvNd)), None)
+        conv_cls = {1: nn.Conv1d, 3: nn.Conv3d}.get(
+            len(ref.kernel_size) if ref is not None else 2, nn.Conv2d)
+        p = next(branch.parameters())
+        proj = conv_cls(width, self.out_channels, 1, bias=False, device=p.device,
+                        dtype=p.dtype)
+        with torch.no_grad():
+            proj.weight.zero_()
+            n = min(width, self.out_channels)
+            proj.weight.view(self.out_channels, width)[:n, :n] = torch.eye(n)
+        return proj
+
+    def forward(self, x: Tensor) -> Tensor:
+        outs = [p(b(x)) for b, p in zip(self.branches, self.projections)]
+        if self.merge == "concat":
+            return torch.cat(outs, dim=1)
+        return self.scale * torch.stack(outs).mean(0)
+
+    def drop_branches(self, indices) -> None:
+        """Remove the branches at ``indices`` (a new list is built; nothing is removed
+        while iterating)."""
+        drop = set(indices)
+        keep = [i for i in range(len(self.branches)) if i not in drop]
+        if not keep:
+            raise GrowthError("drop_branches: every branch would be removed")
+        self.branches = nn.ModuleList([self.branches[i] for i in keep])
+        self.projections = nn.ModuleList([self.projections[i] for i in keep])
+        if self.merge == "concat":
+            self.out_channels = sum(_out_width(b) for b in self.branches)
+
+
+# --------------------------------------------------------------------------- grow_width
+@dataclasses.dataclass
+class GrowthReport:
+    """What a :func:`grow_width` pass did (or would have done)."""
+    grown: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+    failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    dropped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: original parameter -> (its replacement, carry) for optimizer state
+    mapping: dict = dataclasses.field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"  grown {p}: {a} -> {b} channels" for p, a, b in self.grown]
+        lines += [f"  FAILED {p}: {why}" for p, why in self.failed]
+        lines += [f"  dropped branch {p}: {why}" for p, why in self.dropped]
+        return "\n".join(lines) or "  nothing to grow"
+
+
+@dataclasses.dataclass
+class _Pair:
+    producer: str
+    consumer: str
+    bn: str | None
+    branch: str | None  # the MultiBranch branch it lies in ("path.branches.i"), if any
+
+
+def _is_conv(m) -> bool:
+    return isinstance(m, _ConvNd)
+
+
+def _find_pairs(module: nn.Module, prefix: str = "", branch: str | None = None
+                ) -> list[_Pair]:
+    pairs: list[_Pair] = []
+
+    def join(name: str) -> str:
+        return f"{prefix}.{name}" if prefix else name
+    if isinstance(module, MultiBranch):
+        for i, b in enumerate(module.branches):
+            name = join(f"branches.{i}")
+            pairs += _find_pairs(b, name, name)
+        return pairs
+    if all(hasattr(module, a) for a in ("conv1", "bn1", "conv2", "bn2")):  # residual block
+        chain = [("conv1", "bn1", "conv2")]
+        if hasattr(module, "conv3"):
+            chain.append(("conv2", "bn2", "conv3"))
+        return [_Pair(join(p), join(c), join(b), branch) for p, b, c in chain]
+    if isinstance(module, nn.Sequential):
+        producer, bn = None, None
+        for name, child in module.named_children():
+            if _is_conv(child):
+                if producer is not None:
+                    pairs.append(_Pair(join(producer), join(name),
+                                       join(bn) if bn else None, branch))
+                producer, bn = name, None
+            elif isinstance(child, _BatchNorm) and producer is not None and bn is None:
+                bn = name
+            elif isinstance(child, PASSTHROUGH):
+                continue
+            else:  # a block: its own inner pairs; no pair across it
+                pairs += _find_pairs(child, join(name), branch)
+                producer, bn = None, None
+        return pairs
+    for name, child in module.named_children():
+        pairs += _find_pairs(child, join(name), branch)
+    return pairs
+
+
+def _inside(path: str, branch: str) -> bool:
+    return path == branch or path.startswith(branch + ".")
+
+
+def _new_width(old: int, blocks: int, factor_or_mapping, name: str) -> int:
+    if isinstance(factor_or_mapping, dict):
+        new = factor_or_mapping.get(name, old)
+    else:
+        new = math.ceil(old * float(factor_or_mapping) / blocks) * blocks
+    return new
+
+
+def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: str = "zero",
+               noise: float = 0.0, on_error: str = "raise",
+               generator: torch.Generator | None = None) -> GrowthReport:
+    """Widen every producer/consumer pair of ``module`` in place: by ``factor`` (rounded up
+    to the groups) or to ``{producer name: width}``. All or nothing: on any failure the model
+    and optimizer are left as they were and :class:`GrowthError` lists each layer; with
+    ``on_error="drop"`` the failing :class:`MultiBranch` branches are removed instead (after
+    the pass) and reported. With ``optimizer=`` its state follows the new parameters."""
+    if on_error not in ("raise", "drop"):
+        raise ConvError(f"on_error: got {on_error!r}; allowed: 'raise', 'drop'")
+    if init not in INITS:
+        raise ConvError(f"init: got {init!r}; allowed: {', '.join(map(repr, INITS))}")
+    report = GrowthReport()
+    current: dict[str, nn.Module] = {}
+    carries: dict[str, Carries] = {}
+    failed_branches: dict[str, str] = {}
+
+    def get(path):
+        return current[path] if path in current else module.get_submodule(path)
+
+    for pair in _find_pairs(module):
+        if pair.branch in failed_branches:
+            continue
+        try:
+            producer, consumer = get(pair.producer), get(pair.consumer)
+            bn = get(pair.bn) if pair.bn else None
+            _pair_sizes(producer, consumer, bn)
+            blocks = _blocks(producer, consumer)
+            old = producer.out_channels
+            new = _new_width(old, blocks, factor_or_mapping, pair.producer)
+            if new == old:
+                continue
+            w = Widening.plan(old, new, blocks, init, generator)
+            grown = {pair.producer: _widen_conv_out(producer, w, init, noise, generator,
+                                                    carries.setdefault(pair.producer, {})),
+                     pair.consumer: _widen_conv_in(consumer, w, init,
+                                                   carries.setdefault(pair.consumer, {}))}
+            if bn is not None:
+                grown[pair.bn] = _widen_batchnorm(bn, w, carries.setdefault(pair.bn, {}))
+            current.update(grown)
+            report.grown.append((pair.producer, old, new))
+        except Exception as exc:  # collected: the model is not touched until all succeed
+            why = f"{type(exc).__name__}: {exc}"
+            report.failed.append((pair.producer, why))
+            if pair.branch is not None and on_error == "drop":
+                failed_branches[pair.branch] = why
+    if report.failed and (on_error == "raise" or any(
+            not any(_inside(p, b) for b in failed_branches) for p, _ in report.failed)):
+        raise GrowthError("grow_width: nothing was changed", report)
+    for path in list(current):  # a dropped branch's widened layers are not installed
+        if any(_inside(path, b) for b in failed_branches):
+            del current[path]
+    report.grown = [g for g in report.grown
+                    if not any(_inside(g[0], b) for b in failed_branches)]
+    # commit: every module swapped in, then optimizer state moved
+    for path, new in current.items():
+        parent_path, _, name = path.rpartition(".")
+        parent = module.get_submodule(parent_path) if parent_path else module
+        for key, (origin, carry) in carries[path].items():
+            if isinstance(origin, nn.Parameter):
+                report.mapping[origin] = (new.get_parameter(key), carry)
+        setattr(parent, name, new)
+    drops: dict[str, list[int]] = {}
+    for branch, why in failed_branches.items():  # each MultiBranch drops its failures at once
+        owner_path, _, index = ("." + branch).rpartition(".branches.")
+        drops.setdefault(owner_path.lstrip("."), []).append(int(index))
+        report.dropped.append((branch, why))
+    for owner_path, indices in drops.items():
+        (module.get_submodule(owner_path) if owner_path else module).drop_branches(indices)
+    if optimizer is not None:
+        carry_optimizer(optimizer, report.mapping)
+    elif report.mapping:
+        warnings.warn("grow_width: the model has new parameters; rebuild the optimizer or "
+                      "pass optimizer= to carry its state", UserWarning, stacklevel=2)
+    return report
+
+
+def carry_optimizer(optimizer: torch.optim.Optimizer, mapping: dict) -> None:
+    """Point ``optimizer`` at the new parameters of ``mapping`` ({old parameter: (new
+    parameter, carry)}) and move their state: tensors of the parameter's shape (momentum,
+    Adam's moments) are placed at the new positions with zeros in new slices; the rest
+    (step counts) is kept."""
+    for group in optimizer.param_groups:
+        group["params"] = [mapping[p][0] if p in mapping else p for p in group["params"]]
+    for old, (new, carry) in mapping.items():
+        state = optimizer.state.pop(old, None)
+        if state is None:
+            continue
+        optimizer.state[new] = {
+            k: (carry(v) if isinstance(v, Tensor) and v.shape == old.shape else v)
+            for k, v in state.items()}

@@ -1,0 +1,272 @@
+"""Width growth (fastconv.growth): function preservation per layer type and for blocks,
+gradients into the new channels, optimizer state, all-or-nothing failures, a training run
+that grows every epoch."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import fastconv
+from fastconv import growth
+from fastconv.growth import GrowthError, MultiBranch, grow_width, widen_pair
+from fastconv.nn import ConvBNAct2d
+from fastconv.precision import relative_error
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _close(a, b, dtype):
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    assert relative_error(a, b) < tol, relative_error(a, b)
+
+
+def _pair(kind, dtype):
+    """(producer, bn, consumer, input) of one layer type."""
+    if kind == "conv1d":
+        p = nn.Conv1d(4, 6, 3, padding=2, dilation=2, bias=True)
+        c = nn.Conv1d(6, 5, 3, stride=2, padding=1, padding_mode="reflect")
+        bn, x = nn.BatchNorm1d(6), torch.randn(3, 4, 17)
+    elif kind == "conv2d_groups":
+        p = nn.Conv2d(4, 6, 3, padding=1, groups=2)
+        c = nn.Conv2d(6, 9, 3, stride=2, padding=1, groups=3)
+        bn, x = nn.BatchNorm2d(6), torch.randn(2, 4, 9, 11)
+    elif kind == "transposed":
+        p = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+        c = nn.ConvTranspose2d(6, 3, 2, stride=2, groups=3, bias=True)
+        bn, x = nn.BatchNorm2d(6), torch.randn(2, 4, 5, 6)
+    elif kind == "fastconv":
+        p = fastconv.nn.Conv2d(4, 6, 3, padding=1, padding_mode="circular", precision="ieee")
+        c = fastconv.nn.Conv2d(6, 5, 1, precision="ieee")
+        bn, x = nn.BatchNorm2d(6), torch.randn(2, 4, 7, 8)
+    else:  # fused producer: its BatchNorm grows with it
+        p = ConvBNAct2d(4, 6, 3, padding=1, activation="silu", precision="ieee")
+        c = fastconv.nn.Conv2d(6, 5, 3, padding=1, precision="ieee")
+        bn, x = None, torch.randn(2, 4, 7, 8)
+    for b in (bn, getattr(p, "bn", None)):  # non-trivial statistics and affine parameters
+        if b is not None:
+            with torch.no_grad():
+                b.running_mean.uniform_(-1, 1)
+                b.running_var.uniform_(0.5, 2)
+                b.weight.uniform_(0.5, 1.5)
+                b.bias.uniform_(-0.5, 0.5)
+    return p.to(DEVICE, dtype), bn.to(DEVICE, dtype) if bn is not None else None, \
+        c.to(DEVICE, dtype), x.to(DEVICE, dtype)
+
+
+def _net(p, bn, c):
+    return nn.Sequential(*[m for m in (p, bn, nn.SiLU() if bn is not None else None, c)
+                           if m is not None])
+
+
+KINDS = ["conv1d", "conv2d_groups", "transposed", "fastconv", "fused"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("init", ["zero", "net2net"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_widen_pair_preserves_the_function(kind, init, dtype):
+    p, bn, c, x = _pair(kind, dtype)
+    for training in (False, True):
+        net = _net(p, bn, c).train(training)
+        want = net(x)  # (in training, this updates the running statistics)
+        before = copy.deepcopy(net.state_dict())
+        p2, c2, bn2 = widen_pair(p, c, 12, bn, init=init,
+                                 generator=torch.Generator().manual_seed(1))
+        grown = _net(p2, bn2, c2).train(training)
+        _close(grown(x), want, dtype)
+        assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())  # copies
+        assert p2.out_channels == 12 and c2.in_channels == 12
+        for attr in ("stride", "padding", "dilation", "groups", "padding_mode",
+                     "output_padding"):
+            assert getattr(p2, attr) == getattr(p, attr)
+            assert getattr(c2, attr) == getattr(c, attr)
+        assert (p2.bias is None) == (p.bias is None) and p2.weight.dtype == dtype
+        assert type(p2) is type(p)
+        assert getattr(p2, "precision", None) == getattr(p, "precision", None)
+
+
+def test_new_channels_receive_gradients_and_parameter_counts():
+    p, bn, c, x = _pair("conv2d_groups", torch.float64)
+    p2, c2, bn2 = widen_pair(p, c, 12, bn)
+    net = _net(p2, bn2, c2)
+    net(x).square().sum().backward()
+    # the consumer's weights from the new channels (zero-initialised) get a gradient; with
+    # producer groups 2 and consumer groups 3 the channels move in lcm = 6 blocks
+    fresh = growth.Widening.plan(6, 12, 6).fresh
+    assert fresh.tolist() == [1, 3, 5, 7, 9, 11]
+    for j in fresh.tolist():
+        rows = slice(j // 4 * 3, j // 4 * 3 + 3)  # the consumer group reading channel j
+        assert c2.weight[rows, j % 4].abs().sum() == 0
+        assert c2.weight.grad[rows, j % 4].abs().sum() > 0
+    assert p2.weight.numel() == 12 * 2 * 9 and c2.weight.numel() == 9 * 4 * 9
+    assert bn2.running_var[6:].eq(1).all() or bn2.running_var.numel() == 12
+
+
+def test_groups_must_divide_the_new_width():
+    p, bn, c, x = _pair("conv2d_groups", torch.float64)
+    with pytest.raises(fastconv.ConvError, match="multiple of 6"):
+        widen_pair(p, c, 10, bn)
+    with pytest.raises(fastconv.ConvError, match="init"):
+        widen_pair(p, c, 12, bn, init="random")
+
+
+class _Residual(nn.Module):
+    """A ResNet basic block (conv1/bn1/conv2/bn2) with an identity shortcut."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(x + self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+
+
+def _aspp(c=4):
+    def branch(d):
+        return nn.Sequential(nn.Conv2d(c, 6, 3, padding=d, dilation=d), nn.BatchNorm2d(6),
+                             nn.ReLU(), nn.Conv2d(6, 5, 1))
+    return nn.Sequential(MultiBranch([branch(1), branch(2), nn.Sequential(
+        nn.Conv2d(c, 3, 1), nn.ReLU(), nn.Conv2d(3, 4, 1))], merge="concat"),
+        nn.Conv2d(14, 3, 1))
+
+
+@pytest.mark.filterwarnings("ignore:grow_width")
+@pytest.mark.parametrize("init", ["zero", "net2net"])
+def test_blocks_keep_their_function(init):
+    torch.manual_seed(0)
+    for net, x in ((nn.Sequential(_Residual(4), _Residual(4)), torch.randn(2, 4, 6, 7)),
+                   (_aspp(), torch.randn(2, 4, 9, 8)),
+                   (nn.Sequential(nn.Conv2d(3, 4, 1), MultiBranch(
+                       [nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(6, 4, 3, padding=1)),
+                        nn.Sequential(nn.Conv2d(4, 2, 1))], scale=0.2)),
+                    torch.randn(2, 3, 5, 5))):
+        net = net.double().eval()
+        x = x.double()
+        want = net(x)
+        report = grow_width(net, 2.0, init=init, generator=torch.Generator().manual_seed(0))
+        assert report.grown and not report.failed
+        _close(net(x), want, torch.float64)
+        net.train()
+        net(x).sum().backward()  # backward after growth
+
+
+def test_multibranch_projections_are_identity_never_padding():
+    mb = MultiBranch([nn.Conv2d(3, 5, 1), nn.Conv2d(3, 2, 1)], scale=0.5).double()
+    assert isinstance(mb.projections[0], nn.Identity)
+    proj = mb.projections[1]
+    assert isinstance(proj, nn.Conv2d) and proj.weight.requires_grad
+    x = torch.randn(1, 3, 4, 4, dtype=torch.float64)
+    b0, b1 = mb.branches[0](x), mb.branches[1](x)
+    want = 0.5 * (b0 + torch.cat([b1, torch.zeros_like(b0[:, :3])], 1)) / 2
+    _close(mb(x), want, torch.float64)
+
+
+def test_optimizer_state_is_carried():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                        nn.Conv2d(4, 2, 1)).double()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    for _ in range(3):
+        opt.zero_grad()
+        net(x).square().mean().backward()
+        opt.step()
+    old_w = net[0].weight
+    old_state = {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[old_w].items()}
+    grow_width(net, 2.0, optimizer=opt)
+    new_w = net[0].weight
+    assert new_w.shape[0] == 8 and old_w not in opt.state
+    st = opt.state[new_w]
+    assert float(st["step"]) == float(old_state["step"]) == 3
+    assert torch.equal(st["exp_avg"][:4], old_state["exp_avg"])
+    assert st["exp_avg"][4:].abs().sum() == 0 and st["exp_avg_sq"][4:].abs().sum() == 0
+    assert any(p is new_w for g in opt.param_groups for p in g["params"])
+    opt.zero_grad()
+    net(x).square().mean().backward()
+    opt.step()  # training continues with the carried state
+
+
+def test_without_optimizer_a_warning_says_to_rebuild_it():
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1))
+    with pytest.warns(UserWarning, match="rebuild the optimizer"):
+        grow_width(net, 2.0)
+
+
+def test_failures_leave_everything_unchanged():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 6, 3, groups=2),
+                        nn.Conv2d(6, 2, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.randn(1, 3, 5, 5)).sum().backward()
+    opt.step()
+    before = copy.deepcopy(net.state_dict())
+    params = [p for g in opt.param_groups for p in g["params"]]
+    with pytest.raises(GrowthError, match="multiple of 2") as info:
+        grow_width(net, {"0": 8, "2": 7}, optimizer=opt)  # 7 is not a multiple of 2 groups
+    assert info.value.report.failed and "2" in dict(info.value.report.failed)
+    after = net.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert [p for g in opt.param_groups for p in g["params"]] == params
+
+
+@pytest.mark.filterwarnings("ignore:grow_width")
+def test_on_error_drop_removes_failing_branches_after_the_pass():
+    good = nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1))
+    bad = nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1, groups=4))
+    also_bad = nn.Sequential(nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1, groups=4))
+    mb = MultiBranch([bad, good, also_bad])
+    report = grow_width(mb, {"branches.0.0": 6, "branches.1.0": 8, "branches.2.0": 5},
+                        on_error="drop")
+    assert [b for b, _ in report.dropped] == ["branches.0", "branches.2"]
+    assert len(mb.branches) == 1 and mb.branches[0][0].out_channels == 8
+    mb(torch.randn(1, 4, 3, 3)).sum().backward()
+
+
+def test_training_grows_every_epoch_and_the_loss_decreases():
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        MultiBranch([nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8),
+                                   nn.ReLU(), nn.Conv2d(8, 8, 1)),
+                     nn.Sequential(nn.Conv2d(8, 4, 1), nn.ReLU(), nn.Conv2d(4, 6, 1))],
+                    scale=0.5),
+        nn.Conv2d(8, 2, 1)).to(DEVICE)
+    x = torch.randn(16, 3, 8, 8, device=DEVICE)
+    target = torch.randn(16, 2, 8, 8, device=DEVICE)
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(5):  # epochs
+        for _step in range(20):
+            opt.zero_grad()
+            loss = (net(x) - target).square().mean()
+            loss.backward()
+            opt.step()
+        losses.append(float(loss.detach()))
+        with torch.no_grad():
+            before = net.eval()(x)
+        grow_width(net, 1.5, optimizer=opt)
+        with torch.no_grad():
+            _close(net(x), before, torch.float32)
+        net.train()
+    assert losses[-1] < losses[0] * 0.8, losses
+    assert net[3].branches[0][0].out_channels > 8 and net[3].branches[1][0].out_channels > 4
+
+
+def test_widen_batchnorm_and_single_layers():
+    bn = nn.BatchNorm2d(4, eps=1e-3, momentum=0.3)
+    bn.num_batches_tracked += 5
+    b2 = growth.widen_batchnorm(bn, 6)
+    assert b2.eps == 1e-3 and b2.momentum == 0.3 and int(b2.num_batches_tracked) == 5
+    assert b2.running_var[4:].eq(1).all() and b2.weight[4:].eq(1).all()
+    conv = nn.Conv2d(4, 3, 3)
+    wide = growth.widen_conv_in(conv, 6)
+    assert wide.in_channels == 6 and torch.equal(wide.weight[:, :4], conv.weight)
+    assert wide.weight[:, 4:].abs().sum() == 0
+    out = growth.widen_conv_out(conv, 5, noise=0.1)
+    assert torch.equal(out.weight[:3], conv.weight) and out.out_channels == 5
+    with pytest.raises(fastconv.ConvError, match="convolution module"):
+        growth.widen_conv_out(nn.Linear(3, 3), 4)
