@@ -78,6 +78,7 @@ def _ddp_worker(rank, world, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("nccl", rank=rank, world_size=world)
     torch.cuda.set_device(rank)
+    torch.backends.cudnn.allow_tf32 = False  # torch's reference in strict fp32, as ours
     try:
         torch.manual_seed(0)
         ours = ConvBNAct2d(8, 16, 3, padding=1, sync_stats=True, precision="ieee").cuda()
