@@ -1,0 +1,293 @@
+"""``optimize(model)``: the same function, run through fastconv's fused layers.
+
+The model is copied, traced with torch.fx (a module walk over ``nn.Sequential`` chains when
+it does not trace), and every chain
+
+    Conv1d/Conv2d -> BatchNorm -> [add(residual)] -> [activation]
+
+whose intermediate results have no other use becomes one :class:`fastconv.nn.ConvBNAct1d`/
+``2d`` (training: batch statistics and their backward in the fused path; inference:
+BatchNorm folded into the convolution). Every other convolution becomes its fastconv
+counterpart. ``.report`` lists each pattern fused and each convolution left alone, with the
+reason. Cases that would change the result are left alone: a module called on two paths,
+an intermediate result used twice, a transposed convolution before the BatchNorm, a
+BatchNorm that is not ``torch.nn.BatchNorm*`` (e.g. torchvision's FrozenBatchNorm2d). A
+BatchNorm keeps its own train/eval flag inside the fused layer.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import ConvError
+from .nn import convert
+from .nn.fused import ConvBNAct1d, ConvBNAct2d, _activation_of, _torch_activation
+
+MODES = ("inference", "training")
+
+_FUNCTION_ACTIVATIONS = {
+    F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", F.relu6: "relu6",
+    F.silu: "silu", F.hardswish: "hardswish", torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid",
+    torch.tanh: "tanh", F.tanh: "tanh",
+}
+_ADDS = (operator.add, operator.iadd, torch.add)
+_FUSED = {1: (nn.Conv1d, nn.BatchNorm1d, ConvBNAct1d), 2: (nn.Conv2d, nn.BatchNorm2d, ConvBNAct2d)}
+
+
+@dataclasses.dataclass
+class Report:
+    """What :func:`optimize` did: ``fused`` (conv name, pattern) and ``left`` (conv name,
+    reason), plus notes on the whole model."""
+    fused: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    left: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"fused {len(self.fused)} patterns, left {len(self.left)} convolutions"]
+        lines += [f"  fused {name}: {pattern}" for name, pattern in self.fused]
+        lines += [f"  left  {name}: {why}" for name, why in self.left]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class OptimizedModel(nn.Module):
+    """The optimized copy of a model (``.model``), with ``.report``; its forward converts
+    4-D tensor inputs to channels-last when asked, runs under autocast for bf16/fp16, and
+    replays CUDA graphs per input shape when ``cuda_graph`` (inference on a GPU)."""
+
+    def __init__(self, model: nn.Module, report: Report, channels_last: bool,
+                 autocast: torch.dtype | None, cuda_graph: bool):
+        super().__init__()
+        self.model = model
+        self.report = report
+        self.channels_last = channels_last
+        self.autocast = autocast
+        self.cuda_graph = cuda_graph
+        self._graphs: dict = {}
+
+    def _prepare(self, args):
+        if not self.channels_last:
+            return args
+        return tuple(a.contiguous(memory_format=torch.channels_last)
+                     if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
+
+    def _run(self, *args):
+        if self.autocast is None:
+            return self.model(*args)
+        device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+        with torch.autocast(device, dtype=self.autocast):
+            return self.model(*args)
+
+    def forward(self, *args):
+        args = self._prepare(args)
+        if self.cuda_graph and not self.training and all(
+                isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            return self._replay(args)
+        return self._run(*args)
+
+    def _replay(self, args):
+        """One CUDA graph per input signature: captured on first sight (after warm-up on a
+        side stream), replayed with the inputs copied into its static buffers."""
+        key = tuple((a.shape, a.dtype, a.stride(), a.device) for a in args)
+        hit = self._graphs.get(key)
+        if hit is None:
+            static = tuple(a.clone() for a in args)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.no_grad():
+                for _ in range(3):  # dispatch, compilation and allocations happen here
+                    self._run(*static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.no_grad():
+                out = self._run(*static)
+            hit = self._graphs[key] = (graph, static, out)
+        graph, static, out = hit
+        for s, a in zip(static, args):
+            s.copy_(a)
+        graph.replay()
+        return torch.utils._pytree.tree_map(
+            lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+
+
+def optimize(model: nn.Module, mode: str = "inference", precision: str | None = None,
+             channels_last: bool = True, cuda_graph: bool = False,
+             example_inputs=None) -> OptimizedModel:
+    """A copy of ``model`` computing the same function through fastconv (see the module
+    docstring); ``model`` itself is not changed. ``mode`` sets train/eval on the copy;
+    ``precision`` is None (torch's flags), "ieee", "tf32", "bf16" or "fp16" (the last two
+    run under autocast); ``example_inputs``, when given, are run once to check the copy."""
+    if mode not in MODES:
+        raise ConvError(f"mode: got {mode!r}; allowed: {', '.join(map(repr, MODES))}")
+    if precision not in (None, "ieee", "tf32", "bf16", "fp16"):
+        raise ConvError(f"precision: got {precision!r}; allowed: None, 'ieee', 'tf32', "
+                        f"'bf16', 'fp16'")
+    report = Report()
+    model = copy.deepcopy(model)
+    if mode == "inference":
+        model.eval()
+    elif not model.training:  # a training copy of an eval model; BatchNorms frozen by the
+        model.train()  # user inside a training model keep their eval flag
+    conv_precision = precision if precision in ("ieee", "tf32") else None
+    try:
+        gm = torch.fx.symbolic_trace(model)
+    except Exception as exc:
+        report.notes.append(f"torch.fx could not trace the model ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:120]}); fused nn.Sequential chains "
+                            f"only")
+        out = _walk(model, report, conv_precision)
+    else:
+        out = _fuse_graph(gm, report, conv_precision)
+    convert(out, inplace=True, precision=conv_precision)
+    if channels_last:
+        out = out.to(memory_format=torch.channels_last)
+    if cuda_graph and (mode == "training" or not torch.cuda.is_available()):
+        report.notes.append("cuda_graph: replays inference on a GPU only; running eagerly")
+        cuda_graph = False
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    result = OptimizedModel(out, report, channels_last, autocast, cuda_graph)
+    result.training = out.training
+    if example_inputs is not None:
+        with torch.no_grad():
+            result(*example_inputs)
+    return result
+
+
+def _conv_rank(conv) -> int | None:
+    for rank, (conv_cls, _, _) in _FUSED.items():
+        if isinstance(conv, conv_cls) and not conv.transposed:
+            return rank
+    return None
+
+
+def _activation_node(node, modules) -> tuple[str, float] | None:
+    if node.op == "call_module":
+        module = modules.get(node.target)  # None: a layer fused during this pass
+        if module is None or isinstance(module, nn.Sequential):
+            return None
+        try:
+            return _activation_of(module)
+        except ConvError:
+            return None
+    if node.op == "call_function" and node.target in _FUNCTION_ACTIVATIONS:
+        return _FUNCTION_ACTIVATIONS[node.target], 0.01
+    if node.op == "call_method" and node.target in ("relu", "relu_", "sigmoid", "tanh"):
+        return node.target.rstrip("_"), 0.01
+    return None
+
+
+def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision) -> nn.Module:
+    modules = dict(gm.named_modules())
+    calls: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or not isinstance(modules.get(node.target),
+                                                      nn.modules.conv._ConvNd):
+            continue
+        name, conv = node.target, modules[node.target]
+        why = _why_not(node, conv, calls, modules)
+        if why:
+            report.left.append((name, why))
+            continue
+        bn_node = next(iter(node.users))
+        bn = modules[bn_node.target]
+        chain, last, residual, act = [node, bn_node], bn_node, None, ("none", 0.01)
+        nxt = next(iter(last.users)) if len(last.users) == 1 else None
+        if nxt is not None and nxt.op == "call_function" and nxt.target in _ADDS \
+                and len(nxt.args) == 2 and not nxt.kwargs:
+            other = nxt.args[1] if nxt.args[0] is last else nxt.args[0]
+            if isinstance(other, torch.fx.Node) and other is not last:
+                chain.append(nxt)
+                last, residual = nxt, other
+                nxt = next(iter(last.users)) if len(last.users) == 1 else None
+        found = _activation_node(nxt, modules) if nxt is not None else None
+        if found is not None:  # a shared activation module stays for its other callers
+            chain.append(nxt)
+            last, act = nxt, found
+        rank = _conv_rank(conv)
+        fused = _FUSED[rank][2].from_torch(conv, bn, _torch_activation(*act),
+                                           precision=precision)
+        fused.train(bn.training)
+        new_name = name.replace(".", "_") + "_bn_act"
+        gm.add_submodule(new_name, fused)
+        with gm.graph.inserting_after(last):
+            args = (node.args[0],) if residual is None else (node.args[0], residual)
+            new = gm.graph.call_module(new_name, args)
+        last.replace_all_uses_with(new)
+        for n in reversed(chain):
+            gm.graph.erase_node(n)
+        pattern = " -> ".join(["conv", "bn"] + (["add"] if residual is not None else [])
+                              + ([act[0]] if act[0] != "none" else []))
+        report.fused.append((name, pattern))
+    gm.graph.lint()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm
+
+
+def _why_not(node, conv, calls, modules) -> str:
+    """Why the chain starting at this convolution cannot be fused ('' when it can)."""
+    users = list(node.users)
+    if len(users) != 1:
+        return f"its output is used {len(users)} times"
+    follower = users[0]
+    if follower.op != "call_module" or not isinstance(modules.get(follower.target),
+                                                      nn.modules.batchnorm._BatchNorm):
+        target = getattr(follower.target, "__name__", follower.target)
+        if follower.op == "call_module":
+            target = type(modules.get(follower.target)).__name__
+        return f"not followed by a torch.nn BatchNorm module (next: {target})"
+    if conv.transposed:
+        return "a transposed convolution before a BatchNorm (not fused)"
+    bn_node = users[0]
+    bn = modules[bn_node.target]
+    rank = _conv_rank(conv)
+    if rank is None or not isinstance(bn, _FUSED[rank][1]):
+        return f"{type(conv).__name__} with {type(bn).__name__}: no fused layer for this rank"
+    if calls.get(node.target, 0) > 1 or calls.get(bn_node.target, 0) > 1:
+        return "the convolution or its BatchNorm is called on more than one path"
+    if bn_node.args[0] is not node or len(bn_node.args) != 1 or bn_node.kwargs:
+        return "the BatchNorm is called with other arguments"
+    if not bn.track_running_stats and not bn.training:
+        return "a BatchNorm without running statistics in eval mode"
+    return ""
+
+
+def _walk(model: nn.Module, report: Report, precision) -> nn.Module:
+    """Fusion without a trace: Conv, BatchNorm [, activation] consecutive in a Sequential."""
+    for parent_name, parent in list(model.named_modules()):
+        if not isinstance(parent, nn.Sequential):
+            continue
+        children = list(parent.named_children())
+        i = 0
+        while i < len(children):
+            name, conv = children[i]
+            rank = _conv_rank(conv) if isinstance(conv, nn.modules.conv._ConvNd) else None
+            nxt = children[i + 1][1] if i + 1 < len(children) else None
+            if rank is None or not isinstance(nxt, _FUSED[rank][1]):
+                i += 1
+                continue
+            act_mod = children[i + 2][1] if i + 2 < len(children) else None
+            try:
+                act = _activation_of(act_mod)
+            except ConvError:
+                act_mod, act = None, ("none", 0.01)
+            fused = _FUSED[rank][2].from_torch(conv, nxt, _torch_activation(*act),
+                                               precision=precision)
+            fused.train(nxt.training)
+            setattr(parent, name, fused)
+            setattr(parent, children[i + 1][0], nn.Identity())
+            if act_mod is not None:
+                setattr(parent, children[i + 2][0], nn.Identity())
+            full = f"{parent_name}.{name}" if parent_name else name
+            report.fused.append((full, "conv -> bn" + (f" -> {act[0]}" if act_mod else "")))
+            i += 3 if act_mod is not None else 2
+    return model

@@ -1,0 +1,139 @@
+"""fastconv.optimize on torchvision models (small inputs, CPU): the same outputs in eval, the
+same gradients in training, the expected fusions in the report, and each edge case left
+alone or handled."""
+
+import pytest
+import torch
+from torch import nn
+
+from fastconv.nn import ConvBNAct2d
+from fastconv.optimize import optimize
+from fastconv.precision import relative_error
+
+tv = pytest.importorskip("torchvision")
+
+
+def _out(y):
+    return y["out"] if isinstance(y, dict) else y
+
+
+@pytest.mark.parametrize("name,ctor,fused,left", [
+    ("resnet18", lambda: tv.models.resnet18(), 20, 0),
+    ("resnet50", lambda: tv.models.resnet50(), 53, 0),
+    ("mobilenet_v3_small", lambda: tv.models.mobilenet_v3_small(), 34, 18),  # SE fc convs
+    ("deeplabv3_resnet50", lambda: tv.models.segmentation.deeplabv3_resnet50(
+        weights=None, weights_backbone=None, num_classes=5), 60, 1),
+])
+def test_inference_matches_and_reports_the_fusions(name, ctor, fused, left):
+    torch.manual_seed(0)
+    model = ctor().eval()
+    opt = optimize(model, "inference", precision="ieee")
+    assert len(opt.report.fused) == fused and len(opt.report.left) == left, str(opt.report)
+    assert all(p.startswith("conv -> bn") for _, p in opt.report.fused)
+    for batch in (2, 1):  # batch 1: DeepLab's ASPP pooling branch normalises a 1x1 map
+        x = torch.randn(batch, 3, 48, 40)
+        with torch.no_grad():
+            assert relative_error(_out(opt(x)), _out(model(x))) < 1e-5
+    assert model.training is False and not any(
+        isinstance(m, ConvBNAct2d) for m in model.modules())  # the original is untouched
+
+
+def test_training_matches_outputs_gradients_and_running_stats():
+    torch.manual_seed(0)
+    model = tv.models.resnet18(num_classes=7).train()
+    opt = optimize(model, "training", precision="ieee")
+    assert opt.training and sum("add -> relu" in p for _, p in opt.report.fused) == 8
+    x = torch.randn(3, 3, 40, 36)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = opt(xa), model(xb)
+    assert relative_error(ya, yb) < 1e-5
+    g = torch.randn_like(ya)
+    ga = torch.autograd.grad(ya, (xa, opt.model.conv1_bn_act.weight,
+                                  opt.model.layer4_1_conv2_bn_act.bn.weight), g)
+    gb = torch.autograd.grad(yb, (xb, model.conv1.weight, model.layer4[1].bn2.weight), g)
+    for a, b in zip(ga, gb):
+        assert relative_error(a, b) < 1e-4
+    assert relative_error(opt.model.conv1_bn_act.bn.running_mean, model.bn1.running_mean) < 1e-5
+
+
+class _Reused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(self.bn(self.conv(x))))  # the same modules twice
+
+
+class _Forked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.relu(self.bn(y)) + y  # the conv output is used twice
+
+
+class _Branchy(nn.Module):
+    """Data-dependent control flow: torch.fx cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+
+    def forward(self, x):
+        return self.body(x) if x.sum() > -1e9 else x
+
+
+@pytest.mark.parametrize("model,reason", [
+    (_Reused(), "more than one path"),
+    (_Forked(), "used 2 times"),
+    (nn.Sequential(nn.ConvTranspose2d(4, 4, 2, 2), nn.BatchNorm2d(4)), "transposed"),
+    (nn.Sequential(nn.Conv2d(4, 4, 1), tv.ops.misc.FrozenBatchNorm2d(4)), "not followed by"),
+])
+def test_cases_that_would_change_the_result_are_left_with_a_reason(model, reason):
+    torch.manual_seed(0)
+    for mode in ("inference", "training"):
+        opt = optimize(model, mode, precision="ieee")
+        assert not opt.report.fused and any(reason in why for _, why in opt.report.left), \
+            str(opt.report)
+        x = torch.randn(2, 4, 6, 6)
+        with torch.no_grad():
+            assert relative_error(opt(x), model.train(mode == "training")(x)) < 1e-5
+
+
+def test_frozen_batchnorm_in_a_training_model_keeps_its_running_statistics():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1),
+                          nn.BatchNorm2d(2)).train()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+    model[1].eval()  # frozen statistics, as in fine-tuning
+    opt = optimize(model, "training", precision="ieee")
+    fused = [m for m in opt.modules() if isinstance(m, ConvBNAct2d)]
+    assert [m.training for m in fused] == [False, True]
+    x = torch.randn(2, 3, 7, 7)
+    assert relative_error(opt(x), model(x)) < 1e-5
+    assert relative_error(fused[0].bn.running_mean, model[1].running_mean) == 0
+
+
+def test_untraceable_model_fuses_sequential_chains_and_says_so():
+    model = _Branchy().eval()
+    opt = optimize(model, "inference", precision="ieee", cuda_graph=True)
+    assert any("could not trace" in n for n in opt.report.notes)
+    assert opt.report.fused == [("body.0", "conv -> bn -> relu")]
+    if not torch.cuda.is_available():
+        assert any("cuda_graph" in n for n in opt.report.notes)
+    x = torch.randn(2, 3, 5, 5)
+    with torch.no_grad():
+        assert relative_error(opt(x), model(x)) < 1e-5
+
+
+def test_bad_arguments():
+    from fastconv import ConvError
+
+    with pytest.raises(ConvError, match="mode"):
+        optimize(nn.Conv2d(1, 1, 1), "train")
+    with pytest.raises(ConvError, match="precision"):
+        optimize(nn.Conv2d(1, 1, 1), precision="fp8")
