@@ -137,3 +137,22 @@ def test_bad_arguments():
         optimize(nn.Conv2d(1, 1, 1), "train")
     with pytest.raises(ConvError, match="precision"):
         optimize(nn.Conv2d(1, 1, 1), precision="fp8")
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_segmentation_demo_runs_checks_and_writes_a_png(train, tmp_path, capsys,
+                                                        monkeypatch):
+    pytest.importorskip("matplotlib")
+    from fastconv import batchnorm, demo
+
+    # the batch-norm passes as torch operations: the Triton interpreter would take minutes
+    # over DeepLab's 60 layers (the kernels have their own tests)
+    monkeypatch.setattr(batchnorm, "USE_TRITON", torch.cuda.is_available())
+
+    png = tmp_path / "demo.png"
+    assert demo.run(size=32, reps=1, train=train, out=str(png), num_classes=4) == 0
+    text = capsys.readouterr().out
+    assert "fastconv.optimize" in text and "DISAGREES" not in text
+    if not torch.cuda.is_available():
+        assert "no CUDA GPU found" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000

@@ -15,6 +15,7 @@ from .functional import (
     conv_transpose2d,
     explain,
 )
+from .optimize import optimize
 from .precision import TOLERANCE, Precision
 from .problem import ConvProblem
 
@@ -24,5 +25,5 @@ __all__ = [
     "ACTIVATIONS", "ConvError", "ConvProblem", "ConvTypeError", "Epilogue", "NotSupported",
     "Precision", "TOLERANCE", "conv1d", "conv2d", "conv_bn_act1d", "conv_bn_act2d",
     "conv_transpose1d", "conv_transpose2d",
-    "__version__", "dispatch", "explain", "growth", "nn",
+    "__version__", "dispatch", "explain", "growth", "nn", "optimize",
 ]

@@ -245,6 +245,14 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from fastconv import demo
+
+    return demo.run(batch=args.batch, size=args.size, precision=args.precision,
+                    train=args.train, image=args.image, weights=args.weights, out=args.out,
+                    reps=args.reps)
+
+
 def cmd_plans(args) -> int:
     from fastconv import dispatch, plancache, workspace
     from fastconv.backends import cudnn
@@ -335,6 +343,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="auto")
     p.add_argument("--dispatch", choices=("heuristic", "benchmark", "pinned"), default=None)
     p.set_defaults(fn=cmd_explain)
+    p = sub.add_parser("demo", help="an end-to-end model through torch and fastconv")
+    p.add_argument("which", choices=("segmentation",))
+    p.add_argument("--batch", type=int, default=None, help="default 8 on a GPU, 1 on the CPU")
+    p.add_argument("--size", type=int, default=None, help="default 512 on a GPU, 64 on the CPU")
+    p.add_argument("--precision", choices=("ieee", "tf32", "bf16", "fp16"), default=None,
+                   help="fastconv's precision (default bf16 on a GPU, ieee on the CPU)")
+    p.add_argument("--train", action="store_true", help="time a training step instead")
+    p.add_argument("--image", default=None, help="an image file (PNG/JPEG) to segment")
+    p.add_argument("--weights", default=None, help="a local DeepLabV3-ResNet50 state_dict")
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--out", default="fastconv-demo-segmentation.png", help="the PNG to write")
+    p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("plans", help="show (or --clear) the dispatch caches and workspace")
     p.add_argument("--clear", action="store_true")
     p.add_argument("--limit", type=int, default=50, help="disk entries to list")
