@@ -156,3 +156,23 @@ def test_segmentation_demo_runs_checks_and_writes_a_png(train, tmp_path, capsys,
     if not torch.cuda.is_available():
         assert "no CUDA GPU found" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_models_suite_rows(mode, monkeypatch):
+    from fastconv import batchnorm
+    from fastconv.bench import models
+    from fastconv.precision import Precision
+
+    monkeypatch.setattr(batchnorm, "USE_TRITON", torch.cuda.is_available())
+    case = models.shrink(models.CASES[2])  # resnet50
+    rows = models.run_case(case, ["torch", "fastconv", "cudnn_fe"], Precision.IEEE, mode,
+                           device="cpu")
+    by = {r["provider"]: r for r in rows}
+    assert "not a models provider" in by["cudnn_fe"]["error"]
+    for p in ("torch", "fastconv"):
+        assert "error" not in by[p], by[p].get("error")
+        # against float64: torch's own error and fastconv's, same order
+        assert by[p]["rel_err"] < (1e-5 if mode == "eval" else 1e-3)
+        assert by[p]["timing"] == "not measured (no GPU)"
+    assert by["fastconv"]["choice"] == "53 fused, 0 left"

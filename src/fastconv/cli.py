@@ -106,9 +106,14 @@ def cmd_bench(args) -> int:
             return 2
     runs = []
     for suite in args.suite.split(","):
-        cases = suites.get(suite)
-        if not has_gpu:
-            cases = [suites.shrink(c) for c in cases[:args.cpu_cases]]
+        if suite == "models":  # whole models (bench/models.py)
+            from fastconv.bench import models
+            cases = models.CASES if has_gpu else [models.shrink(c)
+                                                  for c in models.CASES[:args.cpu_cases]]
+        else:
+            cases = suites.get(suite)
+            if not has_gpu:
+                cases = [suites.shrink(c) for c in cases[:args.cpu_cases]]
         for prec_name in args.precision.split(","):
             for mode in modes:
                 runs.append((suite, cases, Precision(prec_name), mode))
@@ -121,13 +126,19 @@ def cmd_bench(args) -> int:
             rows = []
             for case in cases:
                 advance(f"{suite} {mode} {prec} {layout} {case.name}")
+                if suite == "models":
+                    rows += models.run_case(case, providers, prec, mode,
+                                            "cuda" if has_gpu else "cpu",
+                                            runner.GpuTimer() if has_gpu else None,
+                                            reps=min(args.reps, 20))
+                    continue
                 rows += runner.run_case(case, providers, prec, layout, reps=args.reps,
                                         device="cuda" if has_gpu else "cpu", mode=mode)
             report.add_roofline(rows, ceilings)
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
             written += report.write(doc, out_dir, stem)
-            if args.plot:
+            if args.plot and suite != "models":  # (no FLOP model for whole networks)
                 from fastconv.bench.plot import plot
                 written += plot(doc, out_dir, stem)
             _print_table(rows)

@@ -14,13 +14,13 @@ training mode instead. Without a GPU it runs at a small size and says so.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import statistics
 import time
 
 import torch
 
+from .bench.models import float64_truth, no_dropout, train_step
 from .precision import TOLERANCE, Precision, relative_error
 
 
@@ -86,16 +86,8 @@ def _variants(model, x, on_gpu: bool, precision: str, train: bool):
     if train:
         for name, net in (("torch eager", model),
                           ("fastconv.optimize", optimize(model, "training", precision))):
-            opt = torch.optim.SGD(net.parameters(), lr=1e-3)
-
-            def step(net=net, opt=opt):
-                y = net(x)["out"]
-                y.float().square().mean().backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                return y.detach()
-            out.append((name, step, Precision(precision) if precision != "ieee" else ieee, "",
-                        net))
+            out.append((name, train_step(net, x),
+                        Precision(precision) if precision != "ieee" else ieee, "", net))
         return out
     model = model.eval()
     out.append(("torch eager", lambda: model(x)["out"], ieee, "", model))
@@ -122,20 +114,6 @@ def _variants(model, x, on_gpu: bool, precision: str, train: bool):
     else:
         out.append(("fastconv.optimize + CUDA graph", None, None, "no GPU", None))
     return out
-
-
-@contextlib.contextmanager
-def _no_dropout(net):
-    """Dropout off for the comparison step (its mask follows the memory layout, which
-    differs between channels-first and channels-last runs)."""
-    drops = [m for m in net.modules() if isinstance(m, torch.nn.Dropout) and m.training]
-    for m in drops:
-        m.train(False)
-    try:
-        yield
-    finally:
-        for m in drops:
-            m.train(True)
 
 
 def run(batch: int | None = None, size: int | None = None, precision: str | None = None,
@@ -171,11 +149,7 @@ def run(batch: int | None = None, size: int | None = None, precision: str | None
     rows = []
     if not train:
         model.eval()
-    # float64 truth: the same weights, mode and input, dropout off
-    truth_model = copy.deepcopy(model).double()
-    with torch.no_grad(), _no_dropout(truth_model):
-        truth = truth_model(x.double())["out"]
-    del truth_model
+    truth = float64_truth(model, x)  # the same weights, mode and input, dropout off
     torch_err: dict[bool, float] = {}  # half precision? -> torch's own error
     try:
         with torch.no_grad() if not train else torch.enable_grad():
@@ -185,7 +159,7 @@ def run(batch: int | None = None, size: int | None = None, precision: str | None
                 if fn is None:
                     rows.append((name, None, None, None, skip))
                     continue
-                with _no_dropout(net):
+                with no_dropout(net):
                     y = fn()
                 err = relative_error(y, truth)
                 agree = float((y.argmax(1) == truth.argmax(1)).float().mean())

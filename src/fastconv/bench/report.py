@@ -79,8 +79,8 @@ def add_roofline(rows: list[dict], ceilings: dict[str, float]) -> None:
     hbm = ceilings.get("hbm_gbps")
     for r in rows:
         peak = ceilings.get(f"{r['precision']}_tflops")
-        if not r.get("ms_p50") or not peak or not hbm:
-            continue
+        if not r.get("ms_p50") or not peak or not hbm or "flops" not in r:
+            continue  # (whole-model rows carry no FLOP count)
         bound_ms = max(r["flops"] / peak / 1e9, r["min_bytes"] / hbm / 1e6)
         r["roofline_pct"] = 100.0 * bound_ms / r["ms_p50"]
 
@@ -107,7 +107,8 @@ def _cells(rows: list[dict]) -> tuple[list[list[str]], list[str]]:
         ratio = sp.get(r["provider"], {}).get(r["case"])
         gratio = spg.get(r["provider"], {}).get(r["case"])
         out.append(first + [f"{r['ms_p50']:.4f}", f"{gms:.4f}" if gms else "-",
-                            f"{r['tflops']:.1f}", f"{roof:.1f}" if roof is not None else "",
+                            f"{r['tflops']:.1f}" if r.get("tflops") is not None else "",
+                            f"{roof:.1f}" if roof is not None else "",
                             f"{r['rel_err']:.1e}", f"{ratio:.2f}x" if ratio else "",
                             f"{gratio:.2f}x" if gratio else "", r.get("choice", "")])
     footer = []

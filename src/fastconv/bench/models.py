@@ -1,0 +1,189 @@
+"""Suite ``models``: whole torchvision models through torch and through fastconv.optimize.
+
+Cases are named by model and batch (``deeplabv3_r50_b8``: DeepLabV3-ResNet50, batch 8,
+512x512). Modes: ``eval`` (inference under no_grad) and ``train`` (forward, backward and an
+SGD step). Providers: ``torch`` (eager; bf16/fp16 run channels-last under autocast, as users
+run mixed precision), ``torch_compile`` and ``fastconv`` (``optimize`` of the model in the
+same precision). Every row's ``rel_err`` is against a float64 run of the same model (dropout
+off), so the table shows torch's own error beside fastconv's. ``eval`` rows are also timed as
+CUDA-graph replays (``graph_ms_p50``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import time
+
+import torch
+
+from ..precision import Precision, relative_error
+
+PROVIDERS = ("torch", "torch_compile", "fastconv")
+MODES = ("eval", "train")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCase:
+    name: str
+    model: str  # a key of BUILDERS
+    batch: int
+    size: int
+
+
+def _deeplab():
+    import torchvision
+
+    return torchvision.models.segmentation.deeplabv3_resnet50(
+        weights=None, weights_backbone=None, num_classes=21, aux_loss=False)
+
+
+def _resnet50():
+    import torchvision
+
+    return torchvision.models.resnet50()
+
+
+BUILDERS = {"deeplabv3_r50": _deeplab, "resnet50": _resnet50}
+CASES = [ModelCase("deeplabv3_r50_b8", "deeplabv3_r50", 8, 512),
+         ModelCase("deeplabv3_r50_b1", "deeplabv3_r50", 1, 512),
+         ModelCase("resnet50_b64", "resnet50", 64, 224)]
+
+
+def shrink(case: ModelCase) -> ModelCase:
+    """The CPU version: batch 2 (BatchNorm in training needs 2), 64x64."""
+    return dataclasses.replace(case, batch=2, size=64)
+
+
+def output(y) -> torch.Tensor:
+    return y["out"] if isinstance(y, dict) else y
+
+
+@contextlib.contextmanager
+def no_dropout(net: torch.nn.Module):
+    """Dropout off for a comparison (its mask follows the memory layout, which differs
+    between channels-first and channels-last runs)."""
+    drops = [m for m in net.modules() if isinstance(m, torch.nn.Dropout) and m.training]
+    for m in drops:
+        m.train(False)
+    try:
+        yield
+    finally:
+        for m in drops:
+            m.train(True)
+
+
+def float64_truth(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output in float64 (same weights and mode, dropout off)."""
+    truth = copy.deepcopy(model).double()
+    with torch.no_grad(), no_dropout(truth):
+        return output(truth(x.double()))
+
+
+def train_step(net: torch.nn.Module, x: torch.Tensor, lr: float = 1e-3):
+    """A training step of ``net`` on ``x`` (loss: mean square of the output; SGD)."""
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+
+    def step():
+        y = output(net(x))
+        y.float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return y.detach()
+    return step
+
+
+def _callable(provider: str, model, x, precision: Precision, mode: str):
+    """(call, network) for one provider."""
+    from ..optimize import optimize
+
+    half = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(precision)
+    if provider == "fastconv":
+        net = optimize(model, "training" if mode == "train" else "inference",
+                       precision.value, channels_last=half is not None)
+    else:
+        net = copy.deepcopy(model)
+        if half is not None:
+            net = net.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+        if provider == "torch_compile":
+            net = torch.compile(net)
+
+    def forward():
+        if half is not None and provider != "fastconv":
+            with torch.autocast(x.device.type, dtype=half):
+                return output(net(x))
+        return output(net(x))
+    if mode == "train":
+        inner = _Wrapped(forward, net)
+        return train_step(inner, x), net
+
+    def infer():
+        with torch.no_grad():
+            return forward()
+    return infer, net
+
+
+class _Wrapped(torch.nn.Module):
+    """A module whose forward is ``fn()`` (the provider's forward) and whose parameters are
+    ``net``'s, so that :func:`train_step` builds its optimizer over them."""
+
+    def __init__(self, fn, net):
+        super().__init__()
+        self.fn, self.net = fn, net
+
+    def forward(self, x):
+        return self.fn()
+
+
+def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: str,
+             device: str = "cuda", timer=None, reps: int = 20) -> list[dict]:
+    """One row per provider (DESIGN.md §7 fields plus ``images_per_s``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: the models suite runs {', '.join(MODES)}")
+    torch.manual_seed(0)
+    model = BUILDERS[case.model]().to(device).train(mode == "train")
+    x = torch.randn(case.batch, 3, case.size, case.size, device=device)
+    truth = float64_truth(model, x)
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
+    torch.backends.cudnn.benchmark = True
+    layout = "nhwc" if precision in (Precision.BF16, Precision.FP16) else "nchw"
+    rows = []
+    try:
+        for provider in providers:
+            row = dict(case=case.name, provider=provider, precision=precision.value,
+                       mode=mode, layout=layout, batch=case.batch, size=case.size)
+            try:
+                if provider not in PROVIDERS:
+                    raise ValueError(f"not a models provider (use {', '.join(PROVIDERS)})")
+                fn, net = _callable(provider, model, x, precision, mode)
+                start = time.perf_counter()
+                with no_dropout(net):
+                    y = fn()  # compiles, dispatches and autotunes: kept out of the timing
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if provider == "torch_compile":
+                    row["compile_s"] = time.perf_counter() - start
+                row["rel_err"] = relative_error(y, truth)
+                row["mask_agreement"] = float((y.argmax(1) == truth.argmax(1)).float().mean())
+                if timer is not None:
+                    from .runner import percentiles
+
+                    p50, p20, p80 = percentiles(timer.eager([fn], reps))
+                    graph = timer.graph([fn]) if mode == "eval" else None
+                    row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80,
+                               images_per_s=case.batch * 1000 / p50,
+                               graph_ms_p50=sorted(graph)[len(graph) // 2] if graph else None)
+                else:
+                    row.update(ms_p50=None, timing="not measured (no GPU)")
+                if provider == "fastconv":
+                    row["choice"] = (f"{len(net.report.fused)} fused, "
+                                     f"{len(net.report.left)} left")
+            except Exception as exc:  # reported, not fatal
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            rows.append(row)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
+    return rows
