@@ -268,5 +268,10 @@ def test_widen_batchnorm_and_single_layers():
     assert wide.weight[:, 4:].abs().sum() == 0
     out = growth.widen_conv_out(conv, 5, noise=0.1)
     assert torch.equal(out.weight[:3], conv.weight) and out.out_channels == 5
+    tconv = nn.ConvTranspose2d(4, 6, 3, groups=2)  # output channels on the grouped axis 1
+    for init in ("zero", "net2net"):
+        wide = growth.widen_conv_out(tconv, 10, init=init, noise=0.1)
+        assert wide.weight.shape == (4, 5, 3, 3)
+        assert torch.equal(wide.weight[:, :3], tconv.weight)  # old channels untouched
     with pytest.raises(fastconv.ConvError, match="convolution module"):
         growth.widen_conv_out(nn.Linear(3, 3), 4)

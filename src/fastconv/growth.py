@@ -203,10 +203,16 @@ def _widen_conv_out(conv, w: Widening, init: str, noise: float, generator,
                 nw[rows][:, fresh_local[g]] = fresh_init[rows][:, fresh_local[g]]
     if noise:
         std = float(weight.float().std()) if weight.numel() > 1 else 1.0
-        mask = torch.zeros(w.new, dtype=torch.bool, device=nw.device)
-        mask[w.fresh.to(nw.device)] = True
+        fresh = torch.zeros(w.new, dtype=nw.dtype, device=nw.device)
+        fresh[w.fresh.to(nw.device)] = 1
+        if axis == 0:
+            mask = _channel_view(fresh, 0, nw.dim())
+        else:  # element (a, j) of a grouped weight holds channel group(a)·(new/g) + j
+            a, b = nw.shape[:2]
+            mask = fresh.view(groups, 1, b).expand(groups, a // groups, b).reshape(
+                a, b, *([1] * (nw.dim() - 2)))
         bump = torch.randn(nw.shape, generator=generator, dtype=torch.float32).to(nw)
-        nw = nw + noise * std * bump * _channel_view(mask, axis, nw.dim()).to(nw.dtype)
+        nw = nw + noise * std * bump * mask
     _set(new, "weight", nw, conv.weight, carries,
          lambda s: _place(s, w, axis, groups), prefix)
     if conv.bias is not None:
