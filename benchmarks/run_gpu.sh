@@ -2,7 +2,7 @@
 # One device call: GPU tests, `fastconv check`, and the benchmark suites.
 # Usage (on the device machine, from the repository root):
 #   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep] [overhead] [launch]
-# bench reads SUITES, PRECISIONS, MODES, PROVIDERS; TESTS selects pytest -k expressions.
+# bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions.
 # Full logs and results go under $OUT (default: ./out); bench results come back as one
 # results.tgz (JSON, CSV, PNG); the last lines are a short summary.
 set -uo pipefail
@@ -18,6 +18,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 export FASTCONV_CACHE_DIR=${FASTCONV_CACHE_DIR:-$OUT/plancache}
+# A previous call's dispatch choices and cuDNN plans (its $OUT/plancache copied to the
+# git-ignored .plancache/ and carried) save the autotuning a second time.
+if [ -d .plancache ] && [ ! -e "$FASTCONV_CACHE_DIR" ]; then cp -r .plancache "$FASTCONV_CACHE_DIR"; fi
 steps=${*:-tests check bench}
 status=0
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), 'cudnn', torch.backends.cudnn.version())"
@@ -31,7 +34,7 @@ for step in $steps; do
     tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_gpu*.py -k "${TESTS:-}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
     check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     bench) python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
-             --mode ${MODES:-fwd} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \
+             --mode ${MODES:-fwd} ${CASES:+--cases $CASES} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \
              --plot --out "$OUT/results" 2>"$OUT/bench.err" | tee -a "$OUT/bench.log" | grep -E "geomean|wrote" || status=1
            tail -5 "$OUT/bench.err"
            tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results" ;;

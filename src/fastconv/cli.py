@@ -114,6 +114,12 @@ def cmd_bench(args) -> int:
             cases = suites.get(suite)
             if not has_gpu:
                 cases = [suites.shrink(c) for c in cases[:args.cpu_cases]]
+        if args.cases:
+            wanted = set(args.cases.split(","))
+            cases = [c for c in cases if c.name in wanted]
+            if not cases:
+                print(f"--cases: none of {args.cases!r} is a case of suite {suite!r}")
+                return 2
         for prec_name in args.precision.split(","):
             for mode in modes:
                 runs.append((suite, cases, Precision(prec_name), mode))
@@ -328,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fail-if-regression", type=float, metavar="PCT", default=None,
                    help="with --compare: exit 3 if any case is more than PCT%% slower")
     p.add_argument("--plot", action="store_true", help="also write PNG plots (matplotlib)")
+    p.add_argument("--cases", default=None,
+                   help="comma-separated case names: run only these cases of the suites")
     p.add_argument("--cpu-cases", type=int, default=3,
                    help="without a GPU: how many cases of each suite to check (shrunk)")
     p.set_defaults(fn=cmd_bench)
