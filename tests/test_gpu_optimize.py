@@ -2,6 +2,8 @@
 bf16 (channels-last) against a float64 run, within twice torch's own error; the CUDA-graph
 path equal to eager; a training step's output and gradients."""
 
+import copy
+
 import pytest
 import torch
 
@@ -36,17 +38,28 @@ def test_deeplab_inference_at_512(precision, monkeypatch):
                                                    2 * by["torch"]["rel_err"])
 
 
-def test_resnet50_training_step_matches_torch():
+def test_resnet50_training_step_within_torch_error():
+    """Output and conv1's weight gradient after a strict-fp32 forward and backward, against
+    float64: within twice torch's own fp32 error (a gradient through 50 layers of a random
+    network differs between two fp32 implementations by far more than rounding of one)."""
     torch.manual_seed(0)
     model = tv.models.resnet50().cuda().train()
     fast = optimize(model, "training", "ieee")
     x = torch.randn(8, 3, 224, 224, device="cuda")
+    results = {}
+    flags = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
-        ya, yb = fast(x), model(x)
-        assert relative_error(ya, yb) < 1e-4
-        ga = torch.autograd.grad(ya.square().mean(), fast.model.conv1_bn_act.weight)
-        gb = torch.autograd.grad(yb.square().mean(), model.conv1.weight)
-        assert relative_error(ga[0], gb[0]) < 1e-3
+        for label, net, weight in (("fast", fast, fast.model.conv1_bn_act.weight),
+                                   ("torch", model, model.conv1.weight)):
+            y = net(x)
+            results[label] = (y, *torch.autograd.grad(y.square().mean(), weight))
+        ref = copy.deepcopy(model).double()
+        y = ref(x.double())
+        results["f64"] = (y, *torch.autograd.grad(y.square().mean(), ref.conv1.weight))
     finally:
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = flags
+    for k, what in enumerate(("output", "conv1 weight gradient")):
+        mine = relative_error(results["fast"][k].double(), results["f64"][k])
+        theirs = relative_error(results["torch"][k].double(), results["f64"][k])
+        assert mine <= max(1e-5, 2 * theirs), (what, mine, theirs)

@@ -1,0 +1,203 @@
+"""Per-layer diagnosis of fastconv.optimize on whole models, GPU only.
+
+* ``layers``: DeepLabV3-ResNet50 inference at 512x512 (batch 2) in each precision: every
+  fastconv layer's output against a float64 run of the same layer on the same input, beside
+  torch's own error on that input (same precision), with the backend dispatch chose. Rows
+  where fastconv's error is over 3x torch's are listed (all rows with ``-v``).
+* ``train``: ResNet-50 training (batch 8, strict fp32): every fused layer's forward and its
+  gradients (input, weight, γ, β, residual) for a random upstream gradient, against float64
+  and beside torch's fp32 error.
+* ``host``: host time of eager inference (batch 1): torch.profiler's CPU table for
+  fastconv.optimize (bf16) and torch (autocast), and the backends of the cached plans.
+
+Usage: PYTHONPATH=src python benchmarks/model_diag.py [layers] [train] [host] [-v]
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from fastconv import dispatch, functional
+from fastconv.bench import models
+from fastconv.nn import Conv2d
+from fastconv.nn.fused import ConvBNAct2d
+from fastconv.optimize import optimize
+from fastconv.precision import relative_error
+
+VERBOSE = "-v" in sys.argv
+
+
+def _last_plans():
+    """Record the plan of every forward call (layer -> backend:config)."""
+    seen = []
+    original = functional.forward_plan
+
+    def recording(*args, **kwargs):
+        plan = original(*args, **kwargs)
+        choice = dispatch.cached(plan.problem, args[-2] if len(args) > 2 else "auto")
+        seen.append(choice.name() if choice is not None else plan.backend)
+        return plan
+    functional.forward_plan = recording
+    return seen, lambda: setattr(functional, "forward_plan", original)
+
+
+def _reference(module, x, residual, dtype):
+    """The module's computation with torch modules in ``dtype`` (eval or train as it is)."""
+    if isinstance(module, ConvBNAct2d):
+        conv, bn, act = module.to_torch().to(dtype)
+        y = bn(conv(x.to(dtype)))
+        if residual is not None:
+            y = y + residual.to(dtype)
+        return act(y)
+    return F.conv2d(x.to(dtype), module.weight.to(dtype),
+                    None if module.bias is None else module.bias.to(dtype), module.stride,
+                    module.padding, module.dilation, module.groups)
+
+
+def layers(precision: str):
+    torch.manual_seed(0)
+    model = models._deeplab().cuda().eval()
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    fast = optimize(model, "inference", precision, channels_last=half is not None)
+    x = torch.randn(2, 3, 512, 512, device="cuda")
+    captured = []
+
+    def hook(module, args, out):
+        captured.append((module, [a.detach().clone() if isinstance(a, torch.Tensor) else a
+                                  for a in args], out.detach().clone()))
+    names = {}
+    handles = []
+    for name, m in fast.model.named_modules():
+        if isinstance(m, (ConvBNAct2d, Conv2d)):
+            names[m] = name
+            handles.append(m.register_forward_hook(hook))
+    seen, restore = _last_plans()
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        with torch.no_grad():
+            fast(x)
+    finally:
+        restore()
+        for h in handles:
+            h.remove()
+    bad = 0
+    print(f"\n== layers {precision}: {len(captured)} fastconv layers ==")
+    print(f"{'layer':40s} {'input':>22s} {'fast err':>9s} {'torch err':>9s} {'ratio':>6s}  plan")
+    with torch.no_grad():
+        for i, (m, args, out) in enumerate(captured):
+            inp, res = args[0], (args[1] if len(args) > 1 else None)
+            truth = _reference(m, inp.double(), None if res is None else res.double(),
+                               torch.float64)
+            with torch.autocast("cuda", dtype=half, enabled=half is not None):
+                theirs = _reference(m, inp, res, torch.float32)
+            ef, et = relative_error(out, truth), relative_error(theirs, truth)
+            ratio = ef / max(et, 1e-12)
+            plan = seen[i] if i < len(seen) else "?"
+            if ratio > 3 or VERBOSE:
+                bad += ratio > 3
+                print(f"{names[m][:40]:40s} {str(tuple(inp.shape)):>22s} {ef:9.2e} {et:9.2e} "
+                      f"{ratio:6.1f}  {plan}")
+    print(f"{bad} layers over 3x torch's error")
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def train():
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().cuda().train()
+    fast = optimize(model, "training", "ieee")
+    torch.backends.cudnn.allow_tf32 = False
+    captured = []
+
+    def hook(module, args, out):
+        captured.append((module, [a.detach().clone() if isinstance(a, torch.Tensor) else a
+                                  for a in args]))
+    handles = [m.register_forward_hook(hook) for m in fast.model.modules()
+               if isinstance(m, ConvBNAct2d)]
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    fast(x)
+    for h in handles:
+        h.remove()
+    print(f"\n== train ieee: {len(captured)} fused layers (errors vs float64; torch fp32) ==")
+    print(f"{'#':>3s} {'input':>22s} " + " ".join(f"{k:>17s}" for k in
+                                                    ("out", "dx", "dw", "dgamma", "dbeta",
+                                                     "dres")))
+    bad = 0
+    for i, (m, args) in enumerate(captured):
+        inp, res = args[0], (args[1] if len(args) > 1 else None)
+        grads = {}
+        for label, dtype, mod in (("fast", torch.float32, copy.deepcopy(m)),
+                                  ("torch", torch.float32, None),
+                                  ("f64", torch.float64, None)):
+            xi = inp.to(dtype).detach().requires_grad_()
+            ri = None if res is None else res.to(dtype).detach().requires_grad_()
+            if mod is not None:
+                z = mod(xi, ri)
+                params = [mod.weight, mod.bn.weight, mod.bn.bias]
+            else:
+                conv, bn, act = m.to_torch().to(dtype)
+                y = bn(conv(xi))
+                z = act(y if ri is None else y + ri)
+                params = [conv.weight, bn.weight, bn.bias]
+            torch.manual_seed(i)
+            dz = torch.randn(z.shape, device="cuda", dtype=torch.float64).to(dtype)
+            wrt = [xi, *params] + ([ri] if ri is not None else [])
+            grads[label] = [z, *torch.autograd.grad(z, wrt, dz)]
+        cells, flag = [], False
+        for k in range(len(grads["f64"])):
+            ef = relative_error(grads["fast"][k].double(), grads["f64"][k])
+            et = relative_error(grads["torch"][k].double(), grads["f64"][k])
+            flag |= ef > 3 * max(et, 1e-7)
+            cells.append(f"{ef:8.1e}/{et:8.1e}")
+        if flag or VERBOSE:
+            bad += flag
+            print(f"{i:3d} {str(tuple(inp.shape)):>22s} " + " ".join(cells)
+                  + f"  {m.extra_repr()[:60]}")
+    print(f"{bad} layers over 3x torch's error")
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def host():
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = models._deeplab().cuda().eval()
+    x = torch.randn(1, 3, 512, 512, device="cuda")
+    fast = optimize(model, "inference", "bf16")
+    ref = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    xl = x.contiguous(memory_format=torch.channels_last)
+
+    def torch_run():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return ref(xl)
+    with torch.no_grad():
+        for fn in (lambda: fast(x), torch_run):
+            for _ in range(3):
+                fn()
+    torch.cuda.synchronize()
+    backends = collections.Counter(p.backend for p in functional._PLANS.values())
+    print(f"\n== host: cached plans by backend: {dict(backends)}")
+    for label, fn in (("fastconv", lambda: fast(x)), ("torch", torch_run)):
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+        print(f"\n-- {label} (5 forwards) --")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22))
+
+
+if __name__ == "__main__":
+    steps = [a for a in sys.argv[1:] if not a.startswith("-")] or ["layers", "train", "host"]
+    if "layers" in steps:
+        for p in ("tf32", "bf16"):
+            layers(p)
+    if "train" in steps:
+        train()
+    if "host" in steps:
+        host()
