@@ -22,7 +22,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from fastconv import dispatch, functional
+from fastconv import batchnorm, dispatch, functional
 from fastconv.bench import models
 from fastconv.nn import Conv2d
 from fastconv.nn.fused import ConvBNAct2d
@@ -131,36 +131,60 @@ def train():
     bad = 0
     for i, (m, args) in enumerate(captured):
         inp, res = args[0], (args[1] if len(args) > 1 else None)
-        grads = {}
-        for label, dtype, mod in (("fast", torch.float32, copy.deepcopy(m)),
-                                  ("torch", torch.float32, None),
-                                  ("f64", torch.float64, None)):
-            xi = inp.to(dtype).detach().requires_grad_()
-            ri = None if res is None else res.to(dtype).detach().requires_grad_()
-            if mod is not None:
-                z = mod(xi, ri)
-                params = [mod.weight, mod.bn.weight, mod.bn.bias]
-            else:
-                conv, bn, act = m.to_torch().to(dtype)
-                y = bn(conv(xi))
-                z = act(y if ri is None else y + ri)
-                params = [conv.weight, bn.weight, bn.bias]
-            torch.manual_seed(i)
-            dz = torch.randn(z.shape, device="cuda", dtype=torch.float64).to(dtype)
-            wrt = [xi, *params] + ([ri] if ri is not None else [])
-            grads[label] = [z, *torch.autograd.grad(z, wrt, dz)]
-        cells, flag = [], False
-        for k in range(len(grads["f64"])):
-            ef = relative_error(grads["fast"][k].double(), grads["f64"][k])
-            et = relative_error(grads["torch"][k].double(), grads["f64"][k])
-            flag |= ef > 3 * max(et, 1e-7)
-            cells.append(f"{ef:8.1e}/{et:8.1e}")
+        ref = {kind: _train_grads(m, inp, res, i, kind) for kind in ("f64", "torch", "fast")}
+        cells, flag = _compare(ref["fast"], ref["torch"], ref["f64"])
         if flag or VERBOSE:
             bad += flag
             print(f"{i:3d} {str(tuple(inp.shape)):>22s} " + " ".join(cells)
                   + f"  {m.extra_repr()[:60]}")
+        if flag:  # which part: the batch-norm kernels or the convolution's gradients?
+            seen, restore = _last_plans()
+            batchnorm.USE_TRITON = False
+            try:
+                ops_path = _train_grads(m, inp, res, i, "fast")
+            finally:
+                batchnorm.USE_TRITON = True
+                restore()
+            cells, _ = _compare(ops_path, ref["torch"], ref["f64"])
+            print("    torch-ops BN path: " + " ".join(cells) + f"  fprop {seen}")
+            grads = [(sig[0], p.backend) for sig, p in functional._PLANS.items()
+                     if sig[0] in ("dgrad", "wgrad") and sig[2] is not None
+                     and sig[2][0] == inp.shape]
+            print(f"    grad plans for this input shape: {grads}")
     print(f"{bad} layers over 3x torch's error")
     torch.backends.cudnn.allow_tf32 = True
+
+
+def _train_grads(m, inp, res, seed, kind):
+    """[z, dx, dw, dγ, dβ(, dres)] of one layer for the upstream gradient randn(seed):
+    ``kind`` "fast" (a copy of the fastconv module), "torch" (torch modules, float32) or
+    "f64" (torch modules, float64)."""
+    dtype = torch.float64 if kind == "f64" else torch.float32
+    xi = inp.to(dtype).detach().requires_grad_()
+    ri = None if res is None else res.to(dtype).detach().requires_grad_()
+    if kind == "fast":
+        mod = copy.deepcopy(m)
+        z = mod(xi, ri)
+        params = [mod.weight, mod.bn.weight, mod.bn.bias]
+    else:
+        conv, bn, act = m.to_torch().to(dtype)
+        y = bn(conv(xi))
+        z = act(y if ri is None else y + ri)
+        params = [conv.weight, bn.weight, bn.bias]
+    torch.manual_seed(seed)
+    dz = torch.randn(z.shape, device=z.device, dtype=torch.float64).to(dtype)
+    wrt = [xi, *params] + ([ri] if ri is not None else [])
+    return [z, *torch.autograd.grad(z, wrt, dz)]
+
+
+def _compare(fast, theirs, truth):
+    """Cells "fastconv error/torch error" per tensor, and whether any is over 3x torch's."""
+    cells, flag = [], False
+    for a, b, t in zip(fast, theirs, truth):
+        ef, et = relative_error(a.double(), t), relative_error(b.double(), t)
+        flag |= ef > 3 * max(et, 1e-7)
+        cells.append(f"{ef:8.1e}/{et:8.1e}")
+    return cells, flag
 
 
 def host():

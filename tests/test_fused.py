@@ -178,6 +178,47 @@ def test_inference_without_grad_reuses_folded_weights_until_something_changes():
     assert "_fold" in m.__dict__ and y.requires_grad
 
 
+def test_inference_plan_and_autocast_casts_follow_the_inputs_and_parameters():
+    """The no-grad path keeps a plan per input signature and the autocast casts of its
+    weights: a new shape, layout, dtype or residual replans; an in-place change of a
+    parameter (its version moves) recasts; results always equal torch's."""
+    m = ConvBNAct2d(5, 7, 3, padding=1, activation="relu").eval()
+    with torch.no_grad():
+        m.bn.running_var.uniform_(0.5, 2)
+    seq = m.to_torch().eval()
+    with torch.no_grad():
+        for shape in ((2, 5, 9, 11), (3, 5, 6, 7), (2, 5, 9, 11)):
+            x = torch.randn(shape)
+            assert relative_error(m(x), seq(x)) < 1e-5
+            xl = x.contiguous(memory_format=torch.channels_last)
+            assert relative_error(m(xl), seq(x)) < 1e-5
+        res = torch.randn(2, 7, 9, 11)
+        x = torch.randn(2, 5, 9, 11)
+        assert relative_error(m(x, res), torch.relu(seq[1](seq[0](x)) + res)) < 1e-5
+        ref = seq(x)  # (torch's own autocast cache would not see the in-place change below)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x)
+            assert y.dtype == torch.bfloat16
+            assert relative_error(y.float(), ref) < 2e-2
+            casts = dict(m.__dict__["_casts"])
+            m(x)
+            assert m.__dict__["_casts"] == casts  # nothing changed: no recast
+            m.weight.mul_(-1)  # in place: refold, recast
+            seq[0].weight.mul_(-1)
+            assert relative_error(m(x).float(), ref) > 0.5  # the change is seen
+        ref = seq(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert relative_error(m(x).float(), ref) < 2e-2
+            assert m.__dict__["_casts"].keys() == casts.keys()  # replaced, not added
+        plain = fastconv.nn.Conv2d(5, 4, 3, padding=2, dilation=2).eval()
+        ref = torch.nn.functional.conv2d(x, plain.weight, plain.bias, 1, 2, 2)
+        assert relative_error(plain(x), ref) < 1e-5
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert relative_error(plain(x).float(), ref) < 2e-2
+            plain.bias.add_(1)
+            assert relative_error(plain(x).float(), ref + 1) < 2e-2
+
+
 def test_state_dict_round_trip_and_torch_interop():
     seq = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1),
                               torch.nn.BatchNorm2d(6, momentum=None),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import dispatch
 from .. import functional as fc
 
 _REPR_DEFAULTS = {"backend": "auto", "precision": None}
@@ -35,12 +36,86 @@ class _FastconvMixin:
                 s += f", {name}={value!r}"
         return s
 
+    def _inference(self, input: Tensor, weight: Tensor, bias: Tensor | None, padding,
+                   activation: str = "none", negative_slope: float = 0.01,
+                   residual: Tensor | None = None) -> Tensor | None:
+        """A call without autograd through the plan this module keeps for the input's
+        signature: the host cost of the general path (validation, plan lookup, autocast
+        casts of the weights) is paid once per signature. ``None`` when the call needs the
+        general path (autograd, unbatched input, first sight)."""
+        if input.dim() != len(self.kernel_size) + 2 or not isinstance(input, Tensor):
+            return None
+        if torch.is_grad_enabled() and (
+                input.requires_grad or weight.requires_grad
+                or (bias is not None and bias.requires_grad)
+                or (residual is not None and residual.requires_grad)):
+            return None
+        device = input.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            input, residual = _cast(input, dtype), _cast(residual, dtype)
+            weight, bias = self._cast_param(weight, dtype), self._cast_param(bias, dtype)
+        key = (input.shape, input.stride(), input.dtype, input.device, weight.dtype,
+               weight.stride(), None if bias is None else bias.dtype,
+               None if residual is None else (residual.shape, residual.stride(),
+                                              residual.dtype, residual.device),
+               padding, activation, negative_slope, torch._C._get_cudnn_allow_tf32(),
+               dispatch.current())
+        cached = self.__dict__.get("_plan")
+        if cached is None or cached[0] != key:
+            plan = fc.forward_plan(len(self.kernel_size), False, input, weight, bias,
+                                   self.stride, padding, self.dilation, self.groups, 0,
+                                   activation, negative_slope, residual, None, None, None,
+                                   self.backend, self.precision)
+            cached = self.__dict__["_plan"] = (key, plan)
+        return cached[1].run(input, weight, bias, None, None, residual, None)
+
+    def _cast_param(self, t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+        """``t`` in the autocast dtype, kept between calls while ``t`` is the same tensor,
+        unchanged (its version and storage; changes made through ``.data`` are not seen,
+        as by every cache keyed on tensor versions)."""
+        if t is None or t.dtype == dtype or not t.is_floating_point() \
+                or t.dtype == torch.float64:
+            return t
+        casts = self.__dict__.setdefault("_casts", {})
+        role = "weight" if t.dim() > 1 else "bias"
+        hit = casts.get(role)
+        if hit is None or not same_tensors(hit[0], (t,)) or hit[1] != dtype:
+            hit = casts[role] = (tensor_state((t,)), dtype, t.detach().to(dtype))
+        return hit[2]
+
     def _padded(self, input: Tensor) -> tuple[Tensor, object]:
         """The input padded by the module's padding mode, and the padding left to the conv."""
         if self.padding_mode == "zeros":
             return input, self.padding
         return (torch.nn.functional.pad(input, self._reversed_padding_repeated_twice,
                                         mode=self.padding_mode), 0)
+
+
+def tensor_state(tensors) -> tuple:
+    """What :func:`same_tensors` compares: each tensor itself (held, so that its id cannot be
+    reused), its version counter and its storage."""
+    return tuple(None if t is None else (t, t._version, t.data_ptr()) for t in tensors)
+
+
+def same_tensors(state: tuple, tensors) -> bool:
+    """Whether ``tensors`` are the very tensors of ``state``, not modified in place since."""
+    if len(state) != len(tensors):
+        return False
+    for old, t in zip(state, tensors):
+        if old is None or t is None:
+            if old is not t:
+                return False
+        elif old[0] is not t or old[1] != t._version or old[2] != t.data_ptr():
+            return False
+    return True
+
+
+def _cast(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """Autocast's rule: floating operands but float64 in the autocast dtype."""
+    if t is None or t.dtype == dtype or not t.is_floating_point() or t.dtype == torch.float64:
+        return t
+    return t.to(dtype)
 
 
 class Conv1d(_FastconvMixin, torch.nn.Conv1d):
@@ -52,6 +127,9 @@ class Conv1d(_FastconvMixin, torch.nn.Conv1d):
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         input, padding = self._padded(input)
+        out = self._inference(input, weight, bias, padding)
+        if out is not None:
+            return out
         return fc.conv1d(input, weight, bias, self.stride, padding, self.dilation, self.groups,
                          backend=self.backend, precision=self.precision)
 
@@ -65,6 +143,9 @@ class Conv2d(_FastconvMixin, torch.nn.Conv2d):
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         input, padding = self._padded(input)
+        out = self._inference(input, weight, bias, padding)
+        if out is not None:
+            return out
         return fc.conv2d(input, weight, bias, self.stride, padding, self.dilation, self.groups,
                          backend=self.backend, precision=self.precision)
 

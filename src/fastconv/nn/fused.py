@@ -18,7 +18,7 @@ from torch import Tensor
 from .. import functional as fc
 from ..epilogue import Epilogue
 from ..errors import ConvError
-from .conv import Conv1d, Conv2d
+from .conv import Conv1d, Conv2d, same_tensors, tensor_state
 
 #: torch activation module -> (fastconv activation, negative_slope)
 _TORCH_ACTIVATIONS = {
@@ -99,20 +99,24 @@ class _ConvBNActMixin:
     def _folded_forward(self, input: Tensor, residual: Tensor | None) -> Tensor:
         """Inference without autograd: one convolution with BatchNorm folded into weights and
         bias that are kept between calls and refolded only when a parameter or statistic
-        changed (in place or replaced: its identity, storage and version are the key)."""
+        changed (replaced or modified in place: the tensors themselves, their versions and
+        storage are compared; a change made through ``.data`` is not seen)."""
         from ..batchnorm import fold
 
         bn = self.bn
-        sources = (self.weight, self.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-        key = tuple(None if t is None else (id(t), t.data_ptr(), t._version, t.dtype, t.device)
-                    for t in sources) + (bn.eps,)
+        sources = (self._parameters["weight"], self._parameters["bias"],
+                   bn._buffers["running_mean"], bn._buffers["running_var"],
+                   bn._parameters["weight"], bn._parameters["bias"])
         cached = self.__dict__.get("_fold")
-        if cached is None or cached[0] != key:
+        if cached is None or not same_tensors(cached[0], sources) or cached[3] != bn.eps:
             with torch.no_grad():
-                cached = (key, *fold(self.weight, self.bias, bn.running_mean, bn.running_var,
-                                     bn.weight, bn.bias, bn.eps))
+                cached = (tensor_state(sources), *fold(*sources, bn.eps), bn.eps)
             self.__dict__["_fold"] = cached
         input, padding = self._padded(input)
+        out = self._inference(input, cached[1], cached[2], padding, self.activation,
+                              self.negative_slope, residual)
+        if out is not None:
+            return out
         fn = fc.conv1d if self._RANK == 1 else fc.conv2d
         return fn(input, cached[1], cached[2], self.stride, padding, self.dilation, self.groups,
                   activation=self.activation, negative_slope=self.negative_slope,
