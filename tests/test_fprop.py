@@ -150,3 +150,56 @@ def test_kernel_variants(flat_k, int64, split_k, device):
     ref = F.silu(conv * scale.double().view(1, -1, 1, 1) + shift.double().view(1, -1, 1, 1)
                  + res.double())
     assert relative_error(out, ref) < 1e-5
+
+
+def _tf32(t: torch.Tensor, nearest: bool) -> torch.Tensor:
+    """float32 values with 10 mantissa bits: rounded to nearest (ties away) or truncated."""
+    bits = t.view(torch.int32).to(torch.int64)
+    if nearest:
+        bits = bits + 0x1000
+    return (bits & ~0x1FFF).to(torch.int32).view(torch.float32)
+
+
+@pytest.mark.parametrize("kernel", ["fprop", "dgrad", "wgrad"])
+def test_tf32_operands_are_rounded_to_nearest(kernel, device):
+    """TF32 kernels round both operands to the nearest TF32 value before the product (a
+    truncating tl.dot biases every layer the same way). The interpreter's tl.dot is exact,
+    so its result equals the float64 convolution of rounded operands, and is far from the
+    truncated ones; on a GPU the tensor cores' own truncation then changes nothing."""
+    from fastconv.backends.triton.configs import TileConfig
+    from fastconv.backends.triton.dgrad import launch_dgrad
+    from fastconv.backends.triton.fprop import launch_fprop
+    from fastconv.backends.triton.wgrad import launch_wgrad
+
+    x = torch.randn(2, 12, 7, 9, device=device) + 3  # one sign: a truncation bias adds up
+    w = torch.rand(5, 12, 3, 3, device=device) + 1
+    dy = torch.rand(2, 5, 5, 7, device=device) + 1
+    cfg = TileConfig(16, 16, 16, 4, 1, False, 1)
+    common = dict(stride=(1, 1), pad=(0, 0), dilation=(1, 1), groups=1, precision="tf32",
+                  config=cfg, int64=False)
+
+    def run(x, w, dy):
+        if kernel == "fprop":
+            out = torch.full((2, 5, 5, 7), float("nan"), device=device)
+            return launch_fprop(x, w, out, None, None, None, act_code=0, negative_slope=0.0,
+                                **common)
+        if kernel == "dgrad":
+            out = torch.full_like(x, float("nan"))
+            return launch_dgrad(dy, w, out, None, None, None, act_code=0, negative_slope=0.0,
+                                **common)
+        out = torch.full_like(w, float("nan"))
+        return launch_wgrad(dy, x, out, **common)
+
+    def exact(x, w, dy):
+        x, w, dy = x.double(), w.double(), dy.double()
+        if kernel == "fprop":
+            return F.conv2d(x, w)
+        if kernel == "dgrad":
+            return torch.nn.grad.conv2d_input(x.shape, w, dy)
+        return torch.nn.grad.conv2d_weight(x, w.shape, dy)
+
+    got = run(x, w, dy)
+    nearest = exact(*(_tf32(t, True) for t in (x, w, dy)))
+    truncated = exact(*(_tf32(t, False) for t in (x, w, dy)))
+    assert relative_error(got, nearest) < 1e-6
+    assert relative_error(got, truncated) > 1e-4

@@ -122,6 +122,53 @@ def _ddp_worker(rank, world, port, out):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+@pytest.mark.parametrize("c,hw,ks,s", [(128, 56, 3, 2), (128, 28, 3, 1), (37, 13, 3, 2)])
+def test_strict_fp32_gradients_any_upstream_layout(c, hw, ks, s, layout):
+    """Strict fp32 (ResNet-50's layer2.0.conv2 among others), the upstream gradient in the
+    other memory format than the output: every output and gradient within 3x torch's own
+    fp32 error against float64, and the Triton batch-norm passes equal to the torch-ops
+    path's accuracy."""
+    from fastconv import batchnorm
+
+    fmt = getattr(torch, f"{layout}_format")
+    other = torch.contiguous_format if layout == "channels_last" else torch.channels_last
+    torch.manual_seed(c + hw)
+    m = ConvBNAct2d(c, c, ks, s, ks // 2, activation="relu", device="cuda",
+                    precision="ieee").to(memory_format=fmt)
+    x = torch.relu(torch.randn(8, c, hw, hw, device="cuda")).contiguous(memory_format=fmt)
+    results = {}
+    flags = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for label, dtype in (("f64", torch.float64), ("torch", torch.float32),
+                             ("triton", torch.float32), ("ops", torch.float32)):
+            xi = x.to(dtype).requires_grad_()
+            if label in ("f64", "torch"):
+                conv, bn, act = m.to_torch().to(dtype)
+                z = act(bn(conv(xi)))
+                params = (conv.weight, bn.weight, bn.bias)
+            else:
+                mod = copy.deepcopy(m)
+                batchnorm.USE_TRITON = label == "triton"
+                try:
+                    z = mod(xi)
+                finally:
+                    batchnorm.USE_TRITON = True
+                params = (mod.weight, mod.bn.weight, mod.bn.bias)
+            torch.manual_seed(1)
+            dz = torch.randn(z.shape, device="cuda", dtype=torch.float64).to(dtype)
+            dz = dz.contiguous(memory_format=other)
+            results[label] = (z, *torch.autograd.grad(z, (xi, *params), dz))
+    finally:
+        torch.backends.cudnn.allow_tf32 = flags
+    for k, name in enumerate(("z", "dx", "dw", "dgamma", "dbeta")):
+        want = results["f64"][k]
+        errs = {label: relative_error(results[label][k].double(), want)
+                for label in ("torch", "triton", "ops")}
+        assert max(errs["triton"], errs["ops"]) <= max(3 * errs["torch"], 1e-6), (name, errs)
+
+
 def test_two_gpus_sync_stats_and_ddp(tmp_path):
     import torch.multiprocessing as mp
 

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fprop import INTERPRETED, acc_type, store_tile, strides, tile_of
+from .fprop import INTERPRETED, acc_type, round_tf32, store_tile, strides, tile_of
 
 
 @triton.jit
@@ -53,6 +53,7 @@ def _conv_dgrad_kernel(
     negative_slope,
     HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
     ACT: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr, DOT_FP32: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
     ACC: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -122,6 +123,9 @@ def _conv_dgrad_kernel(
         if DOT_FP32:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
+        if ROUND_TF32:
+            a = round_tf32(a)
+            b = round_tf32(b)
         acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
 
     store_tile(acc, img, h, w, c_glob, mask_m, mask_n,
@@ -156,6 +160,7 @@ def launch_dgrad(dy4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gr
         HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None, HAS_RES=res4 is not None,
         ACT=act_code, PRECISION=precision, INT64=int64,
         DOT_FP32=INTERPRETED and dy4.dtype == torch.bfloat16,  # see launch_fprop
+        ROUND_TF32=precision == "tf32" and dy4.dtype == torch.float32,
         ACC=acc_type(dy4.dtype),
         EVEN_K=k_g % config.block_k == 0,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=8,

@@ -65,6 +65,16 @@ def _activation(y, ACT: tl.constexpr, negative_slope):
 
 
 @triton.jit
+def round_tf32(x):
+    """float32 values rounded to the nearest TF32 value (10 mantissa bits; ties away from
+    zero). A TF32 ``tl.dot`` otherwise drops the low 13 bits of each operand: a truncation
+    whose bias (every product ~1e-3 too small in magnitude) compounds from layer to layer of
+    a network, where cuDNN's round-to-nearest errors cancel (benchmarks/NOTES.md)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def tile_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """(row tile, column tile) of program ``pid`` in grouped order: GROUP_M row tiles share
     each weight column tile while it is in L2."""
@@ -136,7 +146,8 @@ def _conv_fprop_kernel(
     # meta-parameters
     HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
     ACT: tl.constexpr, PRECISION: tl.constexpr, FLAT_K: tl.constexpr, INT64: tl.constexpr,
-    DOT_FP32: tl.constexpr, ACC: tl.constexpr, SPLIT_K: tl.constexpr, BOUNDS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    ROUND_TF32: tl.constexpr, ACC: tl.constexpr, SPLIT_K: tl.constexpr, BOUNDS: tl.constexpr,
     EVEN_C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -201,6 +212,9 @@ def _conv_fprop_kernel(
             if DOT_FP32:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
+            if ROUND_TF32:
+                a = round_tf32(a)
+                b = round_tf32(b)
             acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
     else:
         # Tap by tap: the tile pointers are loop-invariant bases plus one scalar offset per
@@ -238,6 +252,9 @@ def _conv_fprop_kernel(
             if DOT_FP32:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
+            if ROUND_TF32:
+                a = round_tf32(a)
+                b = round_tf32(b)
             acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
 
     if SPLIT_K == 1:
@@ -311,7 +328,9 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
         float(negative_slope),
         PRECISION=precision, FLAT_K=config.flat_k,
         # The interpreter computes a bf16 tl.dot wrongly (seen with triton 3.6): give it fp32.
-        DOT_FP32=INTERPRETED and x4.dtype == torch.bfloat16, ACC=acc_type(x4.dtype), SPLIT_K=split,
+        DOT_FP32=INTERPRETED and x4.dtype == torch.bfloat16,
+        ROUND_TF32=precision == "tf32" and x4.dtype == torch.float32,
+        ACC=acc_type(x4.dtype), SPLIT_K=split,
         BOUNDS=any(pad) or bounds_post, EVEN_C=c_g % config.block_k == 0,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         GROUP_M=8, num_warps=config.num_warps, num_stages=config.num_stages, **epi,

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ...precision import accumulate_dtype
-from .fprop import INTERPRETED, acc_type, strides
+from .fprop import INTERPRETED, acc_type, round_tf32, strides
 
 
 @triton.jit
@@ -27,7 +27,8 @@ def _conv_wgrad_kernel(
     stride_dn, stride_dk, stride_dp, stride_dq,
     stride_xn, stride_xc, stride_xh, stride_xw,
     stride_ok, stride_oc, stride_or, stride_os, stride_split,
-    PRECISION: tl.constexpr, INT64: tl.constexpr, DOT_FP32: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr, INT64: tl.constexpr, DOT_FP32: tl.constexpr,
+    ROUND_TF32: tl.constexpr, ACC: tl.constexpr,
     SPLIT_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
 ):
@@ -94,6 +95,9 @@ def _conv_wgrad_kernel(
         if DOT_FP32:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
+        if ROUND_TF32:
+            a = round_tf32(a)
+            b = round_tf32(b)
         acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
 
     mask = (offs_m < K_G)[:, None] & (offs_n < C_G)[None, :]
@@ -144,6 +148,7 @@ def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, con
         *strides(dy4), *strides(x4), *out_strides,
         PRECISION=precision, INT64=int64,
         DOT_FP32=INTERPRETED and dy4.dtype == torch.bfloat16,  # see launch_fprop
+        ROUND_TF32=precision == "tf32" and dy4.dtype == torch.float32,
         ACC=acc_type(dy4.dtype),
         SPLIT_K=split, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, EVEN_M=k_g % config.block_m == 0,
