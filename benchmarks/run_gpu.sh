@@ -3,8 +3,8 @@
 # Usage (on the device machine, from the repository root):
 #   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep] [overhead] [launch]
 # bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions.
-# Full logs and results go under $OUT (default: ./out); bench results come back as one
-# results.tgz (JSON, CSV, PNG); the last lines are a short summary.
+# Full logs and results go under $OUT (default: ./out); bench results come back as
+# results-<time>.tgz, one per bench step (JSON, CSV, PNG); the last lines are a short summary.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -37,7 +37,7 @@ for step in $steps; do
              --mode ${MODES:-fwd} ${CASES:+--cases $CASES} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \
              --plot --out "$OUT/results" 2>"$OUT/bench.err" | tee -a "$OUT/bench.log" | grep -E "geomean|wrote" || status=1
            tail -5 "$OUT/bench.err"
-           tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results" ;;
+           tar czf "$OUT/results-$(date +%H%M%S).tgz" -C "$OUT" results && rm -rf "$OUT/results" ;;
     launch) python3 benchmarks/launch_overhead.py 2>&1 | tee "$OUT/launch.log" | tail -80 || status=1 ;;
     overhead) python3 benchmarks/dispatch_overhead.py 2>&1 | tee "$OUT/overhead.log" | tail -4 || status=1 ;;
     probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
