@@ -10,7 +10,9 @@
 * ``host``: host time of eager inference (batch 1): torch.profiler's CPU table for
   fastconv.optimize (bf16) and torch (autocast), and the backends of the cached plans.
 
-Usage: PYTHONPATH=src python benchmarks/model_diag.py [layers] [train] [host] [-v]
+* ``enqueue``: host time of one inference forward against its GPU time (batch 1 and 8).
+
+Usage: PYTHONPATH=src python benchmarks/model_diag.py [layers] [train] [host] [enqueue] [-v]
 """
 
 from __future__ import annotations
@@ -216,6 +218,39 @@ def host():
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22))
 
 
+def enqueue():
+    """Host time to enqueue one inference forward (no synchronisation; the GPU queue does not
+    fill at these sizes) against the GPU time of the call, DeepLab bf16 at batch 1 and 8,
+    and the backends of the plans each batch size uses."""
+    import time
+
+    torch.manual_seed(0)
+    model = models._deeplab().cuda().eval()
+    fast = optimize(model, "inference", "bf16")
+    print("\n== enqueue: host ms per forward (median of 10) vs GPU ms (events) ==")
+    for batch in (1, 8):
+        x = torch.randn(batch, 3, 512, 512, device="cuda")
+        before = set(functional._PLANS)
+        with torch.no_grad():
+            for _ in range(3):
+                fast(x)
+            torch.cuda.synchronize()
+            host, gpu = [], []
+            for _ in range(10):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                t0 = time.perf_counter()
+                start.record()
+                fast(x)
+                end.record()
+                host.append((time.perf_counter() - t0) * 1e3)
+                torch.cuda.synchronize()
+                gpu.append(start.elapsed_time(end))
+        new = [functional._PLANS[k].backend for k in set(functional._PLANS) - before]
+        print(f"batch {batch}: host {sorted(host)[5]:.2f} ms, call {sorted(gpu)[5]:.2f} ms; "
+              f"new plans by backend {dict(collections.Counter(new))}")
+
+
 if __name__ == "__main__":
     steps = [a for a in sys.argv[1:] if not a.startswith("-")] or ["layers", "train", "host"]
     if "layers" in steps:
@@ -225,3 +260,5 @@ if __name__ == "__main__":
         train()
     if "host" in steps:
         host()
+    if "enqueue" in steps:
+        enqueue()
