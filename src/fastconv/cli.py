@@ -83,16 +83,24 @@ def cmd_bench(args) -> int:
         for name, cases in suites.SUITES.items():
             print(f"{name}: {len(cases)} cases: {', '.join(c.name for c in cases)}")
         return 0
+    from fastconv.bench.models import PROVIDERS as MODEL_PROVIDERS
+
+    allowed = runner.PROVIDERS + tuple(p for p in MODEL_PROVIDERS if p not in runner.PROVIDERS)
     providers = []
     for p in args.provider.split(","):
-        if p not in runner.PROVIDERS:
-            print(f"--provider: got {p!r}; allowed: {', '.join(runner.PROVIDERS)}")
+        if p not in allowed:
+            print(f"--provider: got {p!r}; allowed: {', '.join(allowed)} (the last "
+                  f"for suite models)")
             return 2
         why = runner.unavailable(p) if has_gpu or p == "cudnn_fe" else ""
         if why:
             print(f"skipping provider {p}: {why}")
         else:
             providers.append(p)
+    only_models = [p for p in providers if p not in runner.PROVIDERS]
+    if only_models and any(s != "models" for s in args.suite.split(",")):
+        print(f"--provider: {', '.join(only_models)} runs in suite models only")
+        return 2
     old = compare.load(args.compare) if args.compare else None
     out_dir = args.out or ("benchmarks/results" if has_gpu else "out/bench-cpu")
     if not has_gpu:

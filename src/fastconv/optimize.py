@@ -59,7 +59,19 @@ class Report:
 class OptimizedModel(nn.Module):
     """The optimized copy of a model (``.model``), with ``.report``; its forward converts
     4-D tensor inputs to channels-last when asked, runs under autocast for bf16/fp16, and
-    replays CUDA graphs per input shape when ``cuda_graph`` (inference on a GPU)."""
+    with ``cuda_graph`` on a GPU replays CUDA graphs per input signature: of the forward in
+    inference; of the forward and its backward in training
+    (``torch.cuda.make_graphed_callables``; the optimizer step stays the caller's).
+
+    Training graphs compute what eager calls compute, with these rules: the warm-up runs
+    before capture leave the running statistics as they were (they are restored); a call
+    while any parameter already holds a gradient runs eagerly (a replayed backward writes
+    its gradients into the graph's own buffers, which would alias an accumulated gradient:
+    use ``zero_grad(set_to_none=True)`` between steps, as torch's optimizers do by default);
+    parameters must keep their tensors (an optimizer updates them in place; replacing one
+    needs a new ``optimize``); a model that cannot be captured (e.g. a host
+    synchronisation in its forward) runs eagerly, with the reason in ``report.notes``.
+    """
 
     def __init__(self, model: nn.Module, report: Report, channels_last: bool,
                  autocast: torch.dtype | None, cuda_graph: bool):
@@ -70,6 +82,7 @@ class OptimizedModel(nn.Module):
         self.autocast = autocast
         self.cuda_graph = cuda_graph
         self._graphs: dict = {}
+        self._train_graphs: dict = {}
 
     def _prepare(self, args):
         if not self.channels_last:
@@ -77,24 +90,70 @@ class OptimizedModel(nn.Module):
         return tuple(a.contiguous(memory_format=torch.channels_last)
                      if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
 
-    def _run(self, *args):
+    def _run(self, *args, cache: bool = True):
         if self.autocast is None:
             return self.model(*args)
         device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
-        with torch.autocast(device, dtype=self.autocast):
+        # (graph capture needs autocast's cast cache off: make_graphed_callables' rule)
+        with torch.autocast(device, dtype=self.autocast, cache_enabled=cache):
             return self.model(*args)
 
     def forward(self, *args):
         args = self._prepare(args)
-        if self.cuda_graph and not self.training and all(
-                isinstance(a, torch.Tensor) and a.is_cuda for a in args):
-            return self._replay(args)
+        if self.cuda_graph and all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            if not self.training:
+                return self._replay(args)
+            if torch.is_grad_enabled():
+                graphed = self._train_graph(args)
+                if graphed is not None:
+                    return graphed(*args)
         return self._run(*args)
 
+    def _flags(self) -> tuple[bool, ...]:
+        """Every submodule's train/eval flag: a graph replays the flags it was captured with
+        (dropout on or off, batch or running statistics), so they are part of its key."""
+        return tuple(m.training for m in self.model.modules())
+
+    def _train_graph(self, args):
+        """The graphed forward + backward for this input signature (captured on first sight),
+        or None where the call must run eagerly (see the class docstring)."""
+        if any(p.grad is not None for p in self.model.parameters()):
+            if "gradients" not in self._train_graphs:
+                self._train_graphs["gradients"] = None
+                self.report.notes.append(
+                    "cuda_graph: a training call with gradients already held ran eagerly "
+                    "(zero_grad(set_to_none=True) between steps keeps the graphs)")
+            return None
+        key = (tuple((a.shape, a.dtype, a.stride(), a.device, a.requires_grad) for a in args),
+               self._flags())
+        if key in self._train_graphs:
+            return self._train_graphs[key]
+        buffers = [b for b in self.model.buffers()]
+        saved = [b.clone() for b in buffers]
+        graphed = None
+        try:
+            graphed = torch.cuda.make_graphed_callables(
+                _Step(self), tuple(a.detach().clone().requires_grad_(a.requires_grad)
+                                   for a in args))
+        except Exception as exc:  # reported; the model runs eagerly for this signature
+            self.report.notes.append(
+                f"cuda_graph: training capture failed for input shapes "
+                f"{[tuple(a.shape) for a in args]} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:160]}); running eagerly")
+        finally:
+            with torch.no_grad():  # the warm-up steps must not count as training steps
+                for b, v in zip(buffers, saved):
+                    b.copy_(v)
+            for p in self.model.parameters():
+                p.grad = None
+        self._train_graphs[key] = graphed
+        return graphed
+
     def _replay(self, args):
-        """One CUDA graph per input signature: captured on first sight (after warm-up on a
-        side stream), replayed with the inputs copied into its static buffers."""
-        key = tuple((a.shape, a.dtype, a.stride(), a.device) for a in args)
+        """One CUDA graph per input signature and module flags: captured on first sight
+        (after warm-up on a side stream), replayed with the inputs copied into its static
+        buffers."""
+        key = (tuple((a.shape, a.dtype, a.stride(), a.device) for a in args), self._flags())
         hit = self._graphs.get(key)
         if hit is None:
             static = tuple(a.clone() for a in args)
@@ -114,6 +173,19 @@ class OptimizedModel(nn.Module):
         graph.replay()
         return torch.utils._pytree.tree_map(
             lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+
+
+class _Step(nn.Module):
+    """What a training graph captures: the optimized model's forward (the model's
+    parameters are this module's, so their gradients come out of the graph)."""
+
+    def __init__(self, owner: OptimizedModel):
+        super().__init__()
+        self.model = owner.model
+        self.__dict__["owner"] = owner  # not a submodule: no second copy of the parameters
+
+    def forward(self, *args):
+        return self.owner._run(*args, cache=False)
 
 
 def optimize(model: nn.Module, mode: str = "inference", precision: str | None = None,
@@ -147,8 +219,8 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
     convert(out, inplace=True, precision=conv_precision)
     if channels_last:
         out = out.to(memory_format=torch.channels_last)
-    if cuda_graph and (mode == "training" or not torch.cuda.is_available()):
-        report.notes.append("cuda_graph: replays inference on a GPU only; running eagerly")
+    if cuda_graph and not torch.cuda.is_available():
+        report.notes.append("cuda_graph: replays on a GPU only; running eagerly")
         cuda_graph = False
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     result = OptimizedModel(out, report, channels_last, autocast, cuda_graph)
