@@ -187,6 +187,8 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                 if provider.startswith("fastconv"):
                     row["choice"] = (f"{len(net.report.fused)} fused, "
                                      f"{len(net.report.left)} left")
+                    if net.report.notes:
+                        row["notes"] = "; ".join(net.report.notes)
             except Exception as exc:  # reported, not fatal
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             rows.append(row)
