@@ -10,9 +10,11 @@
 * ``host``: host time of eager inference (batch 1): torch.profiler's CPU table for
   fastconv.optimize (bf16) and torch (autocast), and the backends of the cached plans.
 
+* ``determinism``: NaN-poisoned memory and pass-to-pass differences of training grads.
 * ``enqueue``: host time of one inference forward against its GPU time (batch 1 and 8).
 
-Usage: PYTHONPATH=src python benchmarks/model_diag.py [layers] [train] [host] [enqueue] [-v]
+Usage: PYTHONPATH=src python benchmarks/model_diag.py [layers] [train] [host] [enqueue]
+    [determinism] [-v]
 """
 
 from __future__ import annotations
@@ -251,6 +253,38 @@ def enqueue():
               f"new plans by backend {dict(collections.Counter(new))}")
 
 
+def determinism():
+    """ResNet-18 training (strict fp32) twice on the same input, freed memory poisoned with
+    NaN before each pass: parameters whose gradient holds NaN (an unwritten element read) or
+    differs between the passes, for the Triton batch-norm passes and the torch-ops path."""
+    import torchvision
+
+    print("\n== determinism: resnet18 ieee, 2 passes, NaN-poisoned free memory ==")
+    x = torch.randn(4, 3, 64, 64, device="cuda")
+    torch.backends.cudnn.allow_tf32 = False
+    for use_triton in (True, False):
+        batchnorm.USE_TRITON = use_triton
+        torch.manual_seed(0)
+        fast = optimize(torchvision.models.resnet18().cuda().train(), "training", "ieee")
+        passes = []
+        for _ in range(2):
+            poison = torch.full((2**28,), float("nan"), device="cuda")
+            del poison
+            fast(x).square().mean().backward()
+            passes.append({n: p.grad.clone() for n, p in fast.named_parameters()})
+            fast.zero_grad(set_to_none=True)
+        nan = [n for n, g in passes[0].items() if not torch.isfinite(g).all()]
+        diff = sorted(((relative_error(passes[1][n], g), n) for n, g in passes[0].items()
+                       if n not in nan), reverse=True)[:4]
+        print(f"bn {'triton' if use_triton else 'ops':6s}: NaN grads in {nan[:6]} "
+              f"({len(nan)}); largest pass-to-pass differences "
+              f"{[(n, f'{d:.1e}') for d, n in diff]}")
+    batchnorm.USE_TRITON = True
+    plans = collections.Counter((sig[0], p.backend) for sig, p in functional._PLANS.items())
+    print(f"plans by (op, backend): {dict(plans)}")
+    torch.backends.cudnn.allow_tf32 = True
+
+
 if __name__ == "__main__":
     steps = [a for a in sys.argv[1:] if not a.startswith("-")] or ["layers", "train", "host"]
     if "layers" in steps:
@@ -262,3 +296,5 @@ if __name__ == "__main__":
         host()
     if "enqueue" in steps:
         enqueue()
+    if "determinism" in steps:
+        determinism()
