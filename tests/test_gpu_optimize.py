@@ -107,3 +107,25 @@ def test_training_cuda_graph_steps_equal_eager_steps():
         assert any("gradients already held" in n for n in graphed.report.notes)
     finally:
         torch.backends.cudnn.allow_tf32 = flags
+
+
+def test_inference_cuda_graph_sees_parameter_changes():
+    """A replayed inference graph reads weights folded at capture: an in-place change of a
+    parameter or statistic captures it again, so outputs follow the model."""
+    torch.manual_seed(0)
+    model = tv.models.resnet18().cuda().eval()
+    fast = optimize(model, "inference", "ieee", cuda_graph=True)
+    x = torch.randn(2, 3, 64, 64, device="cuda")
+    flags = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            assert relative_error(fast(x), model(x)) < 1e-4
+            for ours, theirs in ((fast.model.conv1_bn_act.weight, model.conv1.weight),
+                                 (fast.model.layer1_0_conv1_bn_act.bn.running_var,
+                                  model.layer1[0].bn1.running_var)):
+                ours.mul_(0.5)
+                theirs.mul_(0.5)
+                assert relative_error(fast(x), model(x)) < 1e-4
+    finally:
+        torch.backends.cudnn.allow_tf32 = flags

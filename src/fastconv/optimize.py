@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import operator
 
 import torch
@@ -63,6 +64,8 @@ class OptimizedModel(nn.Module):
     inference; of the forward and its backward in training
     (``torch.cuda.make_graphed_callables``; the optimizer step stays the caller's).
 
+    An inference graph is captured again when a parameter or buffer was changed in place
+    since its capture (the layers' cached folded weights are read by the graph).
     Training graphs compute what eager calls compute, with these rules: the warm-up runs
     before capture leave the running statistics as they were (they are restored); a call
     while any parameter already holds a gradient runs eagerly (a replayed backward writes
@@ -154,7 +157,15 @@ class OptimizedModel(nn.Module):
         (after warm-up on a side stream), replayed with the inputs copied into its static
         buffers."""
         key = (tuple((a.shape, a.dtype, a.stride(), a.device) for a in args), self._flags())
+        # The graph reads what the layers cached at capture (BatchNorm folded into weights,
+        # packed weights): a parameter or statistic changed in place since then (its version
+        # moved) needs a new capture.
+        versions = tuple(t._version for t in itertools.chain(self.model.parameters(),
+                                                             self.model.buffers()))
         hit = self._graphs.get(key)
+        if hit is not None and hit[3] != versions:
+            del self._graphs[key]
+            hit = None
         if hit is None:
             static = tuple(a.clone() for a in args)
             side = torch.cuda.Stream()
@@ -166,8 +177,10 @@ class OptimizedModel(nn.Module):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph), torch.no_grad():
                 out = self._run(*static)
-            hit = self._graphs[key] = (graph, static, out)
-        graph, static, out = hit
+            versions = tuple(t._version for t in itertools.chain(self.model.parameters(),
+                                                                 self.model.buffers()))
+            hit = self._graphs[key] = (graph, static, out, versions)
+        graph, static, out, _ = hit
         for s, a in zip(static, args):
             s.copy_(a)
         graph.replay()

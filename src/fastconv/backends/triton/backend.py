@@ -295,9 +295,13 @@ def packed_weight(w: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """``w`` with dimension ``dim`` fastest — the reduction dimension of the GEMM that reads
     it: input channels for the forward, output channels (``dim=0``) for dgrad, which makes
     the tile K-major as TF32 tensor cores need. Cached per weight tensor and *version*: an
-    in-place update (an optimizer step) bumps ``w._version`` and the next call repacks."""
+    in-place update (an optimizer step) bumps ``w._version`` and the next call repacks.
+    Not while a CUDA graph is captured: a replay does not run this check, so the graph
+    packs the weight itself (a training graph replays after every optimizer step)."""
     if _is_packed(w, dim):
         return w
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _pack(w, dim)
     per_dim = _PACKED.get(w)
     hit = per_dim.get(dim) if per_dim is not None else None
     if hit is not None and hit[0] == w._version:
