@@ -1,7 +1,10 @@
 """Workspace memory for backends that ask for scratch space (cuDNN plans).
 
 One grow-only buffer per (device, stream): work queued on one stream runs in order, so a
-call can reuse the buffer the previous call on that stream used. A request above the cap
+call can reuse the buffer the previous call on that stream used. Not during a CUDA-graph
+capture: the graph keeps the address it was given for every replay, so a captured call gets
+a buffer of its own from the graph's private memory pool (the pool's buffer could be
+released by a later, larger request while the graph still writes into it). A request above the cap
 (``FASTCONV_WORKSPACE_MB``, default 1024 MiB, or ``set_limit``) raises
 ``WorkspaceTooLarge``; dispatch skips that candidate, as it skips one that runs out of
 memory while growing the buffer.
@@ -82,6 +85,9 @@ def get(nbytes: int, stream: torch.cuda.Stream | None = None,
         if nbytes == 0:
             _POOLS[key] = (buf, stats)
             return None
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            _POOLS[key] = (buf, stats)
+            return torch.empty(nbytes, dtype=torch.uint8, device=dev)
         if buf is None or buf.numel() < nbytes:
             _POOLS[key] = (None, stats)  # release the old buffer before the larger one
             buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
