@@ -90,3 +90,68 @@ def test_gradcheck_rank1_causal():
     w = torch.randn(3, 1, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
         lambda x, w: _ours(x, w, 1, ((3, 0),), 1, 3), (x, w), fast_mode=True)
+
+
+# (N, C, K, groups, spatial, kernel, stride, padding, dilation): grouped, C/groups > 1
+GROUPED = [
+    (2, 8, 8, 2, (9, 11), 3, 1, 1, 1),     # 4 in, 4 out per group
+    (1, 12, 6, 3, (7, 10), 3, 2, 1, 1),    # 4 in, 2 out per group, stride 2
+    (2, 6, 9, 3, (8, 5), 2, 3, 0, 1),      # 2 in, 3 out per group, stride > kernel
+    (2, 10, 10, 2, (6, 7), 3, 1, 2, 2),    # dilation
+    (3, 8, 4, 2, (13,), 5, 2, 2, 1),       # rank 1
+]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
+@pytest.mark.parametrize("case", GROUPED, ids=lambda c: f"r{len(c[4])}g{c[3]}k{c[5]}s{c[6]}")
+def test_grouped_forward_direct_kernel_with_epilogue(case, channels_last):
+    """The direct forward on grouped convolutions (each output element reduces its group's
+    input channels), poisoned output, bias + residual + activation, against float64."""
+    n, c, k, groups, spatial, ks, stride, padding, dilation = case
+    x = torch.randn(n, c, *spatial, dtype=torch.float64)
+    w = torch.randn(k, c // groups, *([ks] * len(spatial)), dtype=torch.float64)
+    ref = _ref(x, w, stride, padding, dilation, groups)
+    shift, res = torch.randn(k, dtype=torch.float64), torch.randn_like(ref)
+    ref = F.silu(ref + shift.view(1, -1, *([1] * len(spatial))) + res)
+    if channels_last:
+        x, res = (t.contiguous(memory_format=torch.channels_last) if t.dim() == 4
+                  else t.transpose(1, 2).contiguous().transpose(1, 2) for t in (x, res))
+    out = torch.full_like(res, float("nan"))
+    four = (lambda t: t) if len(spatial) == 2 else (lambda t: t.unsqueeze(2))
+    depthwise.launch_fprop(
+        four(x), four(w), four(out), None, shift, four(res),
+        stride=(stride, stride) if len(spatial) == 2 else (1, stride),
+        pad=(padding, padding) if len(spatial) == 2 else (0, padding),
+        dilation=(dilation, dilation) if len(spatial) == 2 else (1, dilation),
+        act_code=fastconv.ACTIVATIONS.index("silu"), negative_slope=0.0,
+        channels_last=channels_last, config=depthwise.candidates(channels_last, False)[0],
+        int64=False)
+    assert torch.isfinite(out).all()
+    assert relative_error(out, ref) < 1e-12
+
+
+def test_grouped_forward_through_dispatch_when_pinned(monkeypatch):
+    """Grouped problems run the direct kernel when dispatch chooses it (here pinned)."""
+    from fastconv import dispatch, functional
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.problem import ConvProblem
+
+    x = torch.randn(2, 8, 9, 7, dtype=torch.float64)
+    w = torch.randn(6, 4, 3, 3, dtype=torch.float64)
+    problem = ConvProblem.from_tensors(x, w, None, 1, 1, 1, 2, rank=2)
+    config = depthwise.DwConfig(8, 16, 4)
+    calls = []
+    launch = depthwise.launch_fprop
+    monkeypatch.setattr(depthwise, "launch_fprop", lambda *a, **k: calls.append(1) or
+                        launch(*a, **k))
+    dispatch.pin(problem, "triton", config)
+    functional.clear_plans()
+    try:
+        y = fastconv.conv2d(x, w, None, 1, 1, 1, 2, dispatch="pinned")
+    finally:
+        dispatch.clear()
+        functional.clear_plans()
+    assert relative_error(y, F.conv2d(x, w, None, 1, 1, 1, 2)) < 1e-12
+    assert calls, "the pinned direct kernel did not run"
+    assert all(not isinstance(c, depthwise.DwConfig)  # on the CPU: the interpreter's tile
+               for c in TritonBackend.candidates(problem))

@@ -80,11 +80,15 @@ class TritonBackend(Backend):
 
     @classmethod
     def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list:
+        from .depthwise import candidates as direct
+
         if _direct_depthwise(problem):
-            from .depthwise import candidates
-            return candidates(problem.layout == "nhwc", problem.device == "cuda")
+            return direct(problem.layout == "nhwc", problem.device == "cuda")
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]
+        if op == "fprop" and _direct_grouped(problem):  # after the GEMM tiles: timed, or
+            return fprop_candidates(problem) + direct(  # picked by a pin, never by default
+                problem.layout == "nhwc", True)
         if op == "dgrad" or (op == "fprop" and problem.transposed):
             return dgrad_candidates(problem.conv_equivalent() if problem.transposed else problem)
         if op == "wgrad":
@@ -95,7 +99,7 @@ class TritonBackend(Backend):
     def bind(cls, problem: ConvProblem, config, op: str = "fprop"):
         config = config or cls.candidates(problem, op)[0]
         geo = _Geometry(problem)
-        if _direct_depthwise(problem):
+        if _direct_depthwise(problem) or (op == "fprop" and _is_direct(config)):
             return geo.bind_depthwise(config, op)
         if op == "dgrad":
             return geo.bind_dgrad(config)
@@ -113,6 +117,23 @@ class TritonBackend(Backend):
 def _direct_depthwise(problem: ConvProblem) -> bool:
     """Depthwise problems (any channel multiplier) run on depthwise.py's direct kernels."""
     return problem.depthwise and not problem.transposed
+
+
+#: Grouped convolutions with at most this many input and output channels per group also
+#: get depthwise.py's direct forward as candidates (issue 7: ResNeXt's 4-32 per group).
+_DIRECT_GROUP_MAX = 64
+
+
+def _direct_grouped(problem: ConvProblem) -> bool:
+    return (problem.groups > 1 and not problem.transposed
+            and problem.c_per_group <= _DIRECT_GROUP_MAX
+            and problem.k_per_group <= _DIRECT_GROUP_MAX)
+
+
+def _is_direct(config) -> bool:
+    from .depthwise import DwConfig
+
+    return isinstance(config, DwConfig)
 
 
 class _Geometry:

@@ -1,5 +1,7 @@
 """Depthwise convolution (groups == input channels, any channel multiplier), rank 1 and 2:
-forward with the fused epilogue, data gradient and weight gradient.
+forward with the fused epilogue, data gradient and weight gradient; the forward also runs
+grouped convolutions with few channels per group (each output element reduces its group's
+input channels over the window: the same walk, ``C/groups`` times).
 
 Each output channel ``k`` reads one input channel ``k // M`` (``M = K / C``, the multiplier)
 through an ``R × S`` window, so the work is ``R·S`` multiply-adds per output element and the
@@ -84,11 +86,12 @@ def _channels_by_columns(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl
 @triton.jit
 def _dw_fprop_kernel(
     x_ptr, w_ptr, out_ptr, scale_ptr, shift_ptr, res_ptr,
-    N, H, W, K, P, Q, MULT,
+    N, H, W, K, P, Q, KG,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    sxn, sxc, sxh, sxw, swk, swr, sws, son, sok, sop, soq, srn, srk, srp, srq,
+    sxn, sxc, sxh, sxw, swk, swc, swr, sws, son, sok, sop, soq, srn, srk, srp, srq,
     negative_slope,
-    R: tl.constexpr, S: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+    CG: tl.constexpr, R: tl.constexpr, S: tl.constexpr, HAS_SCALE: tl.constexpr,
+    HAS_SHIFT: tl.constexpr,
     HAS_RES: tl.constexpr, ACT: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
     CL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
@@ -103,17 +106,20 @@ def _dw_fprop_kernel(
     kmask = k < K
     ih0 = p * stride_h - pad_h
     iw0 = q * stride_w - pad_w
-    x_base = x_ptr + n * sxn + (k // MULT) * sxc
+    # output channel k reads input channels (k // KG)·CG + c, c < CG (CG = 1: depthwise)
+    x_base = x_ptr + n * sxn + ((k // KG) * CG) * sxc
     acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
-    for r in tl.static_range(R):
-        ih = ih0 + r * dil_h
-        row_ok = (ih >= 0) & (ih < H)
-        for s in tl.static_range(S):
-            iw = iw0 + s * dil_w
-            ok = mask & row_ok & (iw >= 0) & (iw < W)
-            xv = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0)
-            wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask, other=0.0)
-            acc += xv.to(ACC) * wv.to(ACC)
+    for c in range(CG):
+        for r in tl.static_range(R):
+            ih = ih0 + r * dil_h
+            row_ok = (ih >= 0) & (ih < H)
+            for s in tl.static_range(S):
+                iw = iw0 + s * dil_w
+                ok = mask & row_ok & (iw >= 0) & (iw < W)
+                xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=ok, other=0.0)
+                wv = tl.load(w_ptr + k * swk + c * swc + r * swr + s * sws, mask=kmask,
+                             other=0.0)
+                acc += xv.to(ACC) * wv.to(ACC)
     if HAS_SCALE:
         acc = acc * tl.load(scale_ptr + k, mask=kmask, other=0.0).to(ACC)
     if HAS_SHIFT:
@@ -233,19 +239,22 @@ def _grid(channels_last: bool, n: int, k: int, p: int, q: int, config: DwConfig)
 
 def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act_code,
                  negative_slope, channels_last, config: DwConfig, int64: bool):
-    """Depthwise forward on 4-D (N, C, H, W)-indexed views (any strides)."""
+    """Depthwise forward on 4-D (N, C, H, W)-indexed views (any strides); also any grouped
+    convolution (``w4`` of shape (K, C/groups, R, S)): each output element reduces its
+    group's C/groups input channels over the window, on CUDA cores (no tensor-core tile is
+    wasted on 4-32 channels per group; benchmarks/NOTES.md, issue 7)."""
     n, c, h, w = x4.shape
-    k, _, r, s = w4.shape
+    k, cg, r, s = w4.shape
     _, _, p, q = out4.shape
     dummy = out4  # never read: the matching HAS_* flag is False
     res_strides = _strides(res4) if res4 is not None else (0, 0, 0, 0)
     _dw_fprop_kernel[_grid(channels_last, n, k, p, q, config)](
         x4, w4, out4, scale if scale is not None else dummy,
         shift if shift is not None else dummy, res4 if res4 is not None else dummy,
-        n, h, w, k, p, q, k // c, stride[0], stride[1], pad[0], pad[1], dilation[0],
-        dilation[1], *_strides(x4), w4.stride(0), w4.stride(2), w4.stride(3),
-        *_strides(out4), *res_strides, float(negative_slope),
-        R=r, S=s, HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None,
+        n, h, w, k, p, q, k // (c // cg), stride[0], stride[1], pad[0], pad[1], dilation[0],
+        dilation[1], *_strides(x4), *_strides(w4), *_strides(out4), *res_strides,
+        float(negative_slope), CG=cg, R=r, S=s, HAS_SCALE=scale is not None,
+        HAS_SHIFT=shift is not None,
         HAS_RES=res4 is not None, ACT=act_code, ACC=_acc(x4.dtype), INT64=int64,
         CL=channels_last, BLOCK_A=config.block_a, BLOCK_B=config.block_b,
         num_warps=config.num_warps)
