@@ -153,5 +153,41 @@ def test_grouped_forward_through_dispatch_when_pinned(monkeypatch):
         functional.clear_plans()
     assert relative_error(y, F.conv2d(x, w, None, 1, 1, 1, 2)) < 1e-12
     assert calls, "the pinned direct kernel did not run"
+    g = torch.randn(2, 6, 9, 7, dtype=torch.float64)  # the backend's gradient entry points
+    want = torch.autograd.grad(F.conv2d(x.requires_grad_(), w.requires_grad_(), None, 1, 1,
+                                        1, 2), (x, w), g)
+    dx = TritonBackend.bind(problem, config, "dgrad")(g, w.detach(), None)
+    dw = TritonBackend.bind(problem, config, "wgrad")(g, x.detach(), None)
+    assert relative_error(dx, want[0]) < 1e-12 and relative_error(dw, want[1]) < 1e-12
     assert all(not isinstance(c, depthwise.DwConfig)  # on the CPU: the interpreter's tile
                for c in TritonBackend.candidates(problem))
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
+@pytest.mark.parametrize("case", GROUPED, ids=lambda c: f"r{len(c[4])}g{c[3]}k{c[5]}s{c[6]}")
+def test_grouped_gradients_direct_kernels(case, channels_last):
+    """The direct data and weight gradients of grouped convolutions against float64
+    autograd, into poisoned outputs."""
+    n, c, k, groups, spatial, ks, stride, padding, dilation = case
+    x = torch.randn(n, c, *spatial, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(k, c // groups, *([ks] * len(spatial)), dtype=torch.float64,
+                    requires_grad=True)
+    y = _ref(x, w, stride, padding, dilation, groups)
+    g = torch.randn_like(y)
+    want_dx, want_dw = torch.autograd.grad(y, (x, w), g)
+    x, g = x.detach(), g
+    if channels_last:
+        x, g = (t.contiguous(memory_format=torch.channels_last) if t.dim() == 4
+                else t.transpose(1, 2).contiguous().transpose(1, 2) for t in (x, g))
+    dx = torch.full_like(x, float("nan"))
+    dw = torch.full_like(w, float("nan"))
+    four = (lambda t: t) if len(spatial) == 2 else (lambda t: t.unsqueeze(2))
+    geo = dict(stride=(stride, stride) if len(spatial) == 2 else (1, stride),
+               pad=(padding, padding) if len(spatial) == 2 else (0, padding),
+               dilation=(dilation, dilation) if len(spatial) == 2 else (1, dilation),
+               channels_last=channels_last, config=depthwise.candidates(channels_last, False)[0],
+               int64=False)
+    depthwise.launch_dgrad(four(g), four(w.detach()), four(dx), **geo)
+    depthwise.launch_wgrad(four(g), four(x), four(dw), **geo)
+    assert relative_error(dx, want_dx) < 1e-12
+    assert relative_error(dw, want_dw) < 1e-12

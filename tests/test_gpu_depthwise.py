@@ -74,3 +74,43 @@ def test_every_candidate_is_correct(channels_last):
         TritonBackend.bind(problem, config)(x.detach(), w.detach(), None, None, None, None,
                                             out)
         assert relative_error(out, ref) <= TOLERANCE[Precision.BF16], config.name()
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_grouped_direct_candidates_are_listed_and_correct(dtype, channels_last):
+    """ResNeXt's grouped 3x3 layers (suite grouped, batch 2): the Triton backend lists the
+    direct kernels' tiles among its candidates, and each computes the forward (into a
+    poisoned output), dx and dw within the contract against float64."""
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.problem import ConvProblem
+
+    for case in suites.get("grouped"):
+        x = torch.randn(2, case.c, *case.spatial, device="cuda").to(dtype)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        w = (torch.randn(case.k, case.c // case.groups, *case.kernel, device="cuda")
+             / 6).to(dtype)
+        pad = case.padding_arg()
+        xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+        ref = F.conv2d(xr, wr, None, case.stride, pad, 1, case.groups)
+        g = torch.randn_like(ref)
+        want_dx, want_dw = torch.autograd.grad(ref, (xr, wr), g)
+        ref, g = ref.detach(), g.to(dtype)
+        problem = ConvProblem.from_tensors(x, w, None, case.stride, pad, 1, case.groups,
+                                           rank=2)
+        tol = TOLERANCE[PRECISIONS[dtype]]
+        for op in ("fprop", "dgrad", "wgrad"):
+            direct = [c for c in TritonBackend.candidates(problem, op)
+                      if isinstance(c, depthwise.DwConfig)]
+            assert direct, (case.name, op)
+        for config in direct:
+            out = torch.full(ref.shape, float("nan"), device="cuda", dtype=dtype)
+            if channels_last:
+                out = out.contiguous(memory_format=torch.channels_last)
+            TritonBackend.bind(problem, config)(x, w, None, None, None, None, out)
+            assert relative_error(out, ref) <= tol, (case.name, config)
+            dx = TritonBackend.bind(problem, config, "dgrad")(g, w, None)
+            dw = TritonBackend.bind(problem, config, "wgrad")(g, x, None)
+            assert relative_error(dx, want_dx) <= tol, (case.name, config, "dx")
+            assert relative_error(dw, want_dw) <= tol, (case.name, config, "dw")

@@ -86,20 +86,22 @@ class TritonBackend(Backend):
             return direct(problem.layout == "nhwc", problem.device == "cuda")
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]
-        if op == "fprop" and _direct_grouped(problem):  # after the GEMM tiles: timed, or
-            return fprop_candidates(problem) + direct(  # picked by a pin, never by default
-                problem.layout == "nhwc", True)
         if op == "dgrad" or (op == "fprop" and problem.transposed):
-            return dgrad_candidates(problem.conv_equivalent() if problem.transposed else problem)
-        if op == "wgrad":
-            return wgrad_candidates(problem)
-        return fprop_candidates(problem)
+            tiles = dgrad_candidates(problem.conv_equivalent() if problem.transposed
+                                     else problem)
+        elif op == "wgrad":
+            tiles = wgrad_candidates(problem)
+        else:
+            tiles = fprop_candidates(problem)
+        if _direct_grouped(problem):  # after the GEMM tiles: timed, or pinned, never the
+            tiles = tiles + direct(problem.layout == "nhwc", True)  # heuristic's pick
+        return tiles
 
     @classmethod
     def bind(cls, problem: ConvProblem, config, op: str = "fprop"):
         config = config or cls.candidates(problem, op)[0]
         geo = _Geometry(problem)
-        if _direct_depthwise(problem) or (op == "fprop" and _is_direct(config)):
+        if _direct_depthwise(problem) or _is_direct(config):
             return geo.bind_depthwise(config, op)
         if op == "dgrad":
             return geo.bind_dgrad(config)
@@ -120,7 +122,7 @@ def _direct_depthwise(problem: ConvProblem) -> bool:
 
 
 #: Grouped convolutions with at most this many input and output channels per group also
-#: get depthwise.py's direct forward as candidates (issue 7: ResNeXt's 4-32 per group).
+#: get depthwise.py's direct kernels as candidates (issue 7: ResNeXt's 4-32 per group).
 _DIRECT_GROUP_MAX = 64
 
 

@@ -1,7 +1,8 @@
 """Depthwise convolution (groups == input channels, any channel multiplier), rank 1 and 2:
-forward with the fused epilogue, data gradient and weight gradient; the forward also runs
-grouped convolutions with few channels per group (each output element reduces its group's
-input channels over the window: the same walk, ``C/groups`` times).
+forward with the fused epilogue, data gradient and weight gradient. The same three also run
+grouped convolutions with few channels per group: each output element reduces its group's
+``C/groups`` input channels over the window, each input element's gradient its group's
+``K/groups`` outputs, and the weight gradient takes one input channel of each group per pass.
 
 Each output channel ``k`` reads one input channel ``k // M`` (``M = K / C``, the multiplier)
 through an ``R × S`` window, so the work is ``R·S`` multiply-adds per output element and the
@@ -135,9 +136,9 @@ def _dw_fprop_kernel(
 @triton.jit
 def _dw_dgrad_kernel(
     dy_ptr, w_ptr, dx_ptr,
-    N, C, H, W, P, Q, MULT,
+    N, C, H, W, P, Q, KG, CG,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-    sdn, sdk, sdp, sdq, swk, swr, sws, sxn, sxc, sxh, sxw,
+    sdn, sdk, sdp, sdq, swk, swc, swr, sws, sxn, sxc, sxh, sxw,
     R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
     CL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
@@ -151,8 +152,11 @@ def _dw_dgrad_kernel(
     if INT64:
         n = n.to(tl.int64)
     acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
-    for j in range(0, MULT):
-        k = c * MULT + j
+    # input channel c feeds output channels (c // CG)·KG + j, j < KG, through w[k, c % CG]
+    grp = c // CG
+    c_in = c - grp * CG
+    for j in range(0, KG):
+        k = grp * KG + j
         dy_base = dy_ptr + n * sdn + k * sdk
         for r in tl.static_range(R):
             hp = h + pad_h - r * dil_h
@@ -163,7 +167,8 @@ def _dw_dgrad_kernel(
                 q = wq // stride_w
                 ok = mask & row_ok & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q)
                 g = tl.load(dy_base + p * sdp + q * sdq, mask=ok, other=0.0)
-                wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=c < C, other=0.0)
+                wv = tl.load(w_ptr + k * swk + c_in * swc + r * swr + s * sws, mask=c < C,
+                             other=0.0)
                 acc += g.to(ACC) * wv.to(ACC)
     tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty),
              mask=mask)
@@ -172,7 +177,7 @@ def _dw_dgrad_kernel(
 @triton.jit
 def _dw_wgrad_kernel(
     dy_ptr, x_ptr, part_ptr,
-    N, H, W, K, P, Q, MULT, M_PER,
+    N, H, W, K, P, Q, KG, CG, C_OFF, M_PER,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     sdn, sdk, sdp, sdq, sxn, sxc, sxh, sxw,
     R: tl.constexpr, S: tl.constexpr, TAPS: tl.constexpr, ACC: tl.constexpr,
@@ -197,7 +202,7 @@ def _dw_wgrad_kernel(
             mk = mmask[:, None] & kmask[None, :]
             g = tl.load(dy_ptr + (n * sdn + p * sdp + q * sdq)[:, None] + (k * sdk)[None, :],
                         mask=mk, other=0.0).to(ACC)
-            x_base = x_ptr + (n * sxn)[:, None] + ((k // MULT) * sxc)[None, :]
+            x_base = x_ptr + (n * sxn)[:, None] + ((k // KG * CG + C_OFF) * sxc)[None, :]
             for r in tl.static_range(R):
                 ih = (p * stride_h - pad_h + r * dil_h)[:, None]
                 for s in tl.static_range(S):
@@ -210,7 +215,7 @@ def _dw_wgrad_kernel(
             mk = kmask[:, None] & mmask[None, :]
             g = tl.load(dy_ptr + (k * sdk)[:, None] + (n * sdn + p * sdp + q * sdq)[None, :],
                         mask=mk, other=0.0).to(ACC)
-            x_base = x_ptr + ((k // MULT) * sxc)[:, None] + (n * sxn)[None, :]
+            x_base = x_ptr + ((k // KG * CG + C_OFF) * sxc)[:, None] + (n * sxn)[None, :]
             for r in tl.static_range(R):
                 ih = (p * stride_h - pad_h + r * dil_h)[None, :]
                 for s in tl.static_range(S):
@@ -262,22 +267,24 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
 
 def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: DwConfig,
                  int64: bool):
-    """``dx`` of a depthwise convolution, written into the 4-D view ``dx4``."""
+    """``dx`` of a depthwise (or grouped: ``w4`` (K, C/groups, R, S)) convolution, written
+    into the 4-D view ``dx4``."""
     n, c, h, w = dx4.shape
-    k, _, r, s = w4.shape
+    k, cg, r, s = w4.shape
     _, _, p, q = dy4.shape
     _dw_dgrad_kernel[_grid(channels_last, n, c, h, w, config)](
-        dy4, w4, dx4, n, c, h, w, p, q, k // c, stride[0], stride[1], pad[0], pad[1],
-        dilation[0], dilation[1], *_strides(dy4), w4.stride(0), w4.stride(2), w4.stride(3),
-        *_strides(dx4), R=r, S=s, ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last,
+        dy4, w4, dx4, n, c, h, w, p, q, k // (c // cg), cg, stride[0], stride[1], pad[0],
+        pad[1], dilation[0], dilation[1], *_strides(dy4), *_strides(w4), *_strides(dx4),
+        R=r, S=s, ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last,
         BLOCK_A=config.block_a, BLOCK_B=config.block_b, num_warps=config.num_warps)
 
 
 def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: DwConfig,
                  int64: bool):
-    """``dw`` of a depthwise convolution (shape (K, 1, R, S)), written into ``dw4``."""
+    """``dw`` of a depthwise convolution (shape (K, 1, R, S)), written into ``dw4``; of a
+    grouped one (K, C/groups, R, S) one input channel of each group per pass."""
     n, c, h, w = x4.shape
-    k, _, r, s = dw4.shape
+    k, cg, r, s = dw4.shape
     _, _, p, q = dy4.shape
     m = n * p * q
     block_m, block_k = ((config.block_a, config.block_b) if channels_last
@@ -293,10 +300,11 @@ def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: 
     taps = triton.next_power_of_2(r * s)
     acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
     part = torch.empty((splits, taps, k), device=dy4.device, dtype=acc)
-    _dw_wgrad_kernel[(splits, triton.cdiv(k, block_k))](
-        dy4, x4, part, n, h, w, k, p, q, k // c, m_per, stride[0], stride[1], pad[0], pad[1],
-        dilation[0], dilation[1], *_strides(dy4), *_strides(x4), R=r, S=s, TAPS=taps,
-        ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last, BLOCK_M=block_m,
-        BLOCK_K=block_k, num_warps=config.num_warps)
-    total = part.sum(0)[: r * s]  # (R·S, K): one fixed-order sum over the splits
-    dw4.copy_(total.t().reshape(k, 1, r, s))
+    for c_off in range(cg):
+        _dw_wgrad_kernel[(splits, triton.cdiv(k, block_k))](
+            dy4, x4, part, n, h, w, k, p, q, k // (c // cg), cg, c_off, m_per, stride[0],
+            stride[1], pad[0], pad[1], dilation[0], dilation[1], *_strides(dy4),
+            *_strides(x4), R=r, S=s, TAPS=taps, ACC=_acc(dy4.dtype), INT64=int64,
+            CL=channels_last, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=config.num_warps)
+        total = part.sum(0)[: r * s]  # (R·S, K): one fixed-order sum over the splits
+        dw4[:, c_off].copy_(total.t().reshape(k, r, s))
