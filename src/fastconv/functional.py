@@ -199,8 +199,14 @@ def _autocast(device_type, *tensors):
     """Cast floating-point operands (not float64, as torch's autocast) to the autocast dtype;
     scale and shift stay as given, like BatchNorm's parameters."""
     dtype = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                 and t.dtype != torch.float64 else t for t in tensors)
+    return tuple(t.to(dtype) if autocast_casts(t, dtype) else t for t in tensors)
+
+
+def autocast_casts(t, dtype: torch.dtype) -> bool:
+    """Whether autocast to ``dtype`` changes ``t``: a floating tensor of another dtype, not
+    float64 (torch's rule)."""
+    return (isinstance(t, torch.Tensor) and t.is_floating_point()
+            and t.dtype not in (torch.float64, dtype))
 
 
 def _through_op(rank, transposed, input, weight, bias, stride, padding, dilation, groups,

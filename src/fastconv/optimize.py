@@ -86,6 +86,7 @@ class OptimizedModel(nn.Module):
         self.cuda_graph = cuda_graph
         self._graphs: dict = {}
         self._train_graphs: dict = {}
+        self._noted_held_grads = False
 
     def _prepare(self, args):
         if not self.channels_last:
@@ -117,12 +118,17 @@ class OptimizedModel(nn.Module):
         (dropout on or off, batch or running statistics), so they are part of its key."""
         return tuple(m.training for m in self.model.modules())
 
+    def _versions(self) -> tuple[int, ...]:
+        """The version counters of every parameter and buffer (in-place changes move them)."""
+        return tuple(t._version for t in itertools.chain(self.model.parameters(),
+                                                         self.model.buffers()))
+
     def _train_graph(self, args):
         """The graphed forward + backward for this input signature (captured on first sight),
         or None where the call must run eagerly (see the class docstring)."""
         if any(p.grad is not None for p in self.model.parameters()):
-            if "gradients" not in self._train_graphs:
-                self._train_graphs["gradients"] = None
+            if not self._noted_held_grads:
+                self._noted_held_grads = True
                 self.report.notes.append(
                     "cuda_graph: a training call with gradients already held ran eagerly "
                     "(zero_grad(set_to_none=True) between steps keeps the graphs)")
@@ -131,7 +137,7 @@ class OptimizedModel(nn.Module):
                self._flags())
         if key in self._train_graphs:
             return self._train_graphs[key]
-        buffers = [b for b in self.model.buffers()]
+        buffers = list(self.model.buffers())
         saved = [b.clone() for b in buffers]
         graphed = None
         try:
@@ -160,10 +166,8 @@ class OptimizedModel(nn.Module):
         # The graph reads what the layers cached at capture (BatchNorm folded into weights,
         # packed weights): a parameter or statistic changed in place since then (its version
         # moved) needs a new capture.
-        versions = tuple(t._version for t in itertools.chain(self.model.parameters(),
-                                                             self.model.buffers()))
         hit = self._graphs.get(key)
-        if hit is not None and hit[3] != versions:
+        if hit is not None and hit[3] != self._versions():
             del self._graphs[key]
             hit = None
         if hit is None:
@@ -177,9 +181,7 @@ class OptimizedModel(nn.Module):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph), torch.no_grad():
                 out = self._run(*static)
-            versions = tuple(t._version for t in itertools.chain(self.model.parameters(),
-                                                                 self.model.buffers()))
-            hit = self._graphs[key] = (graph, static, out, versions)
+            hit = self._graphs[key] = (graph, static, out, self._versions())
         graph, static, out, _ = hit
         for s, a in zip(static, args):
             s.copy_(a)

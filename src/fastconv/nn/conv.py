@@ -43,7 +43,7 @@ class _FastconvMixin:
         signature: the host cost of the general path (validation, plan lookup, autocast
         casts of the weights) is paid once per signature. ``None`` when the call needs the
         general path (autograd, unbatched input, first sight)."""
-        if input.dim() != len(self.kernel_size) + 2 or not isinstance(input, Tensor):
+        if not isinstance(input, Tensor) or input.dim() != len(self.kernel_size) + 2:
             return None
         if torch.is_grad_enabled() and (
                 input.requires_grad or weight.requires_grad
@@ -52,8 +52,8 @@ class _FastconvMixin:
             return None
         device = input.device.type
         if torch.is_autocast_enabled(device):
+            input, residual = fc._autocast(device, input, residual)
             dtype = torch.get_autocast_dtype(device)
-            input, residual = _cast(input, dtype), _cast(residual, dtype)
             weight, bias = self._cast_param(weight, dtype), self._cast_param(bias, dtype)
         key = (input.shape, input.stride(), input.dtype, input.device, weight.dtype,
                weight.stride(), None if bias is None else bias.dtype,
@@ -74,8 +74,7 @@ class _FastconvMixin:
         """``t`` in the autocast dtype, kept between calls while ``t`` is the same tensor,
         unchanged (its version and storage; changes made through ``.data`` are not seen,
         as by every cache keyed on tensor versions)."""
-        if t is None or t.dtype == dtype or not t.is_floating_point() \
-                or t.dtype == torch.float64:
+        if not fc.autocast_casts(t, dtype):
             return t
         casts = self.__dict__.setdefault("_casts", {})
         role = "weight" if t.dim() > 1 else "bias"
@@ -109,13 +108,6 @@ def same_tensors(state: tuple, tensors) -> bool:
         elif old[0] is not t or old[1] != t._version or old[2] != t.data_ptr():
             return False
     return True
-
-
-def _cast(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """Autocast's rule: floating operands but float64 in the autocast dtype."""
-    if t is None or t.dtype == dtype or not t.is_floating_point() or t.dtype == torch.float64:
-        return t
-    return t.to(dtype)
 
 
 class Conv1d(_FastconvMixin, torch.nn.Conv1d):
