@@ -5,6 +5,7 @@
 # bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions.
 # Full logs and results go under $OUT (default: ./out); bench results come back as
 # results-<time>.tgz, one per bench step (JSON, CSV, PNG); the last lines are a short summary.
+# At most 8 files come back from a device call: keep $OUT small (logs, tarballs).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -33,11 +34,13 @@ for step in $steps; do
     # by test_every_candidate_config_is_correct).
     tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_gpu*.py -k "${TESTS:-}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
     check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
-    bench) python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
+    # BENCH_TIMEOUT bounds one bench step; the results written so far are packed either way.
+    bench) timeout ${BENCH_TIMEOUT:-540} python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
              --mode ${MODES:-fwd} ${CASES:+--cases $CASES} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \
              --plot --out "$OUT/results" 2>"$OUT/bench.err" | tee -a "$OUT/bench.log" | grep -E "geomean|wrote" || status=1
            tail -5 "$OUT/bench.err"
-           tar czf "$OUT/results-$(date +%H%M%S).tgz" -C "$OUT" results && rm -rf "$OUT/results" ;;
+           [ -d "$OUT/results" ] && tar czf "$OUT/results-$(date +%H%M%S).tgz" -C "$OUT" results \
+             && rm -rf "$OUT/results" ;;
     launch) python3 benchmarks/launch_overhead.py 2>&1 | tee "$OUT/launch.log" | tail -80 || status=1 ;;
     overhead) python3 benchmarks/dispatch_overhead.py 2>&1 | tee "$OUT/overhead.log" | tail -4 || status=1 ;;
     probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
