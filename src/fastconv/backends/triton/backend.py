@@ -8,6 +8,7 @@ imported), which is how the CPU tests exercise the same kernel code.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -23,6 +24,7 @@ from .configs import (
     dgrad_candidates,
     fprop_candidates,
     interpreter_config,
+    pack_candidates,
     wgrad_candidates,
 )
 
@@ -93,6 +95,7 @@ class TritonBackend(Backend):
             tiles = wgrad_candidates(problem)
         else:
             tiles = fprop_candidates(problem)
+        tiles = tiles + pack_candidates(problem, op)
         if _direct_grouped(problem):  # after the GEMM tiles: timed, or pinned, never the
             tiles = tiles + direct(problem.layout == "nhwc", True)  # heuristic's pick
         return tiles
@@ -100,6 +103,8 @@ class TritonBackend(Backend):
     @classmethod
     def bind(cls, problem: ConvProblem, config, op: str = "fprop"):
         config = config or cls.candidates(problem, op)[0]
+        if getattr(config, "pack_groups", 1) > 1:
+            return _bind_packed_groups(problem, config, op)
         geo = _Geometry(problem)
         if _direct_depthwise(problem) or _is_direct(config):
             return geo.bind_depthwise(config, op)
@@ -130,6 +135,55 @@ def _direct_grouped(problem: ConvProblem) -> bool:
     return (problem.groups > 1 and not problem.transposed
             and problem.c_per_group <= _DIRECT_GROUP_MAX
             and problem.k_per_group <= _DIRECT_GROUP_MAX)
+
+
+def _bind_packed_groups(problem: ConvProblem, config: TileConfig, op: str):
+    """``problem`` run as ``groups / pack`` groups of ``pack`` times the channels, with the
+    weight expanded to block-diagonal form (configs.pack_candidates): the forward and dgrad
+    read the expanded weight, wgrad computes the expanded gradient and keeps its diagonal
+    blocks."""
+    pack, groups = config.pack_groups, problem.groups
+    inner = TritonBackend.bind(dataclasses.replace(problem, groups=groups // pack),
+                               dataclasses.replace(config, pack_groups=1), op)
+    if op == "dgrad":
+        def run_dgrad(grad_out, weight, out):
+            return inner(grad_out, packed_weight(weight, 0, groups, pack), out)
+        return run_dgrad
+    if op == "wgrad":
+        def run_wgrad(grad_out, input, out):
+            blocks = _diagonal_blocks(inner(grad_out, input, None), groups, pack)
+            if out is None:
+                return blocks.contiguous()
+            return out.copy_(blocks)
+        return run_wgrad
+
+    def run(input, weight, *rest):
+        return inner(input, packed_weight(weight, 1, groups, pack), *rest)
+    return run
+
+
+def _blocks_view(full: torch.Tensor, groups: int, pack: int) -> torch.Tensor:
+    """The (groups/pack, pack, K/groups, pack, C/groups, *kernel) view of an expanded
+    (K, pack·C/groups, *kernel) weight; its diagonal over dims 1 and 3 is the real weight."""
+    k, wide = full.shape[:2]
+    return full.unflatten(0, (groups // pack, pack, k // groups)).unflatten(
+        3, (pack, wide // pack))
+
+
+def _diagonal_blocks(full: torch.Tensor, groups: int, pack: int) -> torch.Tensor:
+    """The (K, C/groups, *kernel) weight inside an expanded one (a view)."""
+    diag = torch.diagonal(_blocks_view(full, groups, pack), dim1=1, dim2=3)
+    return diag.movedim(-1, 1).flatten(0, 2)
+
+
+def _expand_groups(w: torch.Tensor, groups: int, pack: int, dim: int) -> torch.Tensor:
+    """``w`` (K, C/groups, *kernel) as the block-diagonal weight of ``groups / pack``
+    groups, zeros between the blocks, dimension ``dim`` fastest in memory."""
+    k, cg, *kernel = w.shape
+    full = _pack(w.new_zeros(k, pack * cg, *kernel), dim)
+    torch.diagonal(_blocks_view(full, groups, pack), dim1=1, dim2=3).copy_(
+        w.unflatten(0, (groups // pack, pack, k // groups)).movedim(1, -1))
+    return full
 
 
 def _is_direct(config) -> bool:
@@ -285,7 +339,7 @@ class _Geometry:
         return run
 
 
-# weight -> {fastest dim: (version, packed copy)}; dies with the weight
+# weight -> {(fastest dim, groups, pack): (version, packed copy)}; dies with the weight
 _PACKED = WeakTensorKeyDictionary()
 
 
@@ -314,26 +368,33 @@ def channels_last(t: torch.Tensor) -> torch.Tensor:
     return t if _is_packed(t, 1) else _pack(t, 1)
 
 
-def packed_weight(w: torch.Tensor, dim: int = 1) -> torch.Tensor:
+def packed_weight(w: torch.Tensor, dim: int = 1, groups: int = 1,
+                  pack: int = 1) -> torch.Tensor:
     """``w`` with dimension ``dim`` fastest — the reduction dimension of the GEMM that reads
     it: input channels for the forward, output channels (``dim=0``) for dgrad, which makes
-    the tile K-major as TF32 tensor cores need. Cached per weight tensor and *version*: an
-    in-place update (an optimizer step) bumps ``w._version`` and the next call repacks.
-    Not while a CUDA graph is captured: a replay does not run this check, so the graph
-    packs the weight itself (a training graph replays after every optimizer step)."""
-    if _is_packed(w, dim):
+    the tile K-major as TF32 tensor cores need; with ``pack > 1``, expanded to the
+    block-diagonal weight of ``groups / pack`` groups first. Cached per weight tensor and
+    *version*: an in-place update (an optimizer step) bumps ``w._version`` and the next call
+    repacks. Not while a CUDA graph is captured: a replay does not run this check, so the
+    graph packs the weight itself (a training graph replays after every optimizer step)."""
+    if pack == 1 and _is_packed(w, dim):
         return w
     if w.is_cuda and torch.cuda.is_current_stream_capturing():
-        return _pack(w, dim)
-    per_dim = _PACKED.get(w)
-    hit = per_dim.get(dim) if per_dim is not None else None
+        return _repack(w, dim, groups, pack)
+    key = (dim, groups, pack)
+    per_key = _PACKED.get(w)
+    hit = per_key.get(key) if per_key is not None else None
     if hit is not None and hit[0] == w._version:
         return hit[1]
-    packed = _pack(w, dim)
-    if per_dim is None:
-        per_dim = _PACKED[w] = {}
-    per_dim[dim] = (w._version, packed)
+    packed = _repack(w, dim, groups, pack)
+    if per_key is None:
+        per_key = _PACKED[w] = {}
+    per_key[key] = (w._version, packed)
     return packed
+
+
+def _repack(w: torch.Tensor, dim: int, groups: int, pack: int) -> torch.Tensor:
+    return _expand_groups(w, groups, pack, dim) if pack > 1 else _pack(w, dim)
 
 
 def _contig(t: torch.Tensor | None) -> torch.Tensor | None:

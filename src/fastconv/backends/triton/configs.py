@@ -26,11 +26,14 @@ class TileConfig:
     num_stages: int
     flat_k: bool
     split_k: int = 1  # >1: the reduction split over programs, partial sums reduced after
+    # >1: this many groups run as one, with a block-diagonal weight (see pack_candidates)
+    pack_groups: int = 1
 
     def name(self) -> str:
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}"
                 f"s{self.num_stages}{'f' if self.flat_k else ''}"
-                + (f"x{self.split_k}" if self.split_k > 1 else ""))
+                + (f"x{self.split_k}" if self.split_k > 1 else "")
+                + (f"g{self.pack_groups}" if self.pack_groups > 1 else ""))
 
 
 def _flat_k(problem: ConvProblem) -> bool:
@@ -137,6 +140,32 @@ def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
             cfg = TileConfig(bm, bn, bk, w, st, False, split)
             if cfg not in cands:
                 cands.append(cfg)
+    return cands
+
+
+#: Packed group widths: channels per packed group (in and out) that the candidates aim at.
+_PACK_WIDTHS = (32, 64)
+
+
+def pack_candidates(problem: ConvProblem, op: str) -> list[TileConfig]:
+    """Tiles that run ``pack_groups`` groups with few channels as one group of a
+    block-diagonal weight (zeros between the groups): the GEMM tiles then cover 32 or 64
+    channels instead of masking most of a tile to 4-16, at the price of ``pack_groups``
+    times the multiply-adds, which the tensor cores have to spare where a group is narrow
+    (ResNeXt's 4-32 channels per group). The two first tiles of each packed problem."""
+    widest = max(problem.c_per_group, problem.k_per_group)
+    if problem.groups == 1 or problem.transposed or widest > 32:
+        return []
+    listing = {"fprop": fprop_candidates, "dgrad": dgrad_candidates,
+               "wgrad": wgrad_candidates}[op]
+    cands = []
+    for width in _PACK_WIDTHS:
+        pack = next((g for g in range(2, problem.groups + 1)
+                     if problem.groups % g == 0 and g * widest >= width), None)
+        if pack is None or any(c.pack_groups == pack for c in cands):
+            continue
+        packed = dataclasses.replace(problem, groups=problem.groups // pack)
+        cands += [dataclasses.replace(c, pack_groups=pack) for c in listing(packed)[:2]]
     return cands
 
 
