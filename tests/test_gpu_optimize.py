@@ -67,10 +67,11 @@ def test_resnet50_training_step_within_torch_error():
 
 def test_training_cuda_graph_steps_equal_eager_steps():
     """Three SGD steps replayed from CUDA graphs against the same steps run eagerly (strict
-    fp32), and a step at a new input shape (captured again): outputs and gradients judged
-    against a float64 torch model stepped alongside (a graph may be no further from it than
-    twice the eager copy); then updated weights, running statistics and step counts; a call
-    with gradients already held runs eagerly and accumulates them as eager calls do."""
+    fp32), outputs and gradients judged against a float64 torch model stepped alongside (a
+    graph may be no further from it than twice the eager copy); then the updated weights,
+    running statistics and step counts; a call with gradients already held runs eagerly and
+    accumulates them as eager calls do; last, a step at a new input shape (captured
+    again), judged against float64 the same way."""
     torch.manual_seed(0)
     model = tv.models.resnet18().cuda().train()
     eager = optimize(model, "training", "ieee")
@@ -78,23 +79,27 @@ def test_training_cuda_graph_steps_equal_eager_steps():
     ref = copy.deepcopy(model).double()
     nets = (eager, graphed, ref)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in nets]
+
+    def step(shape):
+        x = torch.randn(shape, device="cuda")
+        outs, grads = [], []
+        for net, opt in zip(nets, opts):
+            y = net(x.double() if net is ref else x)
+            y.square().mean().backward()
+            outs.append(y.detach().double())
+            conv1 = ref.conv1 if net is ref else net.model.conv1_bn_act
+            grads.append(conv1.weight.grad.double())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for what, (e, g, r) in (("output", outs), ("conv1 weight gradient", grads)):
+            err_e, err_g = relative_error(e, r), relative_error(g, r)
+            assert err_g <= max(1e-5, 2 * err_e), (shape, what, err_g, err_e)
+
     flags = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
-        for shape in [(4, 3, 64, 64)] * 3 + [(2, 3, 48, 80)]:
-            x = torch.randn(shape, device="cuda")
-            outs, grads = [], []
-            for net, opt in zip(nets, opts):
-                y = net(x.double() if net is ref else x)
-                y.square().mean().backward()
-                outs.append(y.detach().double())
-                conv1 = ref.conv1 if net is ref else net.model.conv1_bn_act
-                grads.append(conv1.weight.grad.double())
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            for what, (e, g, r) in (("output", outs), ("conv1 weight gradient", grads)):
-                err_e, err_g = relative_error(e, r), relative_error(g, r)
-                assert err_g <= max(1e-5, 2 * err_e), (shape, what, err_g, err_e)
+        for _ in range(3):
+            step((4, 3, 64, 64))
         for (name, a), (_, b) in zip(eager.model.state_dict().items(),
                                      graphed.model.state_dict().items()):
             if a.is_floating_point():
@@ -110,6 +115,13 @@ def test_training_cuda_graph_steps_equal_eager_steps():
         gb = graphed.model.conv1_bn_act.weight.grad
         assert relative_error(gb, ga) < 1e-4
         assert any("gradients already held" in n for n in graphed.report.notes)
+        for net in (eager, graphed):
+            net.zero_grad(set_to_none=True)
+        # Batch 2 at 48x80 is ill-conditioned (eager and graph differed by 1e-2 in conv1's
+        # gradient at 17b666a, the graph within twice eager's distance from float64): only
+        # the float64 comparison is meaningful there.
+        step((2, 3, 48, 80))
+        assert not any("failed" in n for n in graphed.report.notes), graphed.report.notes
     finally:
         torch.backends.cudnn.allow_tf32 = flags
 

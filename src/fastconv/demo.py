@@ -76,41 +76,59 @@ def _time(fn, reps: int, on_gpu: bool) -> float:
     return statistics.median(times)
 
 
+class _Autocast(torch.nn.Module):
+    """A channels-last copy of ``model`` run under bf16 autocast: torch's own mixed
+    precision, the baseline for a bf16 training step."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = copy.deepcopy(model).to(memory_format=torch.channels_last)
+
+    def forward(self, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return self.model(x.contiguous(memory_format=torch.channels_last))
+
+
 def _variants(model, x, on_gpu: bool, precision: str, train: bool):
     """(name, callable returning the output, precision it is held to, skip reason,
     the network it runs)."""
     from .optimize import optimize
 
     ieee = Precision.IEEE if precision == "ieee" else Precision.TF32
+    ours = Precision(precision) if precision != "ieee" else ieee
     out = []
-    if train:
-        for name, net in (("torch eager", model),
-                          ("fastconv.optimize", optimize(model, "training", precision))):
-            out.append((name, train_step(net, x),
-                        Precision(precision) if precision != "ieee" else ieee, "", net))
+    if train:  # each variant steps its own copy of the model
+        nets = [("torch eager", copy.deepcopy(model), ieee)]
+        if on_gpu:
+            nets += [("torch eager bf16 channels_last", _Autocast(model), Precision.BF16),
+                     ("torch.compile", torch.compile(copy.deepcopy(model)), ieee)]
+        nets.append(("fastconv.optimize", optimize(model, "training", precision), ours))
+        if on_gpu:
+            nets.append(("fastconv.optimize + CUDA graph",
+                         optimize(model, "training", precision, cuda_graph=True), ours))
+        out = [(name, train_step(net, x), prec, "", net) for name, net, prec in nets]
+        if not on_gpu:
+            out[1:1] = [("torch eager bf16 channels_last", None, None, "no GPU", None),
+                        ("torch.compile", None, None, "no GPU (CPU compile takes minutes)",
+                         None)]
         return out
     model = model.eval()
     out.append(("torch eager", lambda: model(x)["out"], ieee, "", model))
     if on_gpu:
-        cl = x.contiguous(memory_format=torch.channels_last)
-        model_cl = copy.deepcopy(model).to(memory_format=torch.channels_last)
-
-        def bf16():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return model_cl(cl)["out"]
-        out.append(("torch eager bf16 channels_last", bf16, Precision.BF16, "", model_cl))
+        bf16 = _Autocast(model)
+        out.append(("torch eager bf16 channels_last", lambda: bf16(x)["out"], Precision.BF16,
+                    "", bf16))
         compiled = torch.compile(model)
         out.append(("torch.compile", lambda: compiled(x)["out"], ieee, "", model))
     else:
         out.append(("torch eager bf16 channels_last", None, None, "no GPU", None))
         out.append(("torch.compile", None, None, "no GPU (CPU compile takes minutes)", None))
     fast = optimize(model, "inference", precision)
-    out.append(("fastconv.optimize", lambda: fast(x)["out"],
-                Precision(precision) if precision != "ieee" else ieee, "", fast))
+    out.append(("fastconv.optimize", lambda: fast(x)["out"], ours, "", fast))
     if on_gpu:
         graphed = optimize(model, "inference", precision, cuda_graph=True)
-        out.append(("fastconv.optimize + CUDA graph", lambda: graphed(x)["out"],
-                    Precision(precision) if precision != "ieee" else ieee, "", graphed))
+        out.append(("fastconv.optimize + CUDA graph", lambda: graphed(x)["out"], ours, "",
+                    graphed))
     else:
         out.append(("fastconv.optimize + CUDA graph", None, None, "no GPU", None))
     return out
