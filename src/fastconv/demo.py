@@ -35,19 +35,24 @@ def _model(num_classes: int, weights: str | None, device):
 
 
 def _image(path: str | None, size: int, batch: int, device) -> torch.Tensor:
-    """(batch, 3, size, size) in [0, 1]: the image at ``path``, or a smooth synthetic one."""
+    """(batch, 3, size, size) in [0, 1]: the image at ``path`` (image i rolled sideways by
+    i/batch of its width), or smooth synthetic images. The images differ: a training step's
+    BatchNorm normalises over the batch, and in a batch of copies the pooling branch of
+    ASPP (one value per image and channel) has zero variance, which BatchNorm turns into
+    amplified rounding noise."""
     if path:
         import torchvision
 
         img = torchvision.io.read_image(path, torchvision.io.ImageReadMode.RGB).float() / 255
         img = torch.nn.functional.interpolate(img[None], size=(size, size), mode="bilinear",
                                               align_corners=False)[0]
+        imgs = torch.stack([img.roll(i * size // batch, dims=-1) for i in range(batch)])
     else:
         g = torch.Generator().manual_seed(0)
-        low = torch.rand(3, 6, 6, generator=g)
-        img = torch.nn.functional.interpolate(low[None], size=(size, size), mode="bicubic",
-                                              align_corners=False)[0].clamp(0, 1)
-    return img.expand(batch, -1, -1, -1).contiguous().to(device)
+        low = torch.rand(batch, 3, 6, 6, generator=g)
+        imgs = torch.nn.functional.interpolate(low, size=(size, size), mode="bicubic",
+                                               align_corners=False).clamp(0, 1)
+    return imgs.contiguous().to(device)
 
 
 def _normalise(x: torch.Tensor) -> torch.Tensor:
