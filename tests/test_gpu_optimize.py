@@ -86,7 +86,9 @@ def test_training_cuda_graph_steps_equal_eager_steps():
     graphed = optimize(model, "training", "ieee", cuda_graph=True)
     ref = copy.deepcopy(model).double()
     nets = (eager, graphed, ref)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in nets]
+    # A small step: at lr=0.1 the trajectory is chaotic (measured at 1beaa0f: after two
+    # steps eager fp32 itself was 1e-2, after three 0.15 from the float64 model's).
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for m in nets]
 
     def step(shape):
         x = torch.randn(shape, device="cuda")
@@ -124,9 +126,6 @@ def test_training_cuda_graph_steps_equal_eager_steps():
         assert any("gradients already held" in n for n in graphed.report.notes)
         for net in nets:
             net.zero_grad(set_to_none=True)
-        # Batch 2 at 48x80 is ill-conditioned (eager and graph differed by 1e-2 in conv1's
-        # gradient at 17b666a, the graph within twice eager's distance from float64): only
-        # the float64 comparison is meaningful there.
         step((2, 3, 48, 80))
         assert not any("failed" in n for n in graphed.report.notes), graphed.report.notes
     finally:
