@@ -76,53 +76,9 @@ def test_every_candidate_is_correct(channels_last):
         assert relative_error(out, ref) <= TOLERANCE[Precision.BF16], config.name()
 
 
-@pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_grouped_direct_candidates_are_listed_and_correct(dtype, channels_last):
-    """ResNeXt's grouped 3x3 layers (suite grouped, batch 2): the Triton backend lists the
-    direct kernels' tiles among its candidates, and each computes the forward (into a
-    poisoned output), dx and dw within the contract against float64."""
-    from fastconv.backends.triton.backend import TritonBackend
-    from fastconv.problem import ConvProblem
-
-    for case in suites.get("grouped"):
-        x = torch.randn(2, case.c, *case.spatial, device="cuda").to(dtype)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        w = (torch.randn(case.k, case.c // case.groups, *case.kernel, device="cuda")
-             / 6).to(dtype)
-        pad = case.padding_arg()
-        xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
-        ref = F.conv2d(xr, wr, None, case.stride, pad, 1, case.groups)
-        g = torch.randn_like(ref)
-        want_dx, want_dw = torch.autograd.grad(ref, (xr, wr), g)
-        ref, g = ref.detach(), g.to(dtype)
-        problem = ConvProblem.from_tensors(x, w, None, case.stride, pad, 1, case.groups,
-                                           rank=2)
-        tol = TOLERANCE[PRECISIONS[dtype]]
-        for op in ("fprop", "dgrad", "wgrad"):
-            direct = [c for c in TritonBackend.candidates(problem, op)
-                      if isinstance(c, depthwise.DwConfig)]
-            assert direct, (case.name, op)
-        for config in direct:
-            out = torch.full(ref.shape, float("nan"), device="cuda", dtype=dtype)
-            if channels_last:
-                out = out.contiguous(memory_format=torch.channels_last)
-            TritonBackend.bind(problem, config)(x, w, None, None, None, None, out)
-            assert relative_error(out, ref) <= tol, (case.name, config)
-            dx = TritonBackend.bind(problem, config, "dgrad")(g, w, None)
-            dw = TritonBackend.bind(problem, config, "wgrad")(g, x, None)
-            assert relative_error(dx, want_dx) <= tol, (case.name, config, "dx")
-            assert relative_error(dw, want_dw) <= tol, (case.name, config, "dw")
-
-
-@pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_grouped_packed_candidates_are_correct(dtype, channels_last):
-    """ResNeXt's grouped 3x3 layers (suite grouped, batch 2) through every packed-group tile
-    (groups run as fewer groups of a block-diagonal weight): forward into a poisoned output,
-    dx and dw into poisoned buffers, within the contract against float64."""
-    from fastconv.backends.triton.backend import TritonBackend
+def _grouped_layers(dtype, channels_last):
+    """ResNeXt's grouped 3x3 layers (suite grouped) at batch 2: (name, problem, x, w, dy,
+    float64 results by op) with ``x`` in the layout asked for."""
     from fastconv.problem import ConvProblem
 
     for case in suites.get("grouped"):
@@ -137,15 +93,51 @@ def test_grouped_packed_candidates_are_correct(dtype, channels_last):
         g = torch.randn_like(ref)
         want = dict(zip(("dgrad", "wgrad"), torch.autograd.grad(ref, (xr, wr), g)))
         want["fprop"] = ref.detach()
-        g = g.to(dtype)
         problem = ConvProblem.from_tensors(x, w, None, case.stride, pad, 1, case.groups,
                                            rank=2)
+        yield case.name, problem, x, w, g.to(dtype), want
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_grouped_direct_candidates_are_listed_and_correct(dtype, channels_last):
+    """ResNeXt's grouped 3x3 layers (suite grouped, batch 2): the Triton backend lists the
+    direct kernels' tiles among its candidates, and each computes the forward (into a
+    poisoned output), dx and dw within the contract against float64."""
+    from fastconv.backends.triton.backend import TritonBackend
+
+    tol = TOLERANCE[PRECISIONS[dtype]]  # the direct kernels compute in fp32 FMA
+    for name, problem, x, w, g, want in _grouped_layers(dtype, channels_last):
+        for op in ("fprop", "dgrad", "wgrad"):
+            direct = [c for c in TritonBackend.candidates(problem, op)
+                      if isinstance(c, depthwise.DwConfig)]
+            assert direct, (name, op)
+        for config in direct:
+            out = torch.full_like(want["fprop"], float("nan"), dtype=dtype)
+            TritonBackend.bind(problem, config)(x, w, None, None, None, None, out)
+            assert relative_error(out, want["fprop"]) <= tol, (name, config)
+            dx = TritonBackend.bind(problem, config, "dgrad")(g, w, None)
+            dw = TritonBackend.bind(problem, config, "wgrad")(g, x, None)
+            assert relative_error(dx, want["dgrad"]) <= tol, (name, config, "dx")
+            assert relative_error(dw, want["wgrad"]) <= tol, (name, config, "dw")
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_grouped_packed_candidates_are_correct(dtype, channels_last):
+    """ResNeXt's grouped 3x3 layers (suite grouped, batch 2) through every packed-group tile
+    (groups run as fewer groups of a block-diagonal weight): forward into a poisoned output,
+    dx and dw into poisoned buffers, within the contract against float64."""
+    from fastconv.backends.triton.backend import TritonBackend
+
+    for case_name, problem, x, w, g, want in _grouped_layers(dtype, channels_last):
+        ref = want["fprop"]
         tol = TOLERANCE[problem.precision]  # GEMM tiles: fp32 runs as torch's flags say (TF32)
         for op, operands, like in (("fprop", (x, w), ref), ("dgrad", (g, w), x),
                                    ("wgrad", (g, x), w)):
             packed = [c for c in TritonBackend.candidates(problem, op)
                       if getattr(c, "pack_groups", 1) > 1]
-            assert packed, (case.name, op)
+            assert packed, (case_name, op)
             for config in packed:
                 out = torch.full_like(like, float("nan"), dtype=dtype)
                 run = TritonBackend.bind(problem, config, op)
@@ -153,6 +145,6 @@ def test_grouped_packed_candidates_are_correct(dtype, channels_last):
                     run(*operands, None, None, None, None, out)
                 else:
                     run(*operands, out)
-                assert torch.isfinite(out).all(), (case.name, op, config.name())
+                assert torch.isfinite(out).all(), (case_name, op, config.name())
                 err = relative_error(out, want[op])
-                assert err <= tol, (case.name, op, config.name(), err)
+                assert err <= tol, (case_name, op, config.name(), err)
