@@ -197,6 +197,26 @@ def test_corrupt_or_foreign_cache_file_is_ignored_with_one_warning(fakes, tmp_pa
     assert data["environment"] == plancache.environment() and len(data["entries"]) == 2
 
 
+def test_cache_from_an_older_candidate_list_is_rebuilt(fakes, tmp_path):
+    """Choices timed before candidates were added (another CANDIDATES_REVISION) are not
+    reused: the file is ignored with a warning and the problem is timed again."""
+    run, calls = fakes
+    assert plancache.environment()["candidates"] == str(plancache.CANDIDATES_REVISION)
+    p = _problem(k=4)
+    dispatch.choose(p, run=run, mode="benchmark")
+    path = tmp_path / plancache.FILE_NAME
+    data = json.loads(path.read_text())
+    data["environment"]["candidates"] = str(plancache.CANDIDATES_REVISION - 1)
+    path.write_text(json.dumps(data))
+    calls.clear()
+    dispatch.CACHE = plancache.PlanCache()  # a new process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dispatch.choose(p, run=run, mode="benchmark")
+    assert calls, "the stale choice was reused"
+    assert any("another environment" in str(w.message) for w in caught)
+
+
 def test_sixteen_threads_one_benchmark_and_one_entry_per_key(fakes):
     run, calls = fakes
     slow_lock = threading.Lock()

@@ -40,6 +40,12 @@ def cache_dir() -> str | None:
     return os.path.join(base, "fastconv")
 
 
+#: Raised whenever a backend's candidate list changes (new tiles or kernels): choices
+#: stored before were timed without them, so a file with another revision is rebuilt.
+#: 2: packed-group tiles for narrow grouped convolutions (issue 7).
+CANDIDATES_REVISION = 2
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> dict[str, str]:
     """What a stored measurement depends on besides the problem itself."""
@@ -47,7 +53,8 @@ def environment() -> dict[str, str]:
 
     from . import __version__
 
-    env = {"fastconv": __version__, "torch": torch.__version__,
+    env = {"fastconv": __version__, "candidates": str(CANDIDATES_REVISION),
+           "torch": torch.__version__,
            "cuda": str(torch.version.cuda), "cudnn": str(torch.backends.cudnn.version())}
     try:
         import triton

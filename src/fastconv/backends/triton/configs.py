@@ -3,7 +3,8 @@
 Under the interpreter one small tile keeps the CPU tests fast (each program instance costs
 numpy work, so fewer, larger-than-needed tiles would only add masked lanes). On the GPU the
 candidates are the shapes that the Hopper sweep in benchmarks/NOTES.md found worth timing;
-the first one is the heuristic's pick.
+the first one is the heuristic's pick. Changing a candidate list needs
+``plancache.CANDIDATES_REVISION`` raised, or stored benchmark choices ignore the change.
 """
 
 from __future__ import annotations
