@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from .bench.models import float64_truth, no_dropout, train_step
+from .bench.models import float64_truth, no_dropout, output, train_step
 from .precision import TOLERANCE, Precision, relative_error
 
 
@@ -96,46 +96,32 @@ class _Autocast(torch.nn.Module):
 
 def _variants(model, x, on_gpu: bool, precision: str, train: bool):
     """(name, callable returning the output, precision it is held to, skip reason,
-    the network it runs)."""
+    the network it runs); a training variant steps its own copy of the model."""
     from .optimize import optimize
 
     ieee = Precision.IEEE if precision == "ieee" else Precision.TF32
     ours = Precision(precision) if precision != "ieee" else ieee
+    mode = "training" if train else "inference"
+    if not train:
+        model = model.eval()
+    own = (lambda: copy.deepcopy(model)) if train else (lambda: model)
+    # (name, network builder, precision, why it is skipped without a GPU or None)
+    specs = [("torch eager", own, ieee, None),
+             ("torch eager bf16 channels_last", lambda: _Autocast(model), Precision.BF16,
+              "no GPU"),
+             ("torch.compile", lambda: torch.compile(own()), ieee,
+              "no GPU (CPU compile takes minutes)"),
+             ("fastconv.optimize", lambda: optimize(model, mode, precision), ours, None),
+             ("fastconv.optimize + CUDA graph",
+              lambda: optimize(model, mode, precision, cuda_graph=True), ours, "no GPU")]
     out = []
-    if train:  # each variant steps its own copy of the model
-        nets = [("torch eager", copy.deepcopy(model), ieee)]
-        if on_gpu:
-            nets += [("torch eager bf16 channels_last", _Autocast(model), Precision.BF16),
-                     ("torch.compile", torch.compile(copy.deepcopy(model)), ieee)]
-        nets.append(("fastconv.optimize", optimize(model, "training", precision), ours))
-        if on_gpu:
-            nets.append(("fastconv.optimize + CUDA graph",
-                         optimize(model, "training", precision, cuda_graph=True), ours))
-        out = [(name, train_step(net, x), prec, "", net) for name, net, prec in nets]
-        if not on_gpu:
-            out[1:1] = [("torch eager bf16 channels_last", None, None, "no GPU", None),
-                        ("torch.compile", None, None, "no GPU (CPU compile takes minutes)",
-                         None)]
-        return out
-    model = model.eval()
-    out.append(("torch eager", lambda: model(x)["out"], ieee, "", model))
-    if on_gpu:
-        bf16 = _Autocast(model)
-        out.append(("torch eager bf16 channels_last", lambda: bf16(x)["out"], Precision.BF16,
-                    "", bf16))
-        compiled = torch.compile(model)
-        out.append(("torch.compile", lambda: compiled(x)["out"], ieee, "", model))
-    else:
-        out.append(("torch eager bf16 channels_last", None, None, "no GPU", None))
-        out.append(("torch.compile", None, None, "no GPU (CPU compile takes minutes)", None))
-    fast = optimize(model, "inference", precision)
-    out.append(("fastconv.optimize", lambda: fast(x)["out"], ours, "", fast))
-    if on_gpu:
-        graphed = optimize(model, "inference", precision, cuda_graph=True)
-        out.append(("fastconv.optimize + CUDA graph", lambda: graphed(x)["out"], ours, "",
-                    graphed))
-    else:
-        out.append(("fastconv.optimize + CUDA graph", None, None, "no GPU", None))
+    for name, build, prec, gpu_only in specs:
+        if gpu_only and not on_gpu:
+            out.append((name, None, None, gpu_only, None))
+            continue
+        net = build()
+        fn = train_step(net, x) if train else (lambda net=net: output(net(x)))
+        out.append((name, fn, prec, "", net))
     return out
 
 
