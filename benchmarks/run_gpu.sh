@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, `fastconv check`, and the benchmark suites.
 # Usage (on the device machine, from the repository root):
-#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep] [overhead] [launch]
+#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep] [dwsweep] [overhead] [launch]
 # bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions.
 # Full logs and results go under $OUT (default: ./out); bench results come back as
 # results-<time>.tgz, one per bench step (JSON, CSV, PNG); the last lines are a short summary.
@@ -45,6 +45,7 @@ for step in $steps; do
     overhead) python3 benchmarks/dispatch_overhead.py 2>&1 | tee "$OUT/overhead.log" | tail -4 || status=1 ;;
     probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
     sweep) python3 benchmarks/sweep_fprop.py 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
+    dwsweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_depthwise.py ${CASES//,/ } 2>&1 | tee "$OUT/dwsweep.log" | tail -40 || status=1 ;;
   esac
 done
 exit $status

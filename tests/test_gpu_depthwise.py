@@ -76,6 +76,34 @@ def test_every_candidate_is_correct(channels_last):
         assert relative_error(out, ref) <= TOLERANCE[Precision.BF16], config.name()
 
 
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_pairs_candidates_are_correct(dtype):
+    """Every pair-word tile (dw_pairs.py) on the causal conv1d cases and a stride-1 depthwise
+    conv2d layer, channels-first, into poisoned outputs, against float64."""
+    from fastconv.backends.triton import dw_pairs
+    from fastconv.backends.triton.backend import TritonBackend
+
+    cases = [c for c in CASES if c.causal] + [suites.get("depthwise")[0]]
+    for case in cases:
+        x, w = _tensors(case, dtype, False)
+        x, w = x.detach(), w.detach()
+        ref = _conv(case, x.double(), w.double(), False)
+        problem = fastconv.ConvProblem.from_tensors(x, w, None, case.stride,
+                                                    case.padding_arg(), case.dilation,
+                                                    case.groups, rank=case.rank)
+        configs = [c for c in TritonBackend.candidates(problem) if c.pairs]
+        assert configs, case.name
+        for config in configs:
+            out = torch.full(problem.output_shape(), float("nan"), device="cuda",
+                             dtype=dtype)
+            four = [t if t.dim() == 4 else t.unsqueeze(2) for t in (x, out)]
+            assert dw_pairs.eligible(*four, None, 1)
+            TritonBackend.bind(problem, config)(x, w, None, None, None, None, out)
+            assert not out.isnan().any(), (case.name, config.name())
+            assert relative_error(out, ref) <= TOLERANCE[PRECISIONS[dtype]], \
+                (case.name, config.name())
+
 def _grouped_layers(dtype, channels_last, names=None):
     """ResNeXt's grouped 3x3 layers (suite grouped, or those of ``names``) at batch 2:
     (name, problem, x, w, dy, float64 results by op) with ``x`` in the layout asked for."""

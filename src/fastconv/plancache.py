@@ -43,7 +43,8 @@ def cache_dir() -> str | None:
 #: Raised whenever a backend's candidate list changes (new tiles or kernels): choices
 #: stored before were timed without them, so a file with another revision is rebuilt.
 #: 2: packed-group tiles for narrow grouped convolutions (issue 7).
-CANDIDATES_REVISION = 2
+#: 3: pair-word depthwise tiles for 16-bit channels-first forwards (dw_pairs.py).
+CANDIDATES_REVISION = 3
 
 
 @functools.lru_cache(maxsize=1)

@@ -85,7 +85,8 @@ class TritonBackend(Backend):
         from .depthwise import candidates as direct
 
         if _direct_depthwise(problem):
-            return direct(problem.layout == "nhwc", problem.device == "cuda")
+            return direct(problem.layout == "nhwc", problem.device == "cuda",
+                          pairs=op == "fprop" and _pairs_problem(problem))
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]
         if op == "dgrad" or (op == "fprop" and problem.transposed):
@@ -124,6 +125,14 @@ class TritonBackend(Backend):
 def _direct_depthwise(problem: ConvProblem) -> bool:
     """Depthwise problems (any channel multiplier) run on depthwise.py's direct kernels."""
     return problem.depthwise and not problem.transposed
+
+
+def _pairs_problem(problem: ConvProblem) -> bool:
+    """Whether dw_pairs.py's forward can serve a depthwise problem given contiguous tensors:
+    16-bit, channels-first, unit stride and even widths along the last dimension."""
+    return (problem.dtype in (torch.float16, torch.bfloat16) and problem.layout == "nchw"
+            and problem.stride[-1] == 1 and problem.in_size[-1] % 2 == 0
+            and problem.out_size[-1] % 2 == 0)
 
 
 #: Grouped convolutions with at most this many input and output channels per group also
@@ -218,7 +227,7 @@ class _Geometry:
         return self.int64
 
     def bind_depthwise(self, config, op: str):
-        from . import depthwise
+        from . import depthwise, dw_pairs
 
         problem = self.problem
         cl = problem.layout == "nhwc"
@@ -248,9 +257,11 @@ class _Geometry:
             if out is None:
                 out = problem.new_output(input.device)
             x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
-            depthwise.launch_fprop(x4, w4, o4, _contig(scale), _contig(shift), r4,
-                                   act_code=act, negative_slope=slope,
-                                   int64=self.needs_int64(x4, w4, o4, r4), **geo)
+            launch = (dw_pairs.launch_fprop
+                      if config.pairs and dw_pairs.eligible(x4, o4, r4, self.stride[1])
+                      else depthwise.launch_fprop)
+            launch(x4, w4, o4, _contig(scale), _contig(shift), r4, act_code=act,
+                   negative_slope=slope, int64=self.needs_int64(x4, w4, o4, r4), **geo)
             return out
         return run
 

@@ -39,23 +39,31 @@ __all__ = ["DwConfig", "candidates", "launch_fprop", "launch_dgrad", "launch_wgr
 @dataclasses.dataclass(frozen=True)
 class DwConfig:
     """A depthwise tile: ``block_a × block_b`` (see the module docstring for which is which
-    in each layout) and the warps per program."""
+    in each layout) and the warps per program. ``pairs``: the forward runs dw_pairs.py's
+    kernel (16-bit channels-first rows, ``block_b`` counting column pairs) when the tensors
+    allow it, this module's otherwise."""
     block_a: int
     block_b: int
     num_warps: int
+    pairs: bool = False
 
     def name(self) -> str:
-        return f"dw{self.block_a}x{self.block_b}w{self.num_warps}"
+        return f"dw{self.block_a}x{self.block_b}w{self.num_warps}{'p' if self.pairs else ''}"
 
 
 _CL = [(64, 64, 4), (128, 32, 4), (32, 128, 4), (16, 128, 4), (256, 16, 4)]
 _ROWS = [(4, 256, 4), (8, 128, 4), (2, 512, 4), (16, 64, 4), (1, 1024, 4)]
+_PAIRS = [(4, 128, 4), (8, 128, 4), (2, 256, 4), (8, 64, 4), (16, 64, 8)]
 
 
-def candidates(channels_last: bool, on_gpu: bool) -> list[DwConfig]:
+def candidates(channels_last: bool, on_gpu: bool, pairs: bool = False) -> list[DwConfig]:
+    """Tiles for the layout, the heuristic's pick first; with ``pairs`` (a 16-bit
+    channels-first forward that dw_pairs.py can run) its tiles after the generic ones."""
     if not on_gpu:
-        return [DwConfig(8, 16, 4) if channels_last else DwConfig(4, 16, 4)]
-    return [DwConfig(*t) for t in (_CL if channels_last else _ROWS)]
+        return ([DwConfig(8, 16, 4) if channels_last else DwConfig(4, 16, 4)]
+                + ([DwConfig(4, 8, 4, pairs=True)] if pairs else []))
+    return ([DwConfig(*t) for t in (_CL if channels_last else _ROWS)]
+            + ([DwConfig(*t, pairs=True) for t in _PAIRS] if pairs else []))
 
 
 @triton.jit
