@@ -85,18 +85,18 @@ def _dw_pairs_fprop_kernel(
             ok = mask & row_ok & (word >= 0) & (word < W2)
             lo, hi = _unpack(tl.load(x_base + ih * sxh + word, mask=ok, other=0), IS_BF16)
             for s in tl.static_range(S):
-                D: tl.constexpr = s * DIL_W - PAD_W
-                if D // 2 == j:  # output 2i reads word j, half D % 2
+                # output 2i reads element 2i + s·DIL_W − PAD_W: word j when ⌊·/2⌋ == j
+                if (s * DIL_W - PAD_W) // 2 == j:
                     wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
                                  other=0.0).to(tl.float32)
-                    if D % 2 == 0:
+                    if (s * DIL_W - PAD_W) % 2 == 0:
                         acc_e += lo * wv
                     else:
                         acc_e += hi * wv
-                if (D + 1) // 2 == j:  # output 2i + 1 reads word j, half (D + 1) % 2
+                if (1 + s * DIL_W - PAD_W) // 2 == j:  # output 2i + 1, one element on
                     wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
                                  other=0.0).to(tl.float32)
-                    if (D + 1) % 2 == 0:
+                    if (1 + s * DIL_W - PAD_W) % 2 == 0:
                         acc_o += lo * wv
                     else:
                         acc_o += hi * wv
