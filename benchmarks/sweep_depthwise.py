@@ -4,10 +4,12 @@ CUDA-graph timing, four input sets rotated so that small layers do not stay in L
 Per case, dtype and layout: cuDNN's time (torch, cudnn.benchmark), each candidate's time
 for the bare kernel through TritonBackend.bind (the launch the library makes), the best
 one's bandwidth (input + output + weight bytes / time) and its speed ratio to cuDNN.
-Usage: python benchmarks/sweep_depthwise.py [case names]
+Usage: python benchmarks/sweep_depthwise.py [case names]; DW_VARIANTS=bf16-cf,fp32-cl picks
+the dtype/layout variants (default: all four).
 """
 
 import math
+import os
 import statistics
 import sys
 
@@ -49,8 +51,11 @@ def main(names):
     print(f"{'case':<28} {'variant':<10} {'cudnn ms':>9} {'best ms':>9} {'GB/s':>6} "
           f"{'ratio':>6}  best config  (runners-up)")
     ratios = {}
+    wanted = os.environ.get("DW_VARIANTS")
     for dtype, cl in VARIANTS:
-        label = f"{str(dtype)[6:]}-{'cl' if cl else 'cf'}"
+        label = f"{'bf16' if dtype == torch.bfloat16 else 'fp32'}-{'cl' if cl else 'cf'}"
+        if wanted and label not in wanted.split(","):
+            continue
         for case in cases:
             if case.rank == 1 and cl:
                 continue  # the conv1d suite runs channels-first

@@ -92,6 +92,31 @@ def test_gradcheck_rank1_causal():
         lambda x, w: _ours(x, w, 1, ((3, 0),), 1, 3), (x, w), fast_mode=True)
 
 
+
+@pytest.mark.parametrize("case", [c for c in CASES if len(c[3]) == 2],
+                         ids=lambda c: f"k{c[4]}s{c[5]}m{c[2]}d{c[7]}")
+def test_plane_tiles_forward_and_data_gradient(case):
+    """Channels-first tiles over an image's flattened positions (DwConfig.plane): forward
+    and data gradient into poisoned outputs against float64."""
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.problem import ConvProblem
+
+    n, c, mult, spatial, k, stride, padding, dilation = case
+    x, w = _inputs(case, False)
+    problem = ConvProblem.from_tensors(x, w, None, stride, padding, dilation, c, rank=2)
+    config = depthwise.DwConfig(4, 16, 4, plane=True)
+    assert config in TritonBackend.candidates(problem)
+    ref = _ref(x, w, stride, padding, dilation, c)
+    out = torch.full_like(ref, float("nan"))
+    TritonBackend.bind(problem, config)(x, w, None, None, None, None, out)
+    assert relative_error(out, ref) < 1e-12
+    g = torch.randn_like(ref)
+    want = torch.autograd.grad(_ref(x.requires_grad_(), w, stride, padding, dilation, c), x,
+                               g)[0]
+    dx = torch.full_like(x, float("nan"))
+    TritonBackend.bind(problem, config, "dgrad")(g, w, dx)
+    assert relative_error(dx, want) < 1e-12
+
 # (N, C, K, groups, spatial, kernel, stride, padding, dilation): grouped, C/groups > 1
 GROUPED = [
     (2, 8, 8, 2, (9, 11), 3, 1, 1, 1),     # 4 in, 4 out per group

@@ -44,7 +44,8 @@ def cache_dir() -> str | None:
 #: stored before were timed without them, so a file with another revision is rebuilt.
 #: 2: packed-group tiles for narrow grouped convolutions (issue 7).
 #: 3: pair-word depthwise tiles for 16-bit channels-first forwards (dw_pairs.py).
-CANDIDATES_REVISION = 3
+#: 4: depthwise plane tiles (channels-first tiles over an image's flattened positions).
+CANDIDATES_REVISION = 4
 
 
 @functools.lru_cache(maxsize=1)

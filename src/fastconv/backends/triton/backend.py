@@ -86,7 +86,8 @@ class TritonBackend(Backend):
 
         if _direct_depthwise(problem):
             return direct(problem.layout == "nhwc", problem.device == "cuda",
-                          pairs=op == "fprop" and _pairs_problem(problem))
+                          pairs=op == "fprop" and _pairs_problem(problem),
+                          plane=problem.rank == 2, narrow=problem.out_size[-1] < 64)
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]
         if op == "dgrad" or (op == "fprop" and problem.transposed):

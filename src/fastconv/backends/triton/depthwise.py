@@ -14,7 +14,9 @@ Tiles follow the layout so that the contiguous dimension is the vector dimension
 * channels-last (NHWC / NLC): ``[BLOCK_A positions × BLOCK_B channels]``, positions
   flattened over ``(n, p, q)``;
 * channels-first (NCHW / NCL): ``[BLOCK_A channels × BLOCK_B columns]`` of one output row
-  ``(n, p)``, columns contiguous.
+  ``(n, p)``, columns contiguous; or, for images narrower than a tile (``plane``),
+  ``[BLOCK_A channels × BLOCK_B positions]`` of one image's flattened ``(p, q)`` plane,
+  which is contiguous in NCHW too (a 14-wide row would leave most of a 64-column tile idle).
 
 The data gradient is the same walk over the input's positions, taking for each tap the
 output position it fed (``p = (h + π − r·δ) / σ`` when exact and in range). The weight
@@ -41,29 +43,42 @@ class DwConfig:
     """A depthwise tile: ``block_a × block_b`` (see the module docstring for which is which
     in each layout) and the warps per program. ``pairs``: the forward runs dw_pairs.py's
     kernel (16-bit channels-first rows, ``block_b`` counting column pairs) when the tensors
-    allow it, this module's otherwise."""
+    allow it, this module's otherwise. ``plane``: channels-first tiles span an image's
+    flattened positions instead of one row."""
     block_a: int
     block_b: int
     num_warps: int
     pairs: bool = False
+    plane: bool = False
 
     def name(self) -> str:
-        return f"dw{self.block_a}x{self.block_b}w{self.num_warps}{'p' if self.pairs else ''}"
+        return (f"dw{self.block_a}x{self.block_b}w{self.num_warps}"
+                f"{'p' if self.pairs else ''}{'q' if self.plane else ''}")
 
 
 _CL = [(64, 64, 4), (128, 32, 4), (32, 128, 4), (16, 128, 4), (256, 16, 4)]
 _ROWS = [(4, 256, 4), (8, 128, 4), (2, 512, 4), (16, 64, 4), (1, 1024, 4)]
-_PAIRS = [(4, 128, 4), (8, 128, 4), (2, 256, 4), (8, 64, 4), (16, 64, 8)]
+_PAIRS = [(8, 128, 4), (2, 256, 4), (4, 128, 4), (8, 64, 4), (16, 64, 8)]
+_PLANE = [(16, 64, 4), (8, 128, 4), (32, 64, 8), (16, 128, 8)]
 
 
-def candidates(channels_last: bool, on_gpu: bool, pairs: bool = False) -> list[DwConfig]:
-    """Tiles for the layout, the heuristic's pick first; with ``pairs`` (a 16-bit
-    channels-first forward that dw_pairs.py can run) its tiles after the generic ones."""
+def candidates(channels_last: bool, on_gpu: bool, *, pairs: bool = False,
+               plane: bool = False, narrow: bool = False) -> list[DwConfig]:
+    """Tiles for the layout, the heuristic's pick first. Channels-first, optionally:
+    ``pairs`` tiles (a 16-bit forward that dw_pairs.py can run; first, as they won every
+    causal conv1d layer they were timed on) and ``plane`` tiles (rank 2; first for
+    ``narrow`` outputs, under 64 columns, where a row tile idles most of its lanes)."""
     if not on_gpu:
-        return ([DwConfig(8, 16, 4) if channels_last else DwConfig(4, 16, 4)]
+        if channels_last:
+            return [DwConfig(8, 16, 4)]
+        return ([DwConfig(4, 16, 4)] + ([DwConfig(4, 16, 4, plane=True)] if plane else [])
                 + ([DwConfig(4, 8, 4, pairs=True)] if pairs else []))
-    return ([DwConfig(*t) for t in (_CL if channels_last else _ROWS)]
-            + ([DwConfig(*t, pairs=True) for t in _PAIRS] if pairs else []))
+    if channels_last:
+        return [DwConfig(*t) for t in _CL]
+    rows = [DwConfig(*t) for t in _ROWS]
+    planes = [DwConfig(*t, plane=True) for t in _PLANE] if plane else []
+    tiles = planes + rows if narrow else rows + planes
+    return ([DwConfig(*t, pairs=True) for t in _PAIRS] if pairs else []) + tiles
 
 
 @triton.jit
@@ -81,14 +96,22 @@ def _positions_by_channels(pid0, pid1, N, K, P, Q, BLOCK_A: tl.constexpr,
 
 
 @triton.jit
-def _channels_by_columns(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
-    """Channels-first tile of one output row: (n, k, p, q, mask), n and p scalars."""
+def _channels_by_columns(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+                         PLANE: tl.constexpr):
+    """Channels-first tile: (n, k, p, q, mask). One output row (n and p scalars), or with
+    PLANE ``BLOCK_B`` flattened positions of image n."""
+    k = (pid1 * BLOCK_A + tl.arange(0, BLOCK_A))[:, None]
+    if PLANE:
+        blocks = tl.cdiv(P * Q, BLOCK_B)
+        n = pid0 // blocks
+        pq = ((pid0 - n * blocks) * BLOCK_B + tl.arange(0, BLOCK_B))[None, :]
+        p = pq // Q
+        return n, k, p, pq - p * Q, (k < K) & (pq < P * Q)
     q_blocks = tl.cdiv(Q, BLOCK_B)
     row = pid0 // q_blocks
     n = row // P
     p = row - n * P
     q = ((pid0 - row * q_blocks) * BLOCK_B + tl.arange(0, BLOCK_B))[None, :]
-    k = (pid1 * BLOCK_A + tl.arange(0, BLOCK_A))[:, None]
     return n, k, p, q, (k < K) & (q < Q)
 
 
@@ -102,14 +125,14 @@ def _dw_fprop_kernel(
     CG: tl.constexpr, R: tl.constexpr, S: tl.constexpr, HAS_SCALE: tl.constexpr,
     HAS_SHIFT: tl.constexpr,
     HAS_RES: tl.constexpr, ACT: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
-    CL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+    CL: tl.constexpr, PLANE: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     if CL:  # a compile-time branch: only one helper is compiled
         n, k, p, q, mask = _positions_by_channels(tl.program_id(0), tl.program_id(1), N, K, P,
                                                   Q, BLOCK_A, BLOCK_B)
     else:
         n, k, p, q, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), K, P, Q,
-                                                BLOCK_A, BLOCK_B)
+                                                BLOCK_A, BLOCK_B, PLANE)
     if INT64:
         n = n.to(tl.int64)
     kmask = k < K
@@ -148,7 +171,7 @@ def _dw_dgrad_kernel(
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     sdn, sdk, sdp, sdq, swk, swc, swr, sws, sxn, sxc, sxh, sxw,
     R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
-    CL: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+    CL: tl.constexpr, PLANE: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     # positions are the input's (n, h, w), channels its c: the tile's (n, c, h, w)
     if CL:
@@ -156,7 +179,7 @@ def _dw_dgrad_kernel(
                                                   W, BLOCK_A, BLOCK_B)
     else:
         n, c, h, w, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), C, H, W,
-                                                BLOCK_A, BLOCK_B)
+                                                BLOCK_A, BLOCK_B, PLANE)
     if INT64:
         n = n.to(tl.int64)
     acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
@@ -247,6 +270,8 @@ def _strides(t: torch.Tensor) -> tuple[int, ...]:
 def _grid(channels_last: bool, n: int, k: int, p: int, q: int, config: DwConfig):
     if channels_last:
         return triton.cdiv(n * p * q, config.block_a), triton.cdiv(k, config.block_b)
+    if config.plane:
+        return n * triton.cdiv(p * q, config.block_b), triton.cdiv(k, config.block_a)
     return n * p * triton.cdiv(q, config.block_b), triton.cdiv(k, config.block_a)
 
 
@@ -269,8 +294,8 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
         float(negative_slope), CG=cg, R=r, S=s, HAS_SCALE=scale is not None,
         HAS_SHIFT=shift is not None,
         HAS_RES=res4 is not None, ACT=act_code, ACC=_acc(x4.dtype), INT64=int64,
-        CL=channels_last, BLOCK_A=config.block_a, BLOCK_B=config.block_b,
-        num_warps=config.num_warps)
+        CL=channels_last, PLANE=config.plane and not channels_last, BLOCK_A=config.block_a,
+        BLOCK_B=config.block_b, num_warps=config.num_warps)
 
 
 def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: DwConfig,
@@ -284,7 +309,8 @@ def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: 
         dy4, w4, dx4, n, c, h, w, p, q, k // (c // cg), cg, stride[0], stride[1], pad[0],
         pad[1], dilation[0], dilation[1], *_strides(dy4), *_strides(w4), *_strides(dx4),
         R=r, S=s, ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last,
-        BLOCK_A=config.block_a, BLOCK_B=config.block_b, num_warps=config.num_warps)
+        PLANE=config.plane and not channels_last, BLOCK_A=config.block_a,
+        BLOCK_B=config.block_b, num_warps=config.num_warps)
 
 
 def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: DwConfig,
