@@ -96,23 +96,27 @@ def _positions_by_channels(pid0, pid1, N, K, P, Q, BLOCK_A: tl.constexpr,
 
 
 @triton.jit
-def _channels_by_columns(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
-                         PLANE: tl.constexpr):
-    """Channels-first tile: (n, k, p, q, mask). One output row (n and p scalars), or with
-    PLANE ``BLOCK_B`` flattened positions of image n."""
-    k = (pid1 * BLOCK_A + tl.arange(0, BLOCK_A))[:, None]
-    if PLANE:
-        blocks = tl.cdiv(P * Q, BLOCK_B)
-        n = pid0 // blocks
-        pq = ((pid0 - n * blocks) * BLOCK_B + tl.arange(0, BLOCK_B))[None, :]
-        p = pq // Q
-        return n, k, p, pq - p * Q, (k < K) & (pq < P * Q)
+def _channels_by_columns(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Channels-first tile of one output row: (n, k, p, q, mask), n and p scalars."""
     q_blocks = tl.cdiv(Q, BLOCK_B)
     row = pid0 // q_blocks
     n = row // P
     p = row - n * P
     q = ((pid0 - row * q_blocks) * BLOCK_B + tl.arange(0, BLOCK_B))[None, :]
+    k = (pid1 * BLOCK_A + tl.arange(0, BLOCK_A))[:, None]
     return n, k, p, q, (k < K) & (q < Q)
+
+
+@triton.jit
+def _channels_by_plane(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Channels-first tile of ``BLOCK_B`` flattened positions of image n: (n, k, p, q, mask),
+    n scalar."""
+    blocks = tl.cdiv(P * Q, BLOCK_B)
+    n = pid0 // blocks
+    pq = ((pid0 - n * blocks) * BLOCK_B + tl.arange(0, BLOCK_B))[None, :]
+    p = pq // Q
+    k = (pid1 * BLOCK_A + tl.arange(0, BLOCK_A))[:, None]
+    return n, k, p, pq - p * Q, (k < K) & (pq < P * Q)
 
 
 @triton.jit
@@ -130,9 +134,12 @@ def _dw_fprop_kernel(
     if CL:  # a compile-time branch: only one helper is compiled
         n, k, p, q, mask = _positions_by_channels(tl.program_id(0), tl.program_id(1), N, K, P,
                                                   Q, BLOCK_A, BLOCK_B)
+    elif PLANE:
+        n, k, p, q, mask = _channels_by_plane(tl.program_id(0), tl.program_id(1), K, P, Q,
+                                              BLOCK_A, BLOCK_B)
     else:
         n, k, p, q, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), K, P, Q,
-                                                BLOCK_A, BLOCK_B, PLANE)
+                                                BLOCK_A, BLOCK_B)
     if INT64:
         n = n.to(tl.int64)
     kmask = k < K
@@ -177,9 +184,12 @@ def _dw_dgrad_kernel(
     if CL:
         n, c, h, w, mask = _positions_by_channels(tl.program_id(0), tl.program_id(1), N, C, H,
                                                   W, BLOCK_A, BLOCK_B)
+    elif PLANE:
+        n, c, h, w, mask = _channels_by_plane(tl.program_id(0), tl.program_id(1), C, H, W,
+                                              BLOCK_A, BLOCK_B)
     else:
         n, c, h, w, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), C, H, W,
-                                                BLOCK_A, BLOCK_B, PLANE)
+                                                BLOCK_A, BLOCK_B)
     if INT64:
         n = n.to(tl.int64)
     acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)

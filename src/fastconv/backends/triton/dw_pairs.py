@@ -67,7 +67,7 @@ def _dw_pairs_fprop_kernel(
 ):
     # x/out/res strides are in 32-bit words; W2, Q2 are widths in words (pairs)
     n, k, p, i, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), K, P, Q2,
-                                            BLOCK_A, BLOCK_B, False)
+                                            BLOCK_A, BLOCK_B)
     if INT64:
         n = n.to(tl.int64)
     kmask = k < K
