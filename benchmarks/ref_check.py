@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import fastconv
+from fastconv.bench.runner import run_case
 from fastconv.bench.suites import SUITES
-from fastconv.precision import relative_error
+from fastconv.precision import Precision, relative_error
 
 
 def _conv(case, x, w):
@@ -31,6 +32,9 @@ def main():
         w = torch.randn(case.weight_shape(), device="cuda") / fan_in**0.5
         cpu = _conv(case, x[:2].double().cpu(), w.double().cpu())
         results = {"float64 GPU (bench reference)": _conv(case, x.double(), w.double())}
+        torch.backends.cudnn.benchmark = True
+        results["float64 GPU, cudnn.benchmark"] = _conv(case, x.double(), w.double())
+        torch.backends.cudnn.benchmark = False
         for tf32 in (False, True):
             torch.backends.cudnn.allow_tf32 = tf32
             results[f"torch fp32 tf32={tf32}"] = _conv(case, x, w)
@@ -43,6 +47,11 @@ def main():
         for name, y in results.items():
             print(f"{case.name:<28} {name:<32} rel err vs CPU float64 "
                   f"{relative_error(y[:2].cpu(), cpu):.3e}")
+        # the bench's own rows, as `fastconv bench` computes them (tf32 after bf16)
+        for precision in (Precision.BF16, Precision.TF32):
+            for row in run_case(case, ["torch", "fastconv_triton"], precision, "nchw", reps=3):
+                print(f"{case.name:<28} run_case {precision.value} {row['provider']:<16} "
+                      f"rel_err {row.get('rel_err', row.get('error'))}")
 
 
 if __name__ == "__main__":
