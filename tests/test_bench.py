@@ -250,24 +250,3 @@ def test_kernel_family_suites_run_and_agree(suite):
         for r in rows:
             assert "error" not in r, (case.name, r.get("error"))
             assert r["rel_err"] < 1e-5 and 0 < r["max_err"] and r["mean_err"] <= r["max_err"]
-
-
-def test_implausible_error_rechecks_the_reference(monkeypatch):
-    """A row whose error is far outside every contract records the reference recomputed
-    (here the first reference is made wrong: the CPU recheck exposes it)."""
-    case = suites.shrink(suites.get("conv1d_short")[0])
-    reference = runner._reference
-    calls = []
-
-    def wrong_first(*args):
-        out = reference(*args)
-        calls.append(1)
-        return tuple(5 * r for r in out) if len(calls) == 1 else out
-    monkeypatch.setattr(runner, "_reference", wrong_first)
-    (row,) = runner.run_case(case, ["torch"], Precision.IEEE, "nchw", device="cpu")
-    assert row["rel_err"] > runner.SUSPECT_ERROR
-    assert row["rel_err_cpu_ref"] < 1e-6 and row["rel_err_gpu_ref_again"] < 1e-6
-    assert row["gpu_ref_vs_cpu_ref"] == pytest.approx(4.0)
-    monkeypatch.setattr(runner, "_reference", reference)
-    (row,) = runner.run_case(case, ["torch"], Precision.IEEE, "nchw", device="cpu")
-    assert row["rel_err"] < 1e-6 and "rel_err_cpu_ref" not in row

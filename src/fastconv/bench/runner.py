@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -331,34 +330,6 @@ def _memory(step: Callable[[], object], forward: Callable[[], object]) -> dict:
     return out
 
 
-#: A relative error above this is outside every precision's contract by far: the row then
-#: also records the reference recomputed on the GPU and on the CPU (``_recheck_reference``).
-SUSPECT_ERROR = 0.05
-
-
-def _recheck_reference(case: BenchCase, t: dict, mode: str, ref, first) -> dict:
-    """Diagnostics for a row whose error is implausible: its result against the float64
-    reference recomputed now on the GPU (inputs changed since?) and on the CPU (GPU
-    reference wrong?), and the two references against each other. Seen: tf32 conv1d rows
-    at ~4 for every provider while bf16 rows of the same cases were within contract."""
-    def cpu(v):
-        if isinstance(v, torch.Tensor):
-            return v.detach().cpu().requires_grad_(v.requires_grad)
-        return {k: cpu(u) for k, u in v.items()} if isinstance(v, dict) else v
-
-    got = _as_tuple(first)
-    again = _reference(case, t, mode)
-    on_cpu = _reference(case, {k: cpu(v) for k, v in t.items() if k != "wrt"}, mode)
-    out = dict(
-        rel_err_gpu_ref_again=max(relative_error(a, b) for a, b in zip(got, again)),
-        rel_err_cpu_ref=max(relative_error(a.cpu(), b) for a, b in zip(got, on_cpu)),
-        gpu_ref_vs_cpu_ref=max(relative_error(a.cpu(), b) for a, b in zip(ref, on_cpu)))
-    err = max(relative_error(a, b) for a, b in zip(got, ref))
-    print(f"fastconv bench: {case.name}: error {err:.3g} is implausible; rechecked: {out}",
-          file=sys.stderr)
-    return out
-
-
 def _reference(case: BenchCase, t: dict, mode: str) -> tuple[torch.Tensor, ...]:
     """float64 results to compare against: the output, and for bwd/train the gradients."""
     grad = mode not in ("fwd", "eval")
@@ -474,8 +445,6 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                         torch.cuda.synchronize()
                     row["compile_s"] = time.perf_counter() - start
                 row["rel_err"] = max(relative_error(a, b) for a, b in zip(_as_tuple(first), ref))
-                if row["rel_err"] > SUSPECT_ERROR:
-                    row.update(_recheck_reference(case, sets[0], mode, ref, first))
                 diff = (_as_tuple(first)[0].detach().double() - ref[0]).abs()
                 row["max_err"], row["mean_err"] = float(diff.max()), float(diff.mean())
                 if timer is not None:
