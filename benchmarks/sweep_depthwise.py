@@ -8,19 +8,19 @@ Usage: python benchmarks/sweep_depthwise.py [case names]; DW_VARIANTS=bf16-cf,fp
 the dtype/layout variants (default: all four).
 """
 
-import math
 import os
 import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+from sweep_fprop import time_configs  # (run as a script: benchmarks/ is on sys.path)
 
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
+from fastconv.bench.report import geomean
 from fastconv.bench.runner import time_graph
 from fastconv.bench.suites import SUITES
-from fastconv.precision import relative_error
 
 SETS = 4
 VARIANTS = [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, False),
@@ -69,25 +69,14 @@ def main(names):
             ref = _torch_conv(case, x0.double(), w0.double())
             outs = [torch.empty_like(r) for r in refs]
             nbytes = (x0.numel() + outs[0].numel() + w0.numel()) * x0.element_size()
-            results = []
-            for cfg in TritonBackend.candidates(problem):
-                run = TritonBackend.bind(problem, cfg)
-                fns = [lambda x=x, w=w, o=o: run(x, w, None, None, None, None, o)
-                       for (x, w), o in zip(sets, outs)]
-                try:
-                    fns[0]()
-                    err = relative_error(outs[0], ref)
-                    t = statistics.median(time_graph(fns, reps=10, calls=8))
-                except Exception as exc:  # e.g. a compile failure: report, go on
-                    print(f"  {case.name} {cfg.name()}: {type(exc).__name__}: {exc}"[:300])
-                    continue
-                if err > 2e-2:
-                    print(f"  {case.name} {cfg.name()}: WRONG rel err {err:.2e}")
-                    continue
-                results.append((t, cfg.name()))
+
+            def fns(run):
+                return [lambda x=x, w=w, o=o: run(x, w, None, None, None, None, o)
+                        for (x, w), o in zip(sets, outs)]
+            results = time_configs(case.name, problem, TritonBackend.candidates(problem), fns,
+                                   outs[0], ref)
             if not results:
                 continue
-            results.sort()
             best = results[0]
             ratios.setdefault(label, []).append(t_cudnn / best[0])
             others = ", ".join(f"{n} {t:.4f}" for t, n in results[1:4])
@@ -95,8 +84,8 @@ def main(names):
                   f"{nbytes / best[0] / 1e6:6.0f} {t_cudnn / best[0]:6.2f}  {best[1]}  "
                   f"({others})", flush=True)
     for label, r in ratios.items():
-        geo = math.exp(sum(map(math.log, r)) / len(r))
-        print(f"{label}: geomean best-kernel/cuDNN speed ratio {geo:.3f} over {len(r)} cases")
+        print(f"{label}: geomean best-kernel/cuDNN speed ratio {geomean(r):.3f} over "
+              f"{len(r)} cases")
 
 
 if __name__ == "__main__":

@@ -67,9 +67,14 @@ def speedups(rows: list[dict], baseline: str = "torch",
             continue
         out.setdefault(r["provider"], {})[r["case"]] = base[key] / r[field]
     for per_case in out.values():
-        vals = list(per_case.values())
-        per_case["geomean"] = math.exp(sum(map(math.log, vals)) / len(vals))
+        per_case["geomean"] = geomean(per_case.values())
     return out
+
+
+def geomean(values) -> float:
+    """The geometric mean of positive ``values``."""
+    values = list(values)
+    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def add_roofline(rows: list[dict], ceilings: dict[str, float]) -> None:
