@@ -25,6 +25,7 @@ from .configs import (
     fprop_candidates,
     interpreter_config,
     pack_candidates,
+    rows_candidates,
     wgrad_candidates,
 )
 
@@ -97,6 +98,7 @@ class TritonBackend(Backend):
             tiles = wgrad_candidates(problem)
         else:
             tiles = fprop_candidates(problem)
+            tiles = tiles + rows_candidates(problem, tiles)
         tiles = tiles + pack_candidates(problem, op)
         if _direct_grouped(problem):  # after the GEMM tiles: timed, or pinned, never the
             tiles = tiles + direct(problem.layout == "nhwc", True)  # heuristic's pick
@@ -278,8 +280,11 @@ class _Geometry:
                 out = problem.new_output(input.device)
             if self.on_gpu:
                 # Channels-fastest operands load as wide, coalesced vectors: an NCHW input is
-                # copied once per call, an NCHW weight once per version (cached).
-                input, weight = channels_last(input), packed_weight(weight)
+                # copied once per call (not for row tiles, which read it as it is), an NCHW
+                # weight once per version (cached).
+                weight = packed_weight(weight)
+                if not config.rows:
+                    input = channels_last(input)
             x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
             launch_fprop(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=self.stride,
                          pad=self.pad, dilation=self.dilation, groups=problem.groups,

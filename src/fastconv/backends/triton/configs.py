@@ -29,12 +29,16 @@ class TileConfig:
     split_k: int = 1  # >1: the reduction split over programs, partial sums reduced after
     # >1: this many groups run as one, with a block-diagonal weight (see pack_candidates)
     pack_groups: int = 1
+    # forward only: tile rows are consecutive columns of one output row, read and written
+    # in a channels-first tensor's own layout (no channels-last copy; see rows_candidates)
+    rows: bool = False
 
     def name(self) -> str:
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}"
                 f"s{self.num_stages}{'f' if self.flat_k else ''}"
                 + (f"x{self.split_k}" if self.split_k > 1 else "")
-                + (f"g{self.pack_groups}" if self.pack_groups > 1 else ""))
+                + (f"g{self.pack_groups}" if self.pack_groups > 1 else "")
+                + ("r" if self.rows else ""))
 
 
 def _flat_k(problem: ConvProblem) -> bool:
@@ -142,6 +146,15 @@ def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
             if cfg not in cands:
                 cands.append(cfg)
     return cands
+
+
+def rows_candidates(problem: ConvProblem, tiles: list[TileConfig]) -> list[TileConfig]:
+    """Row-tile variants of the first three unsplit forward ``tiles`` for channels-first
+    rank-1 problems (NCL: torch has no channels-last 3-D tensors, so a conv1d input would
+    otherwise be copied to NLC each call and the output written across the channel stride)."""
+    if problem.rank != 1 or problem.layout != "nchw" or problem.transposed:
+        return []
+    return [dataclasses.replace(t, rows=True) for t in tiles if t.split_k == 1][:3]
 
 
 #: Packed group widths: channels per packed group (in and out) that the candidates aim at.

@@ -148,27 +148,39 @@ def _conv_fprop_kernel(
     ACT: tl.constexpr, PRECISION: tl.constexpr, FLAT_K: tl.constexpr, INT64: tl.constexpr,
     DOT_FP32: tl.constexpr,
     ROUND_TF32: tl.constexpr, ACC: tl.constexpr, SPLIT_K: tl.constexpr, BOUNDS: tl.constexpr,
-    EVEN_C: tl.constexpr,
+    EVEN_C: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     group = tl.program_id(1)
     pid_k = tl.program_id(2)
     M = N * P * Q
-    pid_m, pid_n = tile_of(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(K_G, BLOCK_N), GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if ROWS:
+        # Tile rows are BLOCK_M consecutive columns q of one output row (n, p): contiguous
+        # in a channels-first tensor, so loads and stores run along memory (rank 1 NCL).
+        q_blocks = tl.cdiv(Q, BLOCK_M)
+        pid_m, pid_n = tile_of(pid, N * P * q_blocks, tl.cdiv(K_G, BLOCK_N), GROUP_M)
+        row = pid_m // q_blocks
+        q = (pid_m - row * q_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = q < Q
+        zero = tl.zeros_like(q)
+        img = zero + row // P
+        p = zero + row % P
+        offs_m = (img * P + p) * Q + q  # flat output pixel (split-K is not used with ROWS)
+    else:
+        pid_m, pid_n = tile_of(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(K_G, BLOCK_N), GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        # Loads address rows and columns modulo the matrix size (as the Triton matmul
+        # tutorial does): the tail tile re-reads valid data instead of carrying a mask into
+        # every load; the store masks it away.
+        rows = offs_m % M
+        img = rows // (P * Q)
+        pq = rows % (P * Q)
+        p = pq // Q
+        q = pq % Q
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
     mask_n = offs_n < K_G
-    # Loads address rows and columns modulo the matrix size (as the Triton matmul tutorial
-    # does): the tail tile re-reads valid data instead of carrying a mask into every load;
-    # the store masks it away.
-    rows = offs_m % M
-    img = rows // (P * Q)
-    pq = rows % (P * Q)
-    p = pq // Q
-    q = pq % Q
     if INT64:  # element offsets can pass 2**31: widen before any stride product
         img = img.to(tl.int64)
         p = p.to(tl.int64)
@@ -205,6 +217,8 @@ def _conv_fprop_kernel(
             ih = ih0[:, None] + (r * dil_h)[None, :]
             iw = iw0[:, None] + (s * dil_w)[None, :]
             a_mask = mask_red[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            if ROWS:  # tail columns are not wrapped: keep them off memory
+                a_mask = a_mask & mask_m[:, None]
             a = tl.load(x_rows[:, None] + c[None, :] * stride_xc + ih * stride_xh + iw * stride_xw,
                         mask=a_mask, other=0.0)
             b = tl.load(w_cols[None, :] + (c * stride_wc + r * stride_wr + s * stride_ws)[:, None],
@@ -235,6 +249,8 @@ def _conv_fprop_kernel(
                 ih = ih0 + r * dil_h
                 iw = iw0 + s * dil_w
                 row_ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                if ROWS:
+                    row_ok = row_ok & mask_m
                 if EVEN_C:
                     a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
                 else:
@@ -257,7 +273,12 @@ def _conv_fprop_kernel(
                 b = round_tf32(b)
             acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
 
-    if SPLIT_K == 1:
+    if ROWS:
+        store_tile(acc, img, p, q, k_glob, mask_m, mask_n,
+                   out_ptr, stride_on, stride_ok, stride_op, stride_oq,
+                   scale_ptr, shift_ptr, res_ptr, stride_rn, stride_rk, stride_rp, stride_rq,
+                   negative_slope, HAS_SCALE, HAS_SHIFT, HAS_RES, ACT, INT64)
+    elif SPLIT_K == 1:
         _epilogue_store(acc, offs_m, k_glob, mask_m, mask_n, P, Q,
                         out_ptr, stride_on, stride_ok, stride_op, stride_oq,
                         scale_ptr, shift_ptr, res_ptr, stride_rn, stride_rk, stride_rp, stride_rq,
@@ -311,7 +332,10 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
     k_g = k // groups
     m = n * p * q
     split = config.split_k
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(k_g, config.block_n), groups, split)
+    rows = config.rows
+    assert not (rows and split > 1), "row tiles do not split the reduction"
+    m_tiles = n * p * triton.cdiv(q, config.block_m) if rows else triton.cdiv(m, config.block_m)
+    grid = (m_tiles * triton.cdiv(k_g, config.block_n), groups, split)
     dummy = out4  # never read: the matching HAS_* flag is False
     res_strides = strides(res4) if res4 is not None else (0, 0, 0, 0)
     ws = torch.empty((split, m, k), device=x4.device, dtype=accumulate_dtype(x4.dtype)) \
@@ -331,7 +355,7 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
         DOT_FP32=INTERPRETED and x4.dtype == torch.bfloat16,
         ROUND_TF32=precision == "tf32" and x4.dtype == torch.float32,
         ACC=acc_type(x4.dtype), SPLIT_K=split,
-        BOUNDS=any(pad) or bounds_post, EVEN_C=c_g % config.block_k == 0,
+        BOUNDS=any(pad) or bounds_post or rows, EVEN_C=c_g % config.block_k == 0, ROWS=rows,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         GROUP_M=8, num_warps=config.num_warps, num_stages=config.num_stages, **epi,
     )
