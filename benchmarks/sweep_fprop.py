@@ -1,10 +1,14 @@
-"""Time every Triton fprop candidate on ResNet-50 layers (GPU; CUDA-graph timing).
+"""Time every Triton fprop candidate on ResNet-50 layers, or on the cases of the suite named
+by ``--suite`` (GPU; CUDA-graph timing).
 
-For each case and dtype: cuDNN's time (torch, cudnn.benchmark, channels-last) and each
-candidate configuration's time for the bare kernel on channels-last tensors — the numbers
-that say what the kernel itself reaches, without host overhead or layout copies (through
-TritonBackend.bind, so the launch is the one the library makes). Prints one
-line per case: best configuration, its time, cuDNN's, the ratio, the runners-up.
+For each case and dtype: cuDNN's time (torch, cudnn.benchmark) and each candidate
+configuration's time, through TritonBackend.bind, so the launch (and any layout copy) is the
+one the library makes. Rank-2 tensors are channels-last (the numbers that say what the kernel
+itself reaches, without layout copies); rank-1 tensors are NCL, as conv1d users hand them
+(torch has no channels-last 3-D tensors). Prints one line per case: best configuration, its
+time, cuDNN's, the ratio, the runners-up.
+
+Usage: python3 benchmarks/sweep_fprop.py [--suite NAME] [case names...]
 """
 
 import statistics
@@ -15,7 +19,6 @@ import torch.nn.functional as F
 
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
-from fastconv.backends.triton.configs import fprop_candidates
 from fastconv.bench.report import geomean
 from fastconv.bench.runner import time_graph
 from fastconv.bench.suites import SUITES
@@ -43,8 +46,12 @@ def time_configs(name, problem, configs, fns_of, out, ref):
     return sorted(results)
 
 
-def main(names):
-    cases = [c for c in SUITES["resnet50"] + SUITES["seed000"][:1] if not names or c.name in names]
+def main(args):
+    suite = args[1] if args[:1] == ["--suite"] else None
+    names = args[2:] if suite else args
+    cases = SUITES[suite] if suite else SUITES["resnet50"] + SUITES["seed000"][:1]
+    cases = [c for c in cases if not names or c.name in names]
+    conv = {1: F.conv1d, 2: F.conv2d}
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = True
     print(f"{'case':<24} {'dtype':<9} {'cudnn ms':>9} {'best ms':>9} {'ratio':>6}  best config"
@@ -53,23 +60,26 @@ def main(names):
     for dtype in (torch.float32, torch.bfloat16):
         for case in cases:
             x = torch.randn(case.n, case.c, *case.spatial, device="cuda").to(dtype)
-            x = x.contiguous(memory_format=torch.channels_last)
-            w = (torch.randn(case.k, case.c, *case.kernel, device="cuda") / 30).to(dtype)
-            w = w.contiguous(memory_format=torch.channels_last)
-            ref = F.conv2d(x, w, None, case.stride, case.padding)
+            w = (torch.randn(case.k, case.c // case.groups, *case.kernel, device="cuda")
+                 / 30).to(dtype)
+            if case.rank == 2:
+                x = x.contiguous(memory_format=torch.channels_last)
+                w = w.contiguous(memory_format=torch.channels_last)
+            args = (case.stride, case.padding, case.dilation, case.groups)
+            ref = conv[case.rank](x, w, None, *args)
             t_cudnn = statistics.median(time_graph(
-                [lambda: F.conv2d(x, w, None, case.stride, case.padding)]))
+                [lambda: conv[case.rank](x, w, None, *args)]))
             out = torch.empty_like(ref)
-            problem = ConvProblem.from_tensors(x, w, None, case.stride, case.padding, rank=2,
+            problem = ConvProblem.from_tensors(x, w, None, *args, rank=case.rank,
                                                precision="tf32" if dtype == torch.float32
                                                else None)
             def fns(run):
                 return [lambda: run(x, w, None, None, None, None, out)]
-            results = time_configs(case.name, problem, fprop_candidates(problem), fns, out,
-                                   ref)
+            results = time_configs(case.name, problem, TritonBackend.candidates(problem),
+                                   fns, out, ref)
             best = results[0]
             ratios.setdefault(str(dtype), []).append(t_cudnn / best[0])
-            others = ", ".join(f"{n} {t:.4f}" for t, n in results[1:3])
+            others = ", ".join(f"{n} {t:.4f}" for t, n in results[1:4])
             print(f"{case.name:<24} {str(dtype)[6:]:<9} {t_cudnn:9.4f} {best[0]:9.4f} "
                   f"{t_cudnn / best[0]:6.2f}  {best[1]}  ({others})", flush=True)
     for dt, r in ratios.items():

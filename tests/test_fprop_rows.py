@@ -51,6 +51,10 @@ def test_rows_listed_for_channels_first_rank1_forwards_only():
     base = [configs.TileConfig(128, 64, 32, 4, 3, False),
             configs.TileConfig(128, 64, 32, 4, 3, False, split_k=2)]
     assert configs.rows_candidates(conv1d, base) == [dataclasses.replace(base[0], rows=True)]
+    # 448 columns: the 64-column block pads the row least and joins the first three
+    base = [configs.TileConfig(bm, 64, 32, 4, 3, False) for bm in (128, 256, 128, 128, 64)]
+    long = ConvProblem.from_tensors(torch.randn(1, 8, 448), w, None, 1, 1, rank=1)
+    assert [t.block_m for t in configs.rows_candidates(long, base)] == [128, 256, 128, 64]
     nlc = ConvProblem.from_tensors(x.transpose(1, 2).contiguous().transpose(1, 2), w, None,
                                    1, 1, rank=1)
     conv2d = ConvProblem.from_tensors(x[..., None], w[..., None], None, 1, 1, rank=2)

@@ -100,6 +100,37 @@ def test_every_candidate_config_is_correct(backend):
     assert ran >= 4, f"{backend} ran only {ran} problems"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_conv1d_row_tiles_are_correct(dtype):
+    """Every Triton candidate (row tiles included) of the seed002_conv1d cases at batch 3, on
+    NCL inputs as conv1d users pass them, with a shift + residual + relu epilogue, into
+    poisoned outputs, against float64 (tf32 for float32: the rounding that matters)."""
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.bench import suites
+
+    rows = 0
+    for case in suites.get("seed002_conv1d"):
+        x = torch.randn(3, case.c, *case.spatial, device="cuda").to(dtype)
+        w = (torch.randn(case.k, case.c // case.groups, *case.kernel, device="cuda")
+             / (case.c // case.groups * case.kernel[0]) ** 0.5).to(dtype)
+        shift = torch.randn(case.k, device="cuda").to(dtype)
+        args = (case.stride, case.padding, case.dilation, case.groups)
+        ref = F.conv1d(x.double(), w.double(), shift.double(), *args)
+        res = torch.randn(ref.shape, device="cuda").to(dtype)
+        ref = F.relu(ref + res.double())
+        ep = fastconv.Epilogue(activation="relu", has_shift=True, has_residual=True)
+        prob = fastconv.ConvProblem.from_tensors(
+            x, w, shift, *args, rank=1, epilogue=ep, residual=res,
+            precision="tf32" if dtype == torch.float32 else None)
+        for cfg in TritonBackend.candidates(prob):
+            rows += getattr(cfg, "rows", False)
+            out = torch.full(prob.output_shape(), float("nan"), device="cuda", dtype=dtype)
+            TritonBackend.bind(prob, cfg)(x, w, None, None, shift, res, out)
+            assert not out.isnan().any(), (case.name, cfg.name())
+            err = relative_error(out, ref)
+            assert err <= TOLERANCE[prob.precision], (case.name, cfg.name(), err)
+    assert rows >= 17 * 3
+
 def test_int64_indexing_beyond_2_31_elements():
     """An input of more than 2**31 elements: the last rows must be right (int32 offsets
     would wrap and read or write the wrong place)."""

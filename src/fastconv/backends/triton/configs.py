@@ -149,12 +149,18 @@ def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
 
 
 def rows_candidates(problem: ConvProblem, tiles: list[TileConfig]) -> list[TileConfig]:
-    """Row-tile variants of the first three unsplit forward ``tiles`` for channels-first
-    rank-1 problems (NCL: torch has no channels-last 3-D tensors, so a conv1d input would
-    otherwise be copied to NLC each call and the output written across the channel stride)."""
+    """Row-tile variants of the first three unsplit forward ``tiles``, and of the one whose
+    block of columns pads the output row least, for channels-first rank-1 problems (NCL:
+    torch has no channels-last 3-D tensors, so a conv1d input would otherwise be copied to
+    NLC each call and the output written across the channel stride). A row tile never
+    spans two rows, so an output row of ``Q`` columns runs ``ceil(Q / block_m)`` tiles."""
     if problem.rank != 1 or problem.layout != "nchw" or problem.transposed:
         return []
-    return [dataclasses.replace(t, rows=True) for t in tiles if t.split_k == 1][:3]
+    unsplit = [t for t in tiles if t.split_k == 1]
+    q = problem.out_size[-1]
+    tightest = min(unsplit, key=lambda t: -(-q // t.block_m) * t.block_m)
+    picked = unsplit[:3] + ([tightest] if tightest not in unsplit[:3] else [])
+    return [dataclasses.replace(t, rows=True) for t in picked]
 
 
 #: Packed group widths: channels per packed group (in and out) that the candidates aim at.
