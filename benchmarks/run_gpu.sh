@@ -44,7 +44,7 @@ for step in $steps; do
     launch) python3 benchmarks/launch_overhead.py 2>&1 | tee "$OUT/launch.log" | tail -80 || status=1 ;;
     overhead) python3 benchmarks/dispatch_overhead.py 2>&1 | tee "$OUT/overhead.log" | tail -4 || status=1 ;;
     probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
-    sweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_fprop.py ${SWEEP_SUITE:+--suite $SWEEP_SUITE} $(echo ${CASES:-} | tr , " ") 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
+    sweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_fprop.py ${SWEEP_ARGS:-} ${SWEEP_SUITE:+--suite $SWEEP_SUITE} $(echo ${CASES:-} | tr , " ") 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
     dwsweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_depthwise.py $(echo ${CASES:-} | tr , ' ') 2>&1 | tee "$OUT/dwsweep.log" | tail -40 || status=1 ;;
   esac
 done

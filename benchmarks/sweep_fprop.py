@@ -8,9 +8,13 @@ itself reaches, without layout copies); rank-1 tensors are NCL, as conv1d users 
 (torch has no channels-last 3-D tensors). Prints one line per case: best configuration, its
 time, cuDNN's, the ratio, the runners-up.
 
-Usage: python3 benchmarks/sweep_fprop.py [--suite NAME] [case names...]
+Usage: python3 benchmarks/sweep_fprop.py [--rows-grid] [--suite NAME] [case names...]
+--rows-grid adds row tiles (TileConfig.rows) of a grid of shapes beyond dispatch's list, and
+flat-reduction variants of its row tiles, for the rank-1 cases: a search for better entries.
 """
 
+import dataclasses
+import itertools
 import statistics
 import sys
 
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
+from fastconv.backends.triton.configs import TileConfig
 from fastconv.bench.report import geomean
 from fastconv.bench.runner import time_graph
 from fastconv.bench.suites import SUITES
@@ -46,7 +51,21 @@ def time_configs(name, problem, configs, fns_of, out, ref):
     return sorted(results)
 
 
+def rows_grid(problem, listed):
+    """Row tiles of shapes (block_m 64/128, block_n 64-256, two reduction depths, 4 or 8
+    warps) not in ``listed``, and flat-reduction twins of the listed row tiles."""
+    half = problem.dtype != torch.float32
+    grid = [TileConfig(bm, bn, bk, w, st, False, rows=True)
+            for bm, bn, bk, (w, st) in itertools.product(
+                (64, 128), (64, 128, 256), (32, 64) if half else (16, 32), ((4, 4), (8, 3)))
+            if bn <= max(64, problem.k_per_group)]
+    flat = [dataclasses.replace(t, flat_k=True) for t in listed if getattr(t, "rows", False)]
+    return [t for t in grid + flat if t not in listed]
+
+
 def main(args):
+    grid = args[:1] == ["--rows-grid"]
+    args = args[1:] if grid else args
     suite = args[1] if args[:1] == ["--suite"] else None
     names = args[2:] if suite else args
     cases = SUITES[suite] if suite else SUITES["resnet50"] + SUITES["seed000"][:1]
@@ -75,11 +94,13 @@ def main(args):
                                                else None)
             def fns(run):
                 return [lambda: run(x, w, None, None, None, None, out)]
-            results = time_configs(case.name, problem, TritonBackend.candidates(problem),
-                                   fns, out, ref)
+            configs = TritonBackend.candidates(problem)
+            if grid and case.rank == 1:
+                configs = configs + rows_grid(problem, configs)
+            results = time_configs(case.name, problem, configs, fns, out, ref)
             best = results[0]
             ratios.setdefault(str(dtype), []).append(t_cudnn / best[0])
-            others = ", ".join(f"{n} {t:.4f}" for t, n in results[1:4])
+            others = ", ".join(f"{n} {t:.4f}" for t, n in results[1:6])
             print(f"{case.name:<24} {str(dtype)[6:]:<9} {t_cudnn:9.4f} {best[0]:9.4f} "
                   f"{t_cudnn / best[0]:6.2f}  {best[1]}  ({others})", flush=True)
     for dt, r in ratios.items():

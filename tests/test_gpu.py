@@ -108,7 +108,6 @@ def test_conv1d_row_tiles_are_correct(dtype):
     from fastconv.backends.triton.backend import TritonBackend
     from fastconv.bench import suites
 
-    rows = 0
     for case in suites.get("seed002_conv1d"):
         x = torch.randn(3, case.c, *case.spatial, device="cuda").to(dtype)
         w = (torch.randn(case.k, case.c // case.groups, *case.kernel, device="cuda")
@@ -122,14 +121,15 @@ def test_conv1d_row_tiles_are_correct(dtype):
         prob = fastconv.ConvProblem.from_tensors(
             x, w, shift, *args, rank=1, epilogue=ep, residual=res,
             precision="tf32" if dtype == torch.float32 else None)
-        for cfg in TritonBackend.candidates(prob):
-            rows += getattr(cfg, "rows", False)
+        configs = TritonBackend.candidates(prob)
+        assert sum(getattr(c, "rows", False) for c in configs) >= 2, case.name
+        for cfg in configs:
             out = torch.full(prob.output_shape(), float("nan"), device="cuda", dtype=dtype)
             TritonBackend.bind(prob, cfg)(x, w, None, None, shift, res, out)
             assert not out.isnan().any(), (case.name, cfg.name())
             err = relative_error(out, ref)
             assert err <= TOLERANCE[prob.precision], (case.name, cfg.name(), err)
-    assert rows >= 17 * 3
+
 
 def test_int64_indexing_beyond_2_31_elements():
     """An input of more than 2**31 elements: the last rows must be right (int32 offsets
