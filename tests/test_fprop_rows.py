@@ -46,17 +46,19 @@ def test_rows_forward_matches_float64(case, flat):
 
 
 def test_rows_listed_for_channels_first_rank1_forwards_only():
-    x, w = torch.randn(2, 8, 30), torch.randn(16, 8, 3)
+    x, w = torch.randn(2, 32, 30), torch.randn(16, 32, 3)
     conv1d = ConvProblem.from_tensors(x, w, None, 1, 1, rank=1)
-    base = [configs.TileConfig(128, 64, 32, 4, 3, False),
-            configs.TileConfig(128, 64, 32, 4, 3, False, split_k=2)]
-    assert configs.rows_candidates(conv1d, base) == [dataclasses.replace(base[0], rows=True)]
-    # 448 columns: the 64-column block pads the row least and joins the first three
-    base = [configs.TileConfig(bm, 64, 32, 4, 3, False) for bm in (128, 256, 128, 128, 64)]
-    long = ConvProblem.from_tensors(torch.randn(1, 8, 448), w, None, 1, 1, rank=1)
-    assert [t.block_m for t in configs.rows_candidates(long, base)] == [128, 256, 128, 64]
+    tiles = configs.rows_candidates(conv1d)
+    # 16 outputs: no tile wider than 64 columns; 32 channels: reduction blocks of at most 32
+    assert tiles and all(t.rows and t.block_n == 64 and t.block_k <= 32 for t in tiles)
+    wide = ConvProblem.from_tensors(x.bfloat16(), torch.randn(512, 32, 3).bfloat16(), None,
+                                    1, 1, rank=1)
+    assert {t.block_n for t in configs.rows_candidates(wide)} == {64, 128, 256}
     nlc = ConvProblem.from_tensors(x.transpose(1, 2).contiguous().transpose(1, 2), w, None,
                                    1, 1, rank=1)
     conv2d = ConvProblem.from_tensors(x[..., None], w[..., None], None, 1, 1, rank=2)
-    assert configs.rows_candidates(nlc, base) == []
-    assert configs.rows_candidates(conv2d, base) == []
+    few = ConvProblem.from_tensors(x[:, :8], w[:, :8], None, 1, 1, rank=1)  # flat reduction
+    transposed = ConvProblem.from_tensors(x, w.transpose(0, 1).contiguous(), None, 1, 1,
+                                          rank=1, transposed=True)
+    for problem in (nlc, conv2d, few, transposed):
+        assert configs.rows_candidates(problem) == []

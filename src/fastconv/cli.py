@@ -136,6 +136,8 @@ def cmd_bench(args) -> int:
         for suite, cases, prec, mode in runs:
             layout = args.layout or ("nchw" if prec in (Precision.IEEE, Precision.TF32)
                                      else "nhwc")
+            if all(getattr(c, "rank", 2) == 1 for c in cases):
+                layout = "nchw"  # torch has no channels-last 3-D tensors: conv1d runs on NCL
             ceilings = runner.measure_ceilings(prec) if has_gpu else {}
             rows = []
             for case in cases:

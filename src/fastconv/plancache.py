@@ -45,7 +45,8 @@ def cache_dir() -> str | None:
 #: 2: packed-group tiles for narrow grouped convolutions (issue 7).
 #: 3: pair-word depthwise tiles for 16-bit channels-first forwards (dw_pairs.py).
 #: 4: depthwise plane tiles (channels-first tiles over an image's flattened positions).
-CANDIDATES_REVISION = 5
+#: 6: forward row tiles for channels-first rank-1 problems (5: their first, untuned list).
+CANDIDATES_REVISION = 6
 
 
 @functools.lru_cache(maxsize=1)

@@ -98,7 +98,7 @@ class TritonBackend(Backend):
             tiles = wgrad_candidates(problem)
         else:
             tiles = fprop_candidates(problem)
-            tiles = tiles + rows_candidates(problem, tiles)
+            tiles = tiles + rows_candidates(problem)
         tiles = tiles + pack_candidates(problem, op)
         if _direct_grouped(problem):  # after the GEMM tiles: timed, or pinned, never the
             tiles = tiles + direct(problem.layout == "nhwc", True)  # heuristic's pick

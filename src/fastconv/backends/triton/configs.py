@@ -148,19 +148,31 @@ def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
     return cands
 
 
-def rows_candidates(problem: ConvProblem, tiles: list[TileConfig]) -> list[TileConfig]:
-    """Row-tile variants of the first three unsplit forward ``tiles``, and of the one whose
-    block of columns pads the output row least, for channels-first rank-1 problems (NCL:
-    torch has no channels-last 3-D tensors, so a conv1d input would otherwise be copied to
-    NLC each call and the output written across the channel stride). A row tile never
-    spans two rows, so an output row of ``Q`` columns runs ``ceil(Q / block_m)`` tiles."""
-    if problem.rank != 1 or problem.layout != "nchw" or problem.transposed:
+# Row-tile shapes (block_m, block_n, block_k, warps, stages) from the seed002_conv1d sweep on
+# the H100 (sweep_fprop.py --rows-grid; benchmarks/NOTES.md): the winners of the grouped and
+# narrow cases, most often first. 64-column blocks split a 448-column row without padding.
+_ROWS_HALF = [(64, 128, 32, 4, 4), (64, 256, 32, 4, 4), (128, 256, 64, 8, 3),
+              (128, 128, 32, 4, 4), (64, 64, 32, 4, 4), (128, 64, 32, 4, 5)]
+_ROWS_TF32 = [(128, 256, 32, 8, 3), (64, 128, 16, 4, 4), (128, 128, 16, 4, 4),
+              (64, 256, 16, 4, 4), (64, 64, 32, 4, 3), (64, 64, 16, 4, 4), (128, 64, 16, 4, 4)]
+
+
+def rows_candidates(problem: ConvProblem) -> list[TileConfig]:
+    """Row tiles for channels-first rank-1 forward problems (NCL: torch has no channels-last
+    3-D tensors, so the GEMM tiles copy a conv1d input to NLC each call and write the output
+    across the channel stride; row tiles read and write NCL as it is). A row tile never
+    spans two rows: an output row of ``Q`` columns runs ``ceil(Q / block_m)`` tiles."""
+    if problem.rank != 1 or problem.layout != "nchw" or problem.transposed \
+            or _flat_k(problem):
         return []
-    unsplit = [t for t in tiles if t.split_k == 1]
-    q = problem.out_size[-1]
-    tightest = min(unsplit, key=lambda t: -(-q // t.block_m) * t.block_m)
-    picked = unsplit[:3] + ([tightest] if tightest not in unsplit[:3] else [])
-    return [dataclasses.replace(t, rows=True) for t in picked]
+    half = problem.dtype in (torch.float16, torch.bfloat16)
+    cands = []
+    for bm, bn, bk, w, st in (_ROWS_HALF if half else _ROWS_TF32):
+        if bn > max(64, problem.k_per_group):
+            continue  # wider than the group's outputs: idle columns
+        bk = min(bk, 16 if problem.c_per_group < 32 else 32 if problem.c_per_group < 64 else bk)
+        cands.append(TileConfig(bm, bn, bk, w, st, False, rows=True))
+    return cands
 
 
 #: Packed group widths: channels per packed group (in and out) that the candidates aim at.
