@@ -100,15 +100,21 @@ def test_every_candidate_config_is_correct(backend):
     assert ran >= 4, f"{backend} ran only {ran} problems"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_conv1d_row_tiles_are_correct(dtype):
-    """Every Triton candidate (row tiles included) of the seed002_conv1d cases at batch 3, on
-    NCL inputs as conv1d users pass them, with a shift + residual + relu epilogue, into
-    poisoned outputs, against float64 (tf32 for float32: the rounding that matters)."""
+@pytest.mark.parametrize("dtype,precision,names", [
+    (torch.float32, "tf32", None), (torch.bfloat16, "bf16", None),
+    (torch.float32, "ieee", ("seed002_g4", "seed002_g16", "seed002_c32_64")),
+    (torch.float16, "fp16", ("seed002_g4", "seed002_g16", "seed002_c32_64"))],
+    ids=["tf32", "bf16", "ieee-3cases", "fp16-3cases"])
+def test_conv1d_row_tiles_are_correct(dtype, precision, names):
+    """Every Triton candidate (row tiles included) of the seed002_conv1d cases (or those
+    named) at batch 3, on NCL inputs as conv1d users pass them, with a shift + residual +
+    relu epilogue, into poisoned outputs, against float64."""
     from fastconv.backends.triton.backend import TritonBackend
     from fastconv.bench import suites
 
     for case in suites.get("seed002_conv1d"):
+        if names is not None and case.name not in names:
+            continue
         x = torch.randn(3, case.c, *case.spatial, device="cuda").to(dtype)
         w = (torch.randn(case.k, case.c // case.groups, *case.kernel, device="cuda")
              / (case.c // case.groups * case.kernel[0]) ** 0.5).to(dtype)
@@ -118,9 +124,8 @@ def test_conv1d_row_tiles_are_correct(dtype):
         res = torch.randn(ref.shape, device="cuda").to(dtype)
         ref = F.relu(ref + res.double())
         ep = fastconv.Epilogue(activation="relu", has_shift=True, has_residual=True)
-        prob = fastconv.ConvProblem.from_tensors(
-            x, w, shift, *args, rank=1, epilogue=ep, residual=res,
-            precision="tf32" if dtype == torch.float32 else None)
+        prob = fastconv.ConvProblem.from_tensors(x, w, shift, *args, rank=1, epilogue=ep,
+                                                 residual=res, precision=precision)
         configs = TritonBackend.candidates(prob)
         assert sum(getattr(c, "rows", False) for c in configs) >= 2, case.name
         for cfg in configs:
