@@ -166,7 +166,6 @@ def _conv_fprop_kernel(
         zero = tl.zeros_like(q)
         img = zero + row // P
         p = zero + row % P
-        offs_m = (img * P + p) * Q + q  # flat output pixel (split-K is not used with ROWS)
     else:
         pid_m, pid_n = tile_of(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(K_G, BLOCK_N), GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
