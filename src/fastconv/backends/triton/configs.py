@@ -46,6 +46,12 @@ def _flat_k(problem: ConvProblem) -> bool:
     return problem.c_per_group < 16
 
 
+def _reduction_block(block_k: int, problem: ConvProblem) -> int:
+    """``block_k`` narrowed to a group with few channels (16 below 32, 32 below 64)."""
+    cpg = problem.c_per_group
+    return min(block_k, 16 if cpg < 32 else 32 if cpg < 64 else block_k)
+
+
 def interpreter_config(problem: ConvProblem, op: str = "fprop") -> TileConfig:
     flat = op == "fprop" and not problem.transposed and _flat_k(problem)  # forward kernel only
     return TileConfig(32, 16, 16, 4, 1, flat)
@@ -80,7 +86,7 @@ def fprop_candidates(problem: ConvProblem) -> list[TileConfig]:
     half = problem.dtype in (torch.float16, torch.bfloat16)
     cands = []
     for bm, bn, bk, w, st in (_HALF if half else _TF32):
-        bk = min(bk, 16 if problem.c_per_group < 32 else 32 if problem.c_per_group < 64 else bk)
+        bk = _reduction_block(bk, problem)
         if bn > 64 and problem.k_per_group <= 64:
             continue  # a wide tile over a narrow output wastes half its work
         cfg = TileConfig(bm, bn, bk, w, st, False)
@@ -170,7 +176,7 @@ def rows_candidates(problem: ConvProblem) -> list[TileConfig]:
     for bm, bn, bk, w, st in (_ROWS_HALF if half else _ROWS_TF32):
         if bn > max(64, problem.k_per_group):
             continue  # wider than the group's outputs: idle columns
-        bk = min(bk, 16 if problem.c_per_group < 32 else 32 if problem.c_per_group < 64 else bk)
+        bk = _reduction_block(bk, problem)
         cands.append(TileConfig(bm, bn, bk, w, st, False, rows=True))
     return cands
 
