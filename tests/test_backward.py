@@ -327,7 +327,7 @@ def test_convert_copies_or_swaps_in_place():
 def test_convert_resnet18_outputs_and_gradients():
     """Through dispatch's own choice (aten on the CPU: the interpreter would take an hour on
     ResNet-18's wide layers; the Triton kernels' parity is the random-module test above)."""
-    import torchvision
+    torchvision = pytest.importorskip("torchvision")
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).train()

@@ -120,6 +120,14 @@ def _channels_by_plane(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.c
 
 
 @triton.jit
+def _and_row(mask, row_ok):
+    """``mask & row_ok`` where ``row_ok`` may be a scalar (channels-first tiles hold one row).
+    A select, not ``&``: Triton 3.9's interpreter broadcasts a scalar boolean as int32, and a
+    load refuses an integer mask; compiled, both forms are one predicate ``and``."""
+    return tl.where(row_ok, mask, False)
+
+
+@triton.jit
 def _dw_fprop_kernel(
     x_ptr, w_ptr, out_ptr, scale_ptr, shift_ptr, res_ptr,
     N, H, W, K, P, Q, KG,
@@ -154,7 +162,7 @@ def _dw_fprop_kernel(
             row_ok = (ih >= 0) & (ih < H)
             for s in tl.static_range(S):
                 iw = iw0 + s * dil_w
-                ok = mask & row_ok & (iw >= 0) & (iw < W)
+                ok = _and_row(mask & (iw >= 0) & (iw < W), row_ok)
                 xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=ok, other=0.0)
                 wv = tl.load(w_ptr + k * swk + c * swc + r * swr + s * sws, mask=kmask,
                              other=0.0)
@@ -206,7 +214,8 @@ def _dw_dgrad_kernel(
             for s in tl.static_range(S):
                 wq = w + pad_w - s * dil_w
                 q = wq // stride_w
-                ok = mask & row_ok & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q)
+                ok = _and_row(mask & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q),
+                              row_ok)
                 g = tl.load(dy_base + p * sdp + q * sdq, mask=ok, other=0.0)
                 wv = tl.load(w_ptr + k * swk + c_in * swc + r * swr + s * sws, mask=c < C,
                              other=0.0)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .depthwise import _channels_by_columns
+from .depthwise import _and_row, _channels_by_columns
 from .fprop import _activation
 
 __all__ = ["eligible", "launch_fprop"]
@@ -82,7 +82,7 @@ def _dw_pairs_fprop_kernel(
         row_ok = (ih >= 0) & (ih < H)
         for j in tl.static_range(J_LO, J_HI + 1):
             word = i + j
-            ok = mask & row_ok & (word >= 0) & (word < W2)
+            ok = _and_row(mask & (word >= 0) & (word < W2), row_ok)
             lo, hi = _unpack(tl.load(x_base + ih * sxh + word, mask=ok, other=0), IS_BF16)
             for s in tl.static_range(S):
                 # output 2i reads element 2i + s·DIL_W − PAD_W: word j when ⌊·/2⌋ == j

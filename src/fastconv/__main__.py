@@ -1,0 +1,7 @@
+"""``python -m fastconv``: the same as the ``fastconv`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

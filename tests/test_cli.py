@@ -1,0 +1,26 @@
+"""The ``fastconv`` command end to end, in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+def _fastconv(*args: str, tmp_path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, FASTCONV_CACHE_DIR=str(tmp_path / "cache"))
+    return subprocess.run([sys.executable, "-m", "fastconv", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU path")
+def test_check_passes_end_to_end_on_the_cpu(tmp_path):
+    run = _fastconv("check", "--count", "3", tmp_path=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    lines = run.stdout.strip().splitlines()
+    assert lines[0].startswith("No GPU found"), lines[0]
+    assert re.fullmatch(r"\d+ problems in \d+ s: all within the contract", lines[-1]), lines[-1]
+    assert "Traceback" not in run.stderr
