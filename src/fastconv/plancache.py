@@ -5,9 +5,12 @@ user's cache directory, ``$XDG_CACHE_HOME/fastconv`` or ``~/.cache/fastconv``); 
 ``FASTCONV_CACHE_DIR`` to an empty string or ``off`` disables it. The file records the
 environment it was measured in (GPU, driver, torch, Triton, cuDNN and fastconv versions): a
 file from another environment, or one that does not parse, is ignored with one warning and
-rewritten on the next save. Writes go to a temporary file renamed over the old one (atomic on
-POSIX), merged with what another process may have written since. Both stores are bounded
-(least recently used entries go first).
+rewritten on the next save. A save holds an exclusive lock on ``plans-v1.json.lock`` (``flock``:
+the kernel drops it when its holder dies) while it merges the entries of the file on disk with
+its own and writes a temporary file renamed over the old one (atomic on POSIX), so concurrent
+processes lose no entries and readers never see half a file. A save that cannot take the lock
+within ``LOCK_TIMEOUT_S`` is skipped with one warning: the cache never blocks a call. Both
+stores are bounded (least recently used entries go first).
 
 PyTorch keeps ``cudnn.benchmark`` choices only for the life of a process (pytorch issue 4392
 asked for a persistent cache and was declined); this is that cache.
@@ -16,6 +19,7 @@ asked for a persistent cache and was declined); this is that cache.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -29,6 +33,7 @@ FORMAT = 1
 FILE_NAME = f"plans-v{FORMAT}.json"
 MEMORY_ENTRIES = 4096
 DISK_ENTRIES = 20000
+LOCK_TIMEOUT_S = 10.0
 
 
 def cache_dir() -> str | None:
@@ -96,6 +101,7 @@ class PlanCache:
         self._mem: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self._lock = threading.RLock()
         self._disk: dict[str, dict] | None = None  # loaded lazily, once
+        self._unsaved: dict[str, dict] = {}  # persisted entries a skipped save left behind
         self._warned = False
         self.hits = self.misses = self.evictions = 0
 
@@ -144,6 +150,7 @@ class PlanCache:
             self._mem.clear()
             self.hits = self.misses = self.evictions = 0
             self._disk = None
+            self._unsaved.clear()
             path = self.path()
             if disk and path and os.path.exists(path):
                 os.remove(path)
@@ -168,8 +175,9 @@ class PlanCache:
             if not isinstance(data, dict) or data.get("format") != FORMAT \
                     or not isinstance(data.get("entries"), dict):
                 raise ValueError("not a fastconv plan cache")
-        except (OSError, ValueError) as exc:
-            self._warn(f"fastconv: ignoring the plan cache {path} ({exc}); it will be rebuilt")
+        except Exception as exc:  # unreadable for any reason: rebuilt, never fatal
+            self._warn(f"fastconv: ignoring the plan cache {path} ({type(exc).__name__}: "
+                       f"{exc}); it will be rebuilt")
             return {}
         if data.get("environment") != environment():
             self._warn(f"fastconv: ignoring the plan cache {path}: it was measured in another "
@@ -186,29 +194,60 @@ class PlanCache:
         path = self.path()
         if not path:
             return
-        disk = self._load()
-        disk.update(self._read_file())  # what other processes stored since we loaded
-        disk[key] = dict(entry, used=time.time())
-        if len(disk) > DISK_ENTRIES:
-            oldest = sorted(disk, key=lambda k: disk[k].get("used", 0))
-            for old in oldest[:len(disk) - DISK_ENTRIES]:
-                del disk[old]
-        self._disk = disk
+        self._unsaved[key] = entry  # until a save succeeds: the next one retries it
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{self.file_name}-",
-                                   suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"format": FORMAT, "environment": environment(), "entries": disk}, f)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        with _file_lock(path + ".lock"):
+            disk = self._load()
+            disk.update(self._read_file())  # what other processes stored since we loaded
+            now = time.time()
+            disk.update((k, dict(e, used=now)) for k, e in self._unsaved.items())
+            if len(disk) > DISK_ENTRIES:
+                oldest = sorted(disk, key=lambda k: disk[k].get("used", 0))
+                for old in oldest[:len(disk) - DISK_ENTRIES]:
+                    del disk[old]
+            self._disk = disk
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
+                                       prefix=f".{self.file_name}-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump({"format": FORMAT, "environment": environment(), "entries": disk},
+                              f)
+                os.replace(tmp, path)
+                self._unsaved.clear()
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
 
     def _warn(self, message: str) -> None:
         if not self._warned:
             self._warned = True
             warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+@contextlib.contextmanager
+def _file_lock(path: str, timeout: float | None = None):
+    """Hold an exclusive ``flock`` on ``path`` (created if missing); TimeoutError after
+    ``timeout`` seconds (default ``LOCK_TIMEOUT_S``) of another process holding it. Without
+    ``fcntl`` (Windows) saves are unlocked: the rename still keeps the file whole."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    deadline = time.monotonic() + (LOCK_TIMEOUT_S if timeout is None else timeout)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"another process holds {path}") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def encode(value: Any) -> Any:
