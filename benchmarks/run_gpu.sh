@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, `fastconv check`, and the benchmark suites.
 # Usage (on the device machine, from the repository root):
-#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep] [dwsweep] [overhead] [launch]
-# bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions.
+#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep] [dwsweep] [overhead] [launch] [stress]
+# bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions,
+# TEST_FILES the files (default: every tests/test_gpu*.py).
 # Full logs and results go under $OUT (default: ./out); bench results come back as
 # results-<time>.tgz, one per bench step (JSON, CSV, PNG); the last lines are a short summary.
 # At most 8 files come back from a device call: keep $OUT small (logs, tarballs).
@@ -32,7 +33,7 @@ for step in $steps; do
     # Correctness runs use heuristic dispatch: benchmark mode would compile and time every
     # tile candidate for each of hundreds of random keys (each candidate is checked on its own
     # by test_every_candidate_config_is_correct).
-    tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_gpu*.py -k "${TESTS:-}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
+    tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_gpu*.py} -k "${TESTS:-}" 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
     check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     # BENCH_TIMEOUT bounds one bench step; the results written so far are packed either way.
     bench) timeout ${BENCH_TIMEOUT:-540} python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
@@ -46,6 +47,11 @@ for step in $steps; do
     probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
     sweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_fprop.py ${SWEEP_ARGS:-} ${SWEEP_SUITE:+--suite $SWEEP_SUITE} $(echo ${CASES:-} | tr , " ") 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
     dwsweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_depthwise.py $(echo ${CASES:-} | tr , ' ') 2>&1 | tee "$OUT/dwsweep.log" | tail -40 || status=1 ;;
+    # processes sharing one plan-cache directory (issue 19): 20 one after another, 4 at once
+    stress) timeout ${STRESS_TIMEOUT:-420} python3 benchmarks/cache_stress.py --workload mobilenet \
+              --timeout 150 --dir "$OUT/stresscache" --log "$OUT/cache_stress.log" 2>&1 \
+              | tee "$OUT/stress.log" | tail -4 || status=1
+            rm -rf "$OUT/stresscache" ;;
   esac
 done
 exit $status
