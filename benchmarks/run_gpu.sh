@@ -49,7 +49,7 @@ for step in $steps; do
     dwsweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_depthwise.py $(echo ${CASES:-} | tr , ' ') 2>&1 | tee "$OUT/dwsweep.log" | tail -40 || status=1 ;;
     # processes sharing one plan-cache directory (issue 19): 20 one after another, 4 at once
     stress) timeout ${STRESS_TIMEOUT:-420} python3 benchmarks/cache_stress.py --workload mobilenet \
-              --timeout 150 --dir "$OUT/stresscache" --log "$OUT/cache_stress.log" 2>&1 \
+              --timeout 150 ${STRESS_ARGS:-} --dir "$OUT/stresscache" --log "$OUT/cache_stress.log" 2>&1 \
               | tee "$OUT/stress.log" | tail -4 || status=1
             rm -rf "$OUT/stresscache" ;;
   esac
