@@ -25,9 +25,11 @@ export FASTCONV_CACHE_DIR=${FASTCONV_CACHE_DIR:-$OUT/plancache}
 if [ -d .plancache ] && [ ! -e "$FASTCONV_CACHE_DIR" ]; then cp -r .plancache "$FASTCONV_CACHE_DIR"; fi
 steps=${*:-tests check bench}
 status=0
-python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), 'cudnn', torch.backends.cudnn.version())"
-python3 -c "from fastconv.backends.cudnn import CudnnBackend as C; print('cudnn backend:', C.available())"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+{ echo "git ${FASTCONV_GIT_SHA:-?}"
+  python3 -c "import torch, triton; print(torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(), 'cudnn', torch.backends.cudnn.version())"
+  python3 -c "from fastconv.backends.cudnn import CudnnBackend as C; print('cudnn backend:', C.available())"
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+} 2>&1 | tee "$OUT/env.log"  # the versions every log of this call ran under
 for step in $steps; do
   case $step in
     # Correctness runs use heuristic dispatch: benchmark mode would compile and time every
