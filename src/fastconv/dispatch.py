@@ -30,6 +30,7 @@ import dataclasses
 import os
 import statistics
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -129,12 +130,32 @@ def _cache_key(problem: ConvProblem, backend: str, mode: str, op: str, det: bool
     return f"{problem.key()}|{op}|{backend}|{mode}|{'det' if det else 'any'}"
 
 
-def _decode(entry: dict) -> Choice | None:
-    """A stored entry as a Choice, or None if its backend or configuration is unknown here."""
+def _decode(entry: Any, problem: ConvProblem, op: str, names: list[str] | None = None,
+            key: str | None = None) -> Choice | None:
+    """A stored entry as a Choice for ``problem``, or None. Entries come from a file anyone
+    may have written: the backend must be one of ``names`` (available and supporting the
+    problem; by default every backend that does) and its configuration must pass the
+    backend's ``config_errors``. With ``key`` a refused entry is dropped from the memory
+    cache with a warning (the caller decides again)."""
     try:
-        cls = backends.REGISTRY[entry["backend"]]
-        return Choice(entry["backend"], cls.decode_config(entry.get("config")), entry.get("ms"))
-    except Exception:
+        name = entry["backend"]
+        if names is None:
+            names = [n for n, r in supported(problem).items() if not r]
+        if name not in names:
+            raise ValueError(f"backend {name!r} cannot run it here")
+        cls = backends.REGISTRY[name]
+        config = cls.decode_config(entry.get("config"))
+        errors = cls.config_errors(problem, config, op)
+        if errors:
+            raise ValueError("; ".join(errors))
+        ms = entry.get("ms")
+        return Choice(name, config, float(ms) if isinstance(ms, (int, float)) else None)
+    except Exception as exc:
+        if key is not None:
+            CACHE.discard(key)
+            warnings.warn(f"fastconv: ignoring the stored plan for {problem.describe()} "
+                          f"({op}): {type(exc).__name__}: {exc}; deciding again",
+                          RuntimeWarning, stacklevel=4)
         return None
 
 
@@ -156,6 +177,10 @@ def pin(problem: ConvProblem, backend: str, config: Any = None, *, op: str = "fp
         raise NotSupported(backend, reasons)
     if config is None:
         config = cls.candidates(problem, op)[0]
+    errors = cls.config_errors(problem, config, op)
+    if errors:
+        raise ConvError(f"config: got {config!r} for backend {backend!r}: "
+                        + "; ".join(errors))
     _, det = current()
     choice = Choice(backend, config)
     CACHE.put(_cache_key(problem, "auto", "pinned", op, det), _entry(choice), persist=True)
@@ -206,12 +231,13 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
     key = _cache_key(problem, backend, mode, op, det)
     hit = CACHE.get(key)
     if hit is not None:
-        choice = _decode(hit)
+        choice = _decode(hit, problem, op, _names(problem, backend, det), key)
         if choice is not None:
             return choice
     with _key_lock(key):
         hit = CACHE.get(key)  # another thread may have decided while we waited
-        choice = _decode(hit) if hit is not None else None
+        choice = _decode(hit, problem, op, _names(problem, backend, det), key) \
+            if hit is not None else None
         if choice is None:
             choice, persist = _decide(problem, backend, mode, op, det, run)
             CACHE.put(key, _entry(choice), persist=persist)
@@ -229,9 +255,10 @@ def _key_lock(key: str) -> threading.Lock:
 def _decide(problem, backend, mode, op, det, run) -> tuple[Choice, bool]:
     names = _names(problem, backend, det)
     if mode == "pinned" and backend == "auto":
-        pinned = CACHE.get(_cache_key(problem, "auto", "pinned", op, det))
-        choice = _decode(pinned) if pinned is not None else None
-        if choice is not None and choice.backend in names:
+        pin_key = _cache_key(problem, "auto", "pinned", op, det)
+        pinned = CACHE.get(pin_key)
+        choice = _decode(pinned, problem, op, names, pin_key) if pinned is not None else None
+        if choice is not None:
             return choice, False
     if mode == "benchmark" and run is not None and problem.device == "cuda" \
             and not _capturing():
@@ -256,7 +283,7 @@ def cached(problem: ConvProblem, backend: str = "auto", mode: str | None = None,
     """The choice already made for ``problem`` (``None`` if it was never dispatched)."""
     _, det = current()
     hit = CACHE.get(_cache_key(problem, backend, mode or default_mode(problem), op, det))
-    return _decode(hit) if hit is not None else None
+    return _decode(hit, problem, op) if hit is not None else None
 
 
 def clear() -> None:
@@ -386,7 +413,7 @@ def explain(problem: ConvProblem, backend: str = "auto", *, mode: str | None = N
                 rows.append(Row(n, None, None, f"no candidates: {_short(exc)}"))
     rows += [Row(n, None, None, "; ".join(r)) for n, r in refusals.items() if r]
     hit = CACHE.get(_cache_key(problem, backend, mode, op, det))
-    choice = _decode(hit) if hit is not None else None
+    choice = _decode(hit, problem, op, names) if hit is not None else None
     if choice is None:
         timed = [r for r in rows if r.ms is not None]
         if timed:

@@ -8,6 +8,9 @@ which is both a ``ConvError`` and a ``TypeError``.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 
 class ConvError(ValueError):
     """An invalid argument to a fastconv operator."""
@@ -28,3 +31,15 @@ class NotSupported(ConvError):
         self.reasons = list(reasons)
         lines = "\n".join(f"  - {r}" for r in self.reasons)
         super().__init__(f"backend {backend!r} cannot run this convolution:\n{lines}")
+
+
+def real_number(name: str, value, *, positive: bool = False) -> float:
+    """``value`` as a finite float, or ConvTypeError / ConvError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConvTypeError(f"{name}: expected a real number, got {type(value).__name__} "
+                            f"{value!r}")
+    number = float(value)
+    if not math.isfinite(number) or (positive and number <= 0):
+        raise ConvError(f"{name}: got {value!r}; must be finite"
+                        + (" and positive" if positive else ""))
+    return number

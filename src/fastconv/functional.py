@@ -24,7 +24,7 @@ from . import backends, dispatch
 from . import dispatch as _dispatch  # the module, where an argument is called dispatch
 from .backends.aten import conv_backward_both
 from .epilogue import Epilogue, fold_bias
-from .errors import ConvError, ConvTypeError
+from .errors import ConvError, ConvTypeError, real_number
 from .precision import Precision, resolve
 from .problem import ConvProblem, normalize_geometry
 
@@ -220,7 +220,8 @@ def _through_op(rank, transposed, input, weight, bias, stride, padding, dilation
         raise ConvError(f"weight: expected a {rank + 2}-D tensor for conv{rank}d, got shape "
                         f"{tuple(weight.shape)}")
     try:
-        key = (rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed)
+        key = (rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed,
+               _kinds(stride, padding, dilation, output_padding))
         geometry = _GEOMETRY.get(key)
     except TypeError:  # unhashable (a list): normalise every time
         key, geometry = None, None
@@ -232,7 +233,8 @@ def _through_op(rank, transposed, input, weight, bias, stride, padding, dilation
     stride, pre, post, dilation, opad = geometry
     prec = resolve(precision, input.dtype).value
     args = (input, weight, bias, scale, shift, residual, list(stride), list(pre), list(post),
-            list(dilation), groups, transposed, list(opad), activation, float(negative_slope),
+            list(dilation), groups, transposed, list(opad), activation,
+            real_number("negative_slope", negative_slope),
             backend, prec)
     if torch.compiler.is_compiling():
         return ops.conv(*args)
@@ -260,7 +262,8 @@ def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilatio
         sig = ("fprop", rank, transposed, _sig(input), _sig(weight), _sig(bias), _sig(residual),
                _sig(scale), _sig(shift), _sig(out), stride, padding, dilation, groups,
                output_padding, activation, negative_slope, backend, precision,
-               torch.backends.cudnn.allow_tf32, dispatch.current())
+               torch.backends.cudnn.allow_tf32, dispatch.current(),
+               _kinds(stride, padding, dilation, groups, output_padding, negative_slope))
         plan = _PLANS.get(sig)
     except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
         sig, plan = None, None
@@ -270,7 +273,7 @@ def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilatio
                      backend, precision)
         _remember(sig, plan)
     elif out is not None:
-        plan.problem._check_overlap(out, input, bias, residual, scale, shift)
+        plan.problem._check_overlap(out, input, weight, bias, residual, scale, shift)
     return plan
 
 
@@ -331,6 +334,12 @@ def _remember(sig, plan) -> None:
     _PLANS[sig] = plan
 
 
+def _kinds(*values) -> tuple:
+    """The types of ``values``, one level into tuples. A cache key needs them: True == 1 and
+    1.0 == 1, but a bool or float stride must be refused, not served an int's plan."""
+    return tuple(tuple(map(type, v)) if type(v) is tuple else type(v) for v in values)
+
+
 def _sig(t):
     if t is None:
         return None
@@ -365,7 +374,8 @@ def _forward_problem(rank, transposed, input, weight, bias, stride, padding, dil
                      backend, precision) -> ConvProblem:
     if not isinstance(backend, str):
         raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
-    epilogue = Epilogue(activation=activation, negative_slope=float(negative_slope),
+    epilogue = Epilogue(activation=activation,
+                        negative_slope=real_number("negative_slope", negative_slope),
                         has_scale=scale is not None,
                         has_shift=shift is not None or bias is not None,
                         has_residual=residual is not None)
@@ -513,8 +523,9 @@ def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight
                             f"channel), got {getattr(t, 'shape', type(t).__name__)}")
     if (running_mean is None) != (running_var is None):
         raise ConvError("running_mean, running_var: give both or neither")
-    if not isinstance(eps, (int, float)) or eps <= 0:
-        raise ConvError(f"eps: expected a positive number, got {eps!r}")
+    eps = real_number("eps", eps, positive=True)
+    momentum = real_number("momentum", momentum)
+    negative_slope = real_number("negative_slope", negative_slope)
     if training or running_mean is None:
         y = conv(input, weight, bias, stride, padding, dilation, groups, backend=backend,
                  precision=precision)
@@ -522,8 +533,8 @@ def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight
         update = training and running_mean is not None
         return BNActFunction.apply(y, bn_weight, bn_bias, residual,
                                    running_mean if update else None,
-                                   running_var if update else None, float(momentum),
-                                   float(eps), activation, float(negative_slope), group)
+                                   running_var if update else None, momentum, eps,
+                                   activation, negative_slope, group)
     # Inference: BatchNorm folded into the weight and bias, one convolution with its epilogue
     from .batchnorm import fold
 

@@ -131,6 +131,13 @@ class PlanCache:
                     self._warn(f"fastconv: cannot write the plan cache {self.path()}: "
                                f"{type(exc).__name__}: {exc}")
 
+    def discard(self, key: str) -> None:
+        """Forget ``key`` in memory (a refused entry; the file keeps it until rewritten)."""
+        with self._lock:
+            self._mem.pop(key, None)
+            if self._disk is not None:
+                self._disk.pop(key, None)
+
     def _put(self, key, entry):
         self._mem[key] = entry
         self._mem.move_to_end(key)

@@ -209,6 +209,10 @@ class ConvProblem:
         if any(s == 0 for s in kernel) or k == 0 or c == 0:
             raise ConvError(f"weight: every dimension must be positive, got shape "
                             f"{tuple(weight.shape)} (input channels {c})")
+        if any(i == 0 for i in in_size):
+            raise ConvError(f"input: spatial size {in_size}; every spatial size must be "
+                            "positive (torch refuses empty images too; an empty batch is "
+                            "allowed)")
         pad_pre, pad_post = _padding(padding, rank, kernel, stride_t, dilation_t, transposed)
         opad = _int_tuple("output_padding", output_padding, rank, minimum=0)
         if transposed:
@@ -228,6 +232,11 @@ class ConvProblem:
                 f"input: spatial size {in_size} with padding {tuple(zip(pad_pre, pad_post))}, "
                 f"kernel {kernel}, dilation {dilation_t} and stride {stride_t} gives output "
                 f"size {out_size}; every output size must be positive (input too small)")
+        padded = tuple(i + a + b for i, a, b in zip(in_size, pad_pre, pad_post))
+        for what, size in (("output", out_size), ("padded input", padded)):
+            if n * max(c, k) * math.prod(size) > _MAX_ELEMENTS:
+                raise ConvError(f"padding: the {what} would be {size} per image and channel, "
+                                f"more than {_MAX_ELEMENTS:.1e} elements in all")
         prec = resolve(precision, input.dtype)
         problem = cls(rank=rank, n=n, c=c, k=k, in_size=in_size, out_size=out_size,
                       kernel=kernel, stride=stride_t, pad_pre=pad_pre, pad_post=pad_post,
@@ -235,10 +244,10 @@ class ConvProblem:
                       output_padding=opad if transposed else (0,) * rank, dtype=input.dtype,
                       layout=layout_of(input), precision=prec, epilogue=epilogue,
                       device=str(input.device.type))
-        problem._check_operands(input, bias, residual, scale, shift, out)
+        problem._check_operands(input, weight, bias, residual, scale, shift, out)
         return problem
 
-    def _check_operands(self, input, bias, residual, scale, shift, out) -> None:
+    def _check_operands(self, input, weight, bias, residual, scale, shift, out) -> None:
         oshape = self.output_shape()
         for name, t in (("bias", bias), ("scale", scale), ("shift", shift)):
             if t is None:
@@ -265,15 +274,19 @@ class ConvProblem:
             if t.dtype != self.dtype:
                 raise ConvError(f"{name}: dtype {t.dtype} differs from input dtype {self.dtype}")
         if out is not None:
-            self._check_overlap(out, input, bias, residual, scale, shift)
+            if self_overlaps(out):
+                raise ConvError(f"out: elements share memory (strides {tuple(out.stride())} "
+                                f"for shape {tuple(out.shape)}, e.g. an expanded tensor); "
+                                "out needs one memory location per element")
+            self._check_overlap(out, input, weight, bias, residual, scale, shift)
 
     @staticmethod
-    def _check_overlap(out, input, bias, residual, scale, shift) -> None:
-        for name, t in (("input", input), ("residual", residual), ("bias", bias),
-                        ("scale", scale), ("shift", shift)):
+    def _check_overlap(out, input, weight, bias, residual, scale, shift) -> None:
+        for name, t in (("input", input), ("weight", weight), ("residual", residual),
+                        ("bias", bias), ("scale", scale), ("shift", shift)):
             if t is not None and overlaps(out, t):
                 raise ConvError(f"out: overlaps {name} in memory; out must not share memory "
-                                "with any input")
+                                "with any operand")
 
 
 def empty_in_layout(shape, layout: str, dtype: torch.dtype, device) -> torch.Tensor:
@@ -309,6 +322,22 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     a0, a1 = span(a)
     b0, b1 = span(b)
     return a0 < b1 and b0 < a1
+
+
+#: No tensor of more elements can be allocated (2**48 fp16 elements are 512 TiB).
+_MAX_ELEMENTS = 2**48
+
+
+def self_overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory (conservative: each dimension's stride,
+    smallest first, must step past everything the smaller ones reach)."""
+    reach = 0  # the largest offset the dimensions seen so far reach
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] > 1),
+                               key=lambda d: d[1]):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
 
 
 def normalize_geometry(rank: int, kernel: Sequence[int], stride, padding, dilation,

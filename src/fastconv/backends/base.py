@@ -77,6 +77,15 @@ class Backend:
         return data
 
     @classmethod
+    def config_errors(cls, problem: ConvProblem, config: Any, op: str = "fprop") -> list[str]:
+        """Why ``config`` cannot run ``op`` of ``problem`` (empty: it can). Configurations
+        read from a plan-cache file or given to ``dispatch.pin`` are untrusted input: dispatch
+        runs none that this refuses. By default only the backend's own candidates pass."""
+        if config in cls.candidates(problem, op):
+            return []
+        return [f"{config!r} is not one of {cls.NAME}'s configurations for this {op}"]
+
+    @classmethod
     def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list[Any]:
         """The configurations worth trying for ``op`` of ``problem`` (first = the
         heuristic's pick)."""

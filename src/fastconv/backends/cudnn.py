@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import threading
 
 import torch
@@ -44,6 +45,8 @@ from .base import Backend
 _X, _W, _Y = 1, 2, 3
 #: Plans tried per graph (cuDNN's heuristic order; later ones are rarely competitive).
 MAX_PLANS = 6
+#: Plan indices a stored choice may name (cuDNN lists a few dozen per graph).
+_PLAN_INDEX_LIMIT = 4096
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,6 +93,14 @@ class CudnnBackend(Backend):
                            f"of 8 (the 3-channel bf16 stem gave wrong results in a fused "
                            f"graph on H200; not yet re-tested bare)")
         return reasons
+
+    @classmethod
+    def config_errors(cls, problem, config, op="fprop"):
+        """A plan index (checked without building the graph: an index past the graph's
+        plans runs cuDNN's first plan)."""
+        if config is None or (type(config) is int and 0 <= config < _PLAN_INDEX_LIMIT):
+            return []
+        return [f"a cuDNN plan index is an int in [0, {_PLAN_INDEX_LIMIT}); got {config!r}"]
 
     @classmethod
     def candidates(cls, problem, op="fprop"):
@@ -232,7 +243,8 @@ def _persist(g: _Graph, index: int, key: str) -> None:
         blob = bytes(single.serialize(as_bytes=True))
         PLANS.put(key, {"engine": int(engine), "knobs": knobs,
                         "name": g.plan_name(index),
-                        "blob": base64.b64encode(blob).decode("ascii")}, persist=True)
+                        "blob": base64.b64encode(blob).decode("ascii"),
+                        "sha256": hashlib.sha256(blob).hexdigest()}, persist=True)
         SERIALIZATION["stored"] += 1
     except Exception as exc:  # serialization saves time; it must never break a call
         SERIALIZATION["last_error"] = f"serialize: {type(exc).__name__}: {exc}"
@@ -252,6 +264,11 @@ def _restore(problem: ConvProblem, op: str, strides: tuple, plan: int) -> _Resto
     entry = PLANS.get(key) if plancache.cache_dir() is not None else None
     if entry is None:
         return None
+    problem_with_entry = _entry_error(entry)
+    if problem_with_entry:  # a file anyone may have written: never handed to cuDNN
+        SERIALIZATION["last_error"] = f"refused stored plan: {problem_with_entry}"
+        PLANS.discard(key)
+        return None
     with _LOCK:
         r = _RESTORED.get(mem_key)
         if r is None:
@@ -263,6 +280,24 @@ def _restore(problem: ConvProblem, op: str, strides: tuple, plan: int) -> _Resto
             _RESTORED[mem_key] = r
             SERIALIZATION["restored"] += 1
     return r
+
+
+def _entry_error(entry) -> str:
+    """Why a stored plan must not be restored ('' if it may): the recipe's types, and the
+    serialized plan's SHA-256 (a corrupted or edited blob is never deserialized)."""
+    try:
+        if not (type(entry["engine"]) is int and entry["engine"] >= 0):
+            return f"engine {entry['engine']!r} is not a non-negative int"
+        knobs = entry["knobs"]
+        if not isinstance(knobs, dict) or not all(
+                str(k).isdigit() and type(v) is int for k, v in knobs.items()):
+            return f"knobs {knobs!r} are not int -> int"
+        blob = base64.b64decode(entry["blob"], validate=True)
+        if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+            return "the serialized plan does not match its SHA-256"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 def _graph_for(problem: ConvProblem, op: str, strides: tuple) -> _Graph:

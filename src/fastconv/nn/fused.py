@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .. import functional as fc
 from ..epilogue import Epilogue
-from ..errors import ConvError
+from ..errors import ConvError, real_number
 from .conv import Conv1d, Conv2d, same_tensors, tensor_state
 
 #: torch activation module -> (fastconv activation, negative_slope)
@@ -61,11 +61,15 @@ class _ConvBNActMixin:
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
                          groups, bias, padding_mode, device=device, dtype=dtype,
                          backend=backend, precision=precision)
-        Epilogue(activation=activation, negative_slope=float(negative_slope))  # validates
+        negative_slope = real_number("negative_slope", negative_slope)
+        Epilogue(activation=activation, negative_slope=negative_slope)  # validates
+        real_number("eps", eps, positive=True)  # checked now, not at the first forward
+        if momentum is not None:
+            real_number("momentum", momentum)
         self.bn = self._BN(out_channels, eps, momentum, affine, track_running_stats,
                            device=device, dtype=dtype)
         self.activation = activation
-        self.negative_slope = float(negative_slope)
+        self.negative_slope = negative_slope
         self.process_group = process_group
         self.sync_stats = sync_stats
 

@@ -82,6 +82,19 @@ class TritonBackend(Backend):
                                               if k != "__dataclass__"})
 
     @classmethod
+    def config_errors(cls, problem: ConvProblem, config, op: str = "fprop") -> list[str]:
+        """Types, ranges, powers of two and the candidate rules (which tiles suit which
+        problems and operations): a stored or pinned tile outside them could compile
+        forever, fault, or compute garbage."""
+        from .depthwise import DwConfig
+
+        if isinstance(config, TileConfig):
+            return _tile_errors(problem, config, op)
+        if isinstance(config, DwConfig):
+            return _direct_errors(problem, config, op)
+        return [f"not a Triton tile configuration: {config!r}"]
+
+    @classmethod
     def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list:
         from .depthwise import candidates as direct
 
@@ -123,6 +136,83 @@ class TritonBackend(Backend):
     @classmethod
     def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
         return cls.bind(problem, config)(input, weight, bias, scale, shift, residual, out)
+
+
+def _pow2(value, lo: int, hi: int) -> bool:
+    return type(value) is int and lo <= value <= hi and value & (value - 1) == 0
+
+
+def _field_errors(config, rules: dict) -> list[str]:
+    """``rules``: field -> (test, what is allowed)."""
+    return [f"{name} = {getattr(config, name)!r}: allowed {allowed}"
+            for name, (test, allowed) in rules.items() if not test(getattr(config, name))]
+
+
+#: Shared memory a GEMM tile's pipeline may ask for (the H100 has 227 KiB per block).
+_SMEM_LIMIT = 200 * 1024
+_SPLIT_MAX = {"fprop": 16, "wgrad": 128}  # the candidates' largest splits: 6 and 128
+
+
+def _tile_errors(problem: ConvProblem, config: TileConfig, op: str) -> list[str]:
+    if _direct_depthwise(problem):
+        return ["a depthwise convolution runs direct tiles (DwConfig), not GEMM tiles"]
+    is_bool = (lambda v: type(v) is bool, "True or False")
+    split_max = 1 if config.rows or (op == "fprop" and problem.transposed) \
+        else _SPLIT_MAX.get(op, 1)
+    errors = _field_errors(config, {
+        "block_m": (lambda v: _pow2(v, 16, 256), "a power of two in [16, 256]"),
+        "block_n": (lambda v: _pow2(v, 16, 256), "a power of two in [16, 256]"),
+        "block_k": (lambda v: _pow2(v, 16, 128), "a power of two in [16, 128]"),
+        "num_warps": (lambda v: _pow2(v, 1, 16), "a power of two in [1, 16]"),
+        "num_stages": (lambda v: type(v) is int and 1 <= v <= 8, "an int in [1, 8]"),
+        "flat_k": is_bool, "rows": is_bool,
+        "split_k": (lambda v: type(v) is int and 1 <= v <= split_max,
+                    f"an int in [1, {split_max}] for this {op}"),
+        "pack_groups": (lambda v: type(v) is int and v >= 1 and problem.groups % v == 0,
+                        f"a divisor of groups = {problem.groups}"),
+    })
+    if errors:
+        return errors
+    if config.pack_groups > 1:
+        if problem.transposed:
+            return ["pack_groups > 1: not for transposed convolutions"]
+        return _tile_errors(dataclasses.replace(problem,
+                                                groups=problem.groups // config.pack_groups),
+                            dataclasses.replace(config, pack_groups=1), op)
+    item = 4 if problem.dtype in (torch.float32, torch.float64) else 2
+    smem = (config.block_m + config.block_n) * config.block_k * item * config.num_stages
+    if problem.device == "cuda" and smem > _SMEM_LIMIT:
+        errors.append(f"the tile's pipeline needs {smem} bytes of shared memory "
+                      f"(at most {_SMEM_LIMIT})")
+    if config.flat_k and (op != "fprop" or problem.transposed):
+        errors.append("flat_k: only the forward of a non-transposed convolution")
+    if config.rows and (op != "fprop" or not rows_candidates(problem)):
+        errors.append("rows: only the forward of a channels-first conv1d with 16 or more "
+                      "channels per group")
+    return errors
+
+
+def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
+    is_bool = (lambda v: type(v) is bool, "True or False")
+    errors = _field_errors(config, {
+        "block_a": (lambda v: _pow2(v, 1, 1024), "a power of two in [1, 1024]"),
+        "block_b": (lambda v: _pow2(v, 1, 1024), "a power of two in [1, 1024]"),
+        "num_warps": (lambda v: _pow2(v, 1, 16), "a power of two in [1, 16]"),
+        "pairs": is_bool, "plane": is_bool,
+    })
+    if errors:
+        return errors
+    if config.block_a * config.block_b > 8192:
+        errors.append(f"a {config.block_a}x{config.block_b} tile: at most 8192 elements")
+    if not (_direct_depthwise(problem) or _direct_grouped(problem)):
+        errors.append("direct tiles run depthwise convolutions and groups of at most "
+                      f"{_DIRECT_GROUP_MAX} channels, not transposed")
+    if config.plane and (problem.rank != 2 or problem.layout != "nchw"):
+        errors.append("plane: only channels-first conv2d")
+    if config.pairs and (op != "fprop" or problem.layout != "nchw"
+                         or problem.dtype not in (torch.float16, torch.bfloat16)):
+        errors.append("pairs: only the forward of a channels-first 16-bit convolution")
+    return errors
 
 
 def _direct_depthwise(problem: ConvProblem) -> bool:
