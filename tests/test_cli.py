@@ -24,3 +24,33 @@ def test_check_passes_end_to_end_on_the_cpu(tmp_path):
     assert lines[0].startswith("No GPU found"), lines[0]
     assert re.fullmatch(r"\d+ problems in \d+ s: all within the contract", lines[-1]), lines[-1]
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "--suite", "nosuch"],
+    ["bench", "--precision", "bogus"],
+    ["bench", "--cases", "nosuch"],
+    ["explain", "--input", "a,b", "--weight", "1,2,3"],
+    ["explain", "--input", "1,3,8,8", "--weight", "4,3,3,3", "--stride", "0"],
+    ["explain", "--input", "1,3,8,8", "--weight", "4,3,3,3", "--backend", "bogus"],
+    ["explain", "--input", "1,3,8,8", "--weight", "4,3,-3,3"],
+    ["nosuchcommand"],
+])
+def test_bad_arguments_print_one_line_and_exit_2(args, capsys):
+    from fastconv import cli
+
+    with pytest.raises(SystemExit) as exited:
+        raise SystemExit(cli.main(args))
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert "Traceback" not in captured.out + captured.err
+    assert len(err) <= 1, err
+
+
+def test_debug_shows_the_traceback():
+    from fastconv import ConvError, cli
+
+    with pytest.raises(ConvError, match="backend"):
+        cli.main(["--debug", "explain", "--input", "1,3,8,8", "--weight", "4,3,3,3",
+                  "--backend", "bogus"])

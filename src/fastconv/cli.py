@@ -237,9 +237,28 @@ def _report_deltas(deltas, threshold) -> int:
 
 
 def _ints(text: str) -> int | tuple[int, ...]:
-    """"3" -> 3, "2,1" or "2x1" -> (2, 1)."""
-    vals = tuple(int(v) for v in text.replace("x", ",").split(",") if v)
+    """"3" -> 3, "2,1" or "2x1" -> (2, 1) (argparse type: a bad value is a usage error)."""
+    try:
+        vals = tuple(int(v) for v in text.replace("x", ",").split(",") if v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or comma-separated ints, got "
+                                         f"{text!r}") from None
+    if not vals:
+        raise argparse.ArgumentTypeError(f"expected an int or comma-separated ints, got {text!r}")
     return vals[0] if len(vals) == 1 else vals
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """"8,3,32,32" -> (8, 3, 32, 32): positive ints (argparse type)."""
+    vals = _ints(text)
+    vals = vals if isinstance(vals, tuple) else (vals,)
+    if any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
+    return vals
+
+
+def _padding(text: str):
+    return text if text in ("same", "valid") else _ints(text)
 
 
 def cmd_explain(args) -> int:
@@ -250,8 +269,7 @@ def cmd_explain(args) -> int:
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     device = "cuda" if has_gpu else "cpu"
-    shape = tuple(int(v) for v in args.input.split(","))
-    wshape = tuple(int(v) for v in args.weight.split(","))
+    shape, wshape = args.input, args.weight
     if len(shape) not in (3, 4) or len(wshape) != len(shape):
         print(f"--input {args.input} / --weight {args.weight}: expected N,C,L and K,C/g,R "
               f"(1-D) or N,C,H,W and K,C/g,R,S (2-D)", file=sys.stderr)
@@ -262,8 +280,8 @@ def cmd_explain(args) -> int:
     w = torch.randn(wshape, device=device).to(dtype)
     k = wshape[1] * args.groups if args.transposed else wshape[0]
     b = torch.randn(k, device=device).to(dtype) if args.bias else None
-    ex = fastconv.explain(x, w, b, _ints(args.stride), _ints(args.padding),
-                          _ints(args.dilation), args.groups, transposed=args.transposed,
+    ex = fastconv.explain(x, w, b, args.stride, args.padding, args.dilation, args.groups,
+                          transposed=args.transposed,
                           activation=args.activation, backend=args.backend,
                           precision=args.precision, dispatch=args.dispatch)
     if not has_gpu:
@@ -317,8 +335,18 @@ def cmd_plans(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """One line and exit status 2 (argparse's default also prints the usage)."""
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fastconv", description=__doc__)
+    """Bad arguments (a usage error, or a ConvError or ValueError from the library) print one
+    line and exit 2; any other failure one line and exit 1; ``--debug`` shows tracebacks."""
+    parser = _Parser(prog="fastconv", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, GPU, backends").set_defaults(fn=cmd_info)
     p = sub.add_parser("check", help="verify the precision contract on this machine")
@@ -357,11 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_compare)
     p = sub.add_parser("explain", help="every backend and candidate for one convolution, "
                                        "with reasons or times, and the choice")
-    p.add_argument("--input", required=True, help="N,C,H,W (or N,C,L)")
-    p.add_argument("--weight", required=True, help="K,C/groups,R,S (or K,C/groups,R)")
-    p.add_argument("--stride", default="1")
-    p.add_argument("--padding", default="0")
-    p.add_argument("--dilation", default="1")
+    p.add_argument("--input", required=True, type=_shape, help="N,C,H,W (or N,C,L)")
+    p.add_argument("--weight", required=True, type=_shape,
+                   help="K,C/groups,R,S (or K,C/groups,R)")
+    p.add_argument("--stride", default=1, type=_ints)
+    p.add_argument("--padding", default=0, type=_padding, help="ints, same or valid")
+    p.add_argument("--dilation", default=1, type=_ints)
     p.add_argument("--groups", type=int, default=1)
     p.add_argument("--transposed", action="store_true")
     p.add_argument("--bias", action="store_true")
@@ -389,7 +418,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=50, help="disk entries to list")
     p.set_defaults(fn=cmd_plans)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    if args.debug:
+        return args.fn(args)
+    try:
+        return args.fn(args)
+    except ValueError as exc:  # ConvError included: what the user asked for is not allowed
+        print(f"fastconv {args.command}: error: {_one_line(exc)} (--debug for the traceback)",
+              file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"fastconv {args.command}: failed: {type(exc).__name__}: {_one_line(exc)} "
+              "(--debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 if __name__ == "__main__":
