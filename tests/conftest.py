@@ -14,6 +14,15 @@ if not torch.cuda.is_available():
 HAS_GPU = torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_plan_cache(tmp_path_factory):
+    """Tests read and write a plan cache of their own, never the user's (tests that need
+    another set FASTCONV_CACHE_DIR themselves)."""
+    if "FASTCONV_CACHE_DIR" not in os.environ:
+        os.environ["FASTCONV_CACHE_DIR"] = str(tmp_path_factory.mktemp("plancache"))
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
