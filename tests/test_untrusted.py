@@ -295,3 +295,38 @@ def test_a_stored_cudnn_plan_is_checked_before_cudnn_sees_it():
     for bad in (dict(good, engine=-1), dict(good, engine="3"), dict(good, knobs={"a": 1}),
                 dict(good, knobs=[1]), dict(good, blob="@@@"), {"engine": 3}, [], None):
         assert _entry_error(bad), bad
+
+
+def test_every_candidate_passes_its_own_backend_check():
+    """A benchmark choice is one of the candidates: the check must never refuse one (or every
+    process would decide again, and warn). GPU candidate lists, computed on the CPU."""
+    import dataclasses
+
+    from fastconv.backends.triton.backend import TritonBackend
+
+    rng = random.Random(5)
+    checked = 0
+    for _ in range(150):
+        rank = rng.choice((1, 2))
+        groups = rng.choice((1, 1, 2, 4, 32, "dw"))
+        c = rng.choice((3, 16, 64, 256)) if groups != "dw" else rng.choice((32, 96))
+        groups = c if groups == "dw" else groups
+        c = c * groups if c % groups else c
+        k = rng.choice((c, 2 * c)) if groups == c else rng.choice((16, 64, 512)) * groups
+        size = (rng.choice((7, 56)),) * rank
+        transposed = rng.random() < 0.2 and groups != c
+        dtype = rng.choice((torch.float32, torch.bfloat16, torch.float16))
+        x = torch.empty(rng.choice((1, 8)), c, *size, dtype=dtype)
+        w = torch.empty(*((c, k // groups) if transposed else (k, c // groups)),
+                        *(3,) * rank, dtype=dtype)
+        if rank == 2 and rng.random() < 0.5:
+            x = x.contiguous(memory_format=torch.channels_last)
+        problem = fastconv.ConvProblem.from_tensors(x, w, None, rng.choice((1, 2)), 1, 1,
+                                                    groups, rank=rank, transposed=transposed)
+        problem = dataclasses.replace(problem, device="cuda")
+        for op in ("fprop",) if transposed else ("fprop", "dgrad", "wgrad"):
+            for config in TritonBackend.candidates(problem, op):
+                assert TritonBackend.config_errors(problem, config, op) == [], \
+                    (problem.describe(), op, config)
+                checked += 1
+    assert checked > 500
