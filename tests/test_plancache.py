@@ -90,3 +90,17 @@ def test_the_lock_of_a_killed_process_is_released(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         plancache.PlanCache().put("k", {"i": 0}, persist=True)
     assert list(_entries(tmp_path)) == ["k"]
+
+
+@pytest.mark.parametrize("value", ["", "off", "OFF", "0", "false", "False", "no", "none"])
+def test_false_words_turn_the_disk_cache_off(value, monkeypatch):
+    monkeypatch.setenv("FASTCONV_CACHE_DIR", value)
+    assert plancache.cache_dir() is None
+
+
+def test_the_cache_dir_expands_the_home_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("FASTCONV_CACHE_DIR", "~/fc")
+    assert plancache.cache_dir() == str(tmp_path / "fc")
+    plancache.PlanCache().put("k", {"i": 1}, persist=True)
+    assert (tmp_path / "fc" / plancache.FILE_NAME).exists()

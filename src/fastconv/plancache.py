@@ -2,7 +2,8 @@
 
 The disk store is one JSON file, ``plans-v1.json`` in ``FASTCONV_CACHE_DIR`` (default: the
 user's cache directory, ``$XDG_CACHE_HOME/fastconv`` or ``~/.cache/fastconv``); setting
-``FASTCONV_CACHE_DIR`` to an empty string or ``off`` disables it. The file records the
+``FASTCONV_CACHE_DIR`` to an empty string, ``off``, ``0``, ``false``, ``no`` or ``none``
+disables it; ``~`` in it is expanded. The file records the
 environment it was measured in (GPU, driver, torch, Triton, cuDNN and fastconv versions): a
 file from another environment, or one that does not parse, is ignored with one warning and
 rewritten on the next save. A save holds an exclusive lock on ``plans-v1.json.lock`` (``flock``:
@@ -36,11 +37,15 @@ DISK_ENTRIES = 20000
 LOCK_TIMEOUT_S = 10.0
 
 
+#: FASTCONV_CACHE_DIR values that turn the disk store off.
+OFF_WORDS = ("", "off", "0", "none", "false", "no", "disable", "disabled")
+
+
 def cache_dir() -> str | None:
-    """The on-disk cache directory, or None when disabled."""
+    """The on-disk cache directory (``~`` expanded), or None when disabled."""
     env = os.environ.get("FASTCONV_CACHE_DIR")
     if env is not None:
-        return None if env.strip().lower() in ("", "off", "0", "none") else env
+        return None if env.strip().lower() in OFF_WORDS else os.path.expanduser(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "fastconv")
 
