@@ -119,23 +119,28 @@ class TritonBackend(Backend):
 
     @classmethod
     def bind(cls, problem: ConvProblem, config, op: str = "fprop"):
-        config = config or cls.candidates(problem, op)[0]
-        if getattr(config, "pack_groups", 1) > 1:
-            return _bind_packed_groups(problem, config, op)
-        geo = _Geometry(problem)
-        if _direct_depthwise(problem) or _is_direct(config):
-            return geo.bind_depthwise(config, op)
-        if op == "dgrad":
-            return geo.bind_dgrad(config)
-        if op == "wgrad":
-            return geo.bind_wgrad(config)
-        if problem.transposed:
-            return geo.bind_transposed(config)
-        return geo.bind_fprop(config)
+        from .fprop import serialized
+
+        return serialized(_bind(problem, config or cls.candidates(problem, op)[0], op))
 
     @classmethod
     def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
         return cls.bind(problem, config)(input, weight, bias, scale, shift, residual, out)
+
+
+def _bind(problem: ConvProblem, config, op: str):
+    if getattr(config, "pack_groups", 1) > 1:
+        return _bind_packed_groups(problem, config, op)
+    geo = _Geometry(problem)
+    if _direct_depthwise(problem) or _is_direct(config):
+        return geo.bind_depthwise(config, op)
+    if op == "dgrad":
+        return geo.bind_dgrad(config)
+    if op == "wgrad":
+        return geo.bind_wgrad(config)
+    if problem.transposed:
+        return geo.bind_transposed(config)
+    return geo.bind_fprop(config)
 
 
 def _pow2(value, lo: int, hi: int) -> bool:
@@ -245,8 +250,8 @@ def _bind_packed_groups(problem: ConvProblem, config: TileConfig, op: str):
     read the expanded weight, wgrad computes the expanded gradient and keeps its diagonal
     blocks."""
     pack, groups = config.pack_groups, problem.groups
-    inner = TritonBackend.bind(dataclasses.replace(problem, groups=groups // pack),
-                               dataclasses.replace(config, pack_groups=1), op)
+    inner = _bind(dataclasses.replace(problem, groups=groups // pack),
+                  dataclasses.replace(config, pack_groups=1), op)
     if op == "dgrad":
         def run_dgrad(grad_out, weight, out):
             return inner(grad_out, packed_weight(weight, 0, groups, pack), out)

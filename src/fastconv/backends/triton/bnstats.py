@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ...epilogue import ACTIVATIONS
-from .fprop import INTERPRETED, _activation
+from .fprop import INTERPRETED, _activation, serialized
 
 BLOCK_R = 64
 BLOCK_C = 32
@@ -252,12 +252,14 @@ def _grid(y: torch.Tensor) -> tuple[int, int, tuple]:
     return triton.cdiv(r, BLOCK_R), triton.cdiv(c, BLOCK_C), (r, c, s, *strides)
 
 
+@serialized
 def local_stats(y: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, biased variance) per channel of ``y`` on this rank."""
     mean, var, *_ = forward_stats(y, acc, None, None, 1.0, None, None, 0.0)
     return mean, var
 
 
+@serialized
 def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum):
     """(mean, biased var, invstd, scale, shift) per channel, float ``acc``; updates the
     running statistics in place when given (unbiased variance, ``momentum`` weight)."""
@@ -278,6 +280,7 @@ def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum)
     return tuple(out)
 
 
+@serialized
 def apply(y, residual, scale, shift, activation, negative_slope):
     """``act(y·scale + shift (+ residual))`` in ``y``'s dtype and layout."""
     z = torch.empty_like(y)
@@ -288,6 +291,7 @@ def apply(y, residual, scale, shift, activation, negative_slope):
     return z
 
 
+@serialized
 def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
                   negative_slope) -> torch.Tensor:
     """``[Σ du, Σ du·x̂]`` per channel on this rank, shape (2, C)."""
@@ -301,6 +305,7 @@ def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
     return part.sum(1)
 
 
+@serialized
 def backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums, count, activation,
                    negative_slope):
     """(dy, d residual or None) given the channel sums over every rank."""

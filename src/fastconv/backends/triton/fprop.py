@@ -26,6 +26,9 @@ all correct; the wrapper hands NHWC copies to the kernel for speed where it pays
 
 from __future__ import annotations
 
+import functools
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -36,6 +39,20 @@ from ...precision import accumulate_dtype
 #: Whether this module's kernels were created for the interpreter (TRITON_INTERPRET=1 at
 #: import): they then run on CPU tensors only, and on the GPU not at all.
 INTERPRETED: bool = bool(knobs.runtime.interpret)
+_INTERPRETER_LOCK = threading.RLock()
+
+
+def serialized(fn):
+    """``fn`` holding one process-wide lock when the kernels are interpreted (Triton's
+    interpreter is not thread-safe: threads launching at once fail); compiled, ``fn``."""
+    if not INTERPRETED:
+        return fn
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with _INTERPRETER_LOCK:
+            return fn(*args, **kwargs)
+    return locked
 
 
 @triton.jit
