@@ -167,6 +167,10 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad
         for t in (input, weight, bias, scale, shift, residual))
+    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+        raise ConvError("out: requires grad; writing a convolution into it in place would "
+                        "bypass autograd (torch refuses it too; use torch.no_grad() or an out "
+                        "that does not require grad)")
     compiling = torch.compiler.is_compiling()
     if needs_grad or compiling:
         if needs_grad and out is not None:
@@ -526,9 +530,19 @@ def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight
     eps = real_number("eps", eps, positive=True)
     momentum = real_number("momentum", momentum)
     negative_slope = real_number("negative_slope", negative_slope)
+    Epilogue(activation=activation, negative_slope=negative_slope)  # validates both
     if training or running_mean is None:
         y = conv(input, weight, bias, stride, padding, dilation, groups, backend=backend,
                  precision=precision)
+        if residual is not None:  # the checks the fused inference epilogue makes
+            if not isinstance(residual, torch.Tensor):
+                raise ConvTypeError(f"residual: expected a torch.Tensor or None, got "
+                                    f"{type(residual).__name__}")
+            if residual.shape != y.shape or residual.dtype != y.dtype \
+                    or residual.device != y.device:
+                raise ConvError(f"residual: expected shape {tuple(y.shape)}, dtype {y.dtype} "
+                                f"on {y.device} (the output's), got {tuple(residual.shape)}, "
+                                f"{residual.dtype} on {residual.device}")
         group = _sync_group(process_group) if training else None
         update = training and running_mean is not None
         return BNActFunction.apply(y, bn_weight, bn_bias, residual,

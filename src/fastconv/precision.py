@@ -58,6 +58,15 @@ DTYPE: dict[Precision, torch.dtype] = {
 }
 
 
+def parse(precision: str | Precision) -> Precision:
+    """``precision`` as a Precision, or a ConvError listing the allowed names."""
+    try:
+        return Precision(precision)
+    except ValueError:
+        allowed = ", ".join(repr(p.value) for p in Precision)
+        raise ConvError(f"precision: got {precision!r}; allowed: {allowed} or None") from None
+
+
 def resolve(precision: str | Precision | None, dtype: torch.dtype) -> Precision:
     """The precision a convolution on ``dtype`` data runs in.
 
@@ -71,11 +80,7 @@ def resolve(precision: str | Precision | None, dtype: torch.dtype) -> Precision:
         if dtype == torch.float32:
             return Precision.TF32 if torch.backends.cudnn.allow_tf32 else Precision.IEEE
         return ALLOWED[dtype][0]
-    try:
-        p = Precision(precision)
-    except ValueError:
-        allowed = ", ".join(repr(p.value) for p in Precision)
-        raise ConvError(f"precision: got {precision!r}; allowed: {allowed} or None") from None
+    p = parse(precision)
     if p not in ALLOWED[dtype]:
         allowed = ", ".join(repr(a.value) for a in ALLOWED[dtype])
         raise ConvError(

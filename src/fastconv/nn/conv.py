@@ -12,8 +12,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import dispatch
+from .. import backends, dispatch
 from .. import functional as fc
+from ..errors import ConvTypeError
+from ..precision import parse
 
 _REPR_DEFAULTS = {"backend": "auto", "precision": None}
 
@@ -25,6 +27,13 @@ class _FastconvMixin:
     precision: str | None
 
     def _init_fastconv(self, backend: str, precision: str | None) -> None:
+        """Checked now, not at the first forward."""
+        if not isinstance(backend, str):
+            raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
+        if backend != "auto":
+            backends.get(backend)
+        if precision is not None:
+            parse(precision)
         self.backend = backend
         self.precision = precision
 
