@@ -299,10 +299,7 @@ def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision) -> nn.Modul
         if found is not None:  # a shared activation module stays for its other callers
             chain.append(nxt)
             last, act = nxt, found
-        rank = _conv_rank(conv)
-        fused = _FUSED[rank][2].from_torch(conv, bn, _torch_activation(*act),
-                                           precision=precision)
-        fused.train(bn.training)
+        fused = _fused_layer(conv, bn, act, precision)
         new_name = name.replace(".", "_") + "_bn_act"
         gm.add_submodule(new_name, fused)
         with gm.graph.inserting_after(last):
@@ -318,6 +315,19 @@ def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision) -> nn.Modul
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm
+
+
+def _fused_layer(conv, bn, act, precision) -> nn.Module:
+    """The fused layer for ``conv -> bn -> act``, holding the model's own parameters and
+    BatchNorm (the model is already a copy): weights tied to other layers stay tied."""
+    fused = _FUSED[_conv_rank(conv)][2].from_torch(conv, bn, _torch_activation(*act),
+                                                   precision=precision)
+    fused.weight = conv.weight
+    if conv.bias is not None:
+        fused.bias = conv.bias
+    fused.bn = bn
+    fused.train(bn.training)
+    return fused
 
 
 def _why_not(node, conv, calls, modules) -> str:
@@ -349,7 +359,11 @@ def _why_not(node, conv, calls, modules) -> str:
 
 
 def _walk(model: nn.Module, report: Report, precision) -> nn.Module:
-    """Fusion without a trace: Conv, BatchNorm [, activation] consecutive in a Sequential."""
+    """Fusion without a trace: Conv, BatchNorm [, activation] consecutive in a Sequential,
+    where neither module is also registered elsewhere (a shared module must stay itself)."""
+    registrations: dict[int, int] = {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        registrations[id(m)] = registrations.get(id(m), 0) + 1
     for parent_name, parent in list(model.named_modules()):
         if not isinstance(parent, nn.Sequential):
             continue
@@ -367,14 +381,18 @@ def _walk(model: nn.Module, report: Report, precision) -> nn.Module:
                 act = _activation_of(act_mod)
             except ConvError:
                 act_mod, act = None, ("none", 0.01)
-            fused = _FUSED[rank][2].from_torch(conv, nxt, _torch_activation(*act),
-                                               precision=precision)
-            fused.train(nxt.training)
+            full = f"{parent_name}.{name}" if parent_name else name
+            shared = [m for m in (conv, nxt) if registrations[id(m)] > 1]
+            if shared:
+                report.left.append((full, f"the {type(shared[0]).__name__} is registered in "
+                                          f"{registrations[id(shared[0])]} places (shared)"))
+                i += 1
+                continue
+            fused = _fused_layer(conv, nxt, act, precision)
             setattr(parent, name, fused)
             setattr(parent, children[i + 1][0], nn.Identity())
             if act_mod is not None:
                 setattr(parent, children[i + 2][0], nn.Identity())
-            full = f"{parent_name}.{name}" if parent_name else name
             report.fused.append((full, "conv -> bn" + (f" -> {act[0]}" if act_mod else "")))
             i += 3 if act_mod is not None else 2
     return model

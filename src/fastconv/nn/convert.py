@@ -27,17 +27,21 @@ def convert(model: torch.nn.Module, inplace: bool = False, *, backend: str = "au
     (``model`` itself included) by its fastconv counterpart and return the model.
 
     The new modules hold the *same* Parameter objects (weights, device, dtype, requires_grad
-    and any optimizer referring to them are unchanged) and the same training flag and hooks.
+    and any optimizer referring to them are unchanged) and the same training flag and hooks;
+    a module registered in several places becomes one fastconv module in all of them.
     With ``inplace=False`` the model is deep-copied first and the original is left as it was.
     """
     if not inplace:
         model = copy.deepcopy(model)
     if type(model) in REPLACEMENTS:
         return _replacement(model, backend, precision)
+    done: dict[int, torch.nn.Module] = {}  # a module registered twice stays one module
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) in REPLACEMENTS:
-                setattr(parent, name, _replacement(child, backend, precision))
+                if id(child) not in done:
+                    done[id(child)] = _replacement(child, backend, precision)
+                setattr(parent, name, done[id(child)])
     return model
 
 

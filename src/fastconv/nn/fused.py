@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import functional as fc
-from ..epilogue import Epilogue
+from ..epilogue import Epilogue, activate
 from ..errors import ConvError, real_number
 from .conv import Conv1d, Conv2d, same_tensors, tensor_state
 
@@ -74,7 +74,24 @@ class _ConvBNActMixin:
         self.sync_stats = sync_stats
 
     def forward(self, input: Tensor, residual: Tensor | None = None) -> Tensor:
-        """``act(bn(conv(input)) + residual)``; BatchNorm's train/eval semantics exactly."""
+        """``act(bn(conv(input)) + residual)``; BatchNorm's train/eval semantics exactly.
+        A ``residual`` of another shape than the output is broadcast as torch's ``+`` does
+        (the add and the activation then run after the fused convolution and BatchNorm)."""
+        if residual is not None and isinstance(residual, Tensor) and isinstance(input, Tensor) \
+                and tuple(residual.shape) != self._output_shape(input):
+            return activate(self._forward(input, None, "none") + residual, self.activation,
+                            self.negative_slope)
+        return self._forward(input, residual, self.activation)
+
+    def _output_shape(self, input: Tensor) -> tuple[int, ...]:
+        if self.padding == "same":
+            return (input.shape[0], self.out_channels, *input.shape[2:])
+        pad = (0,) * self._RANK if self.padding == "valid" else self.padding
+        return (input.shape[0], self.out_channels, *(
+            (i + 2 * p - d * (k - 1) - 1) // s + 1 for i, p, d, k, s in
+            zip(input.shape[2:], pad, self.dilation, self.kernel_size, self.stride)))
+
+    def _forward(self, input: Tensor, residual: Tensor | None, activation: str) -> Tensor:
         bn = self.bn
         factor = 0.0 if bn.momentum is None else bn.momentum
         if self.training and bn.track_running_stats and bn.num_batches_tracked is not None:
@@ -83,7 +100,7 @@ class _ConvBNActMixin:
                 factor = 1.0 / float(bn.num_batches_tracked)
         batch_stats = self.training or (bn.running_mean is None and bn.running_var is None)
         if not batch_stats and not (torch.is_grad_enabled() and self._needs_grad()):
-            return self._folded_forward(input, residual)
+            return self._folded_forward(input, residual, activation)
         keep = not self.training or bn.track_running_stats
         group = self.process_group
         if group is None and self.sync_stats:
@@ -93,14 +110,15 @@ class _ConvBNActMixin:
         return fn(input, self.weight, self.bias, bn.running_mean if keep else None,
                   bn.running_var if keep else None, bn.weight, bn.bias, self.stride, padding,
                   self.dilation, self.groups, training=batch_stats, momentum=factor,
-                  eps=bn.eps, activation=self.activation, negative_slope=self.negative_slope,
+                  eps=bn.eps, activation=activation, negative_slope=self.negative_slope,
                   residual=residual, process_group=group, backend=self.backend,
                   precision=self.precision)
 
     def _needs_grad(self) -> bool:
         return any(p.requires_grad for p in self.parameters())
 
-    def _folded_forward(self, input: Tensor, residual: Tensor | None) -> Tensor:
+    def _folded_forward(self, input: Tensor, residual: Tensor | None,
+                        activation: str) -> Tensor:
         """Inference without autograd: one convolution with BatchNorm folded into weights and
         bias that are kept between calls and refolded only when a parameter or statistic
         changed (replaced or modified in place: the tensors themselves, their versions and
@@ -117,13 +135,13 @@ class _ConvBNActMixin:
                 cached = (tensor_state(sources), *fold(*sources, bn.eps), bn.eps)
             self.__dict__["_fold"] = cached
         input, padding = self._padded(input)
-        out = self._inference(input, cached[1], cached[2], padding, self.activation,
+        out = self._inference(input, cached[1], cached[2], padding, activation,
                               self.negative_slope, residual)
         if out is not None:
             return out
         fn = fc.conv1d if self._RANK == 1 else fc.conv2d
         return fn(input, cached[1], cached[2], self.stride, padding, self.dilation, self.groups,
-                  activation=self.activation, negative_slope=self.negative_slope,
+                  activation=activation, negative_slope=self.negative_slope,
                   residual=residual, backend=self.backend, precision=self.precision)
 
     def extra_repr(self) -> str:
@@ -150,6 +168,9 @@ class _ConvBNActMixin:
             raise ConvError(f"conv, bn: expected {cls._TORCH_CONV.__name__} and "
                             f"{cls._BN.__name__}, got {type(conv).__name__} and "
                             f"{type(bn).__name__}")
+        if bn.num_features != conv.out_channels:
+            raise ConvError(f"bn: {type(bn).__name__}({bn.num_features}) after a convolution "
+                            f"of {conv.out_channels} output channels; they must be equal")
         act, slope = _activation_of(activation)
         ref = conv.weight
         module = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
