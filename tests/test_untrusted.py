@@ -330,3 +330,17 @@ def test_every_candidate_passes_its_own_backend_check():
                     (problem.describe(), op, config)
                 checked += 1
     assert checked > 500
+
+
+@pytest.mark.parametrize("split_k", [10**6, 17, 0])
+def test_a_huge_split_is_refused_not_run(cache_dir, split_k):
+    """split_k = 10**6 unrolls a million-way reduction: it hung past 300 s before the check."""
+    import time
+
+    x, w = torch.randn(1, 3, 7, 6), torch.randn(4, 3, 3, 3)
+    entry = {"backend": "triton", "config": dict(plancache.encode(
+        TileConfig(32, 16, 16, 4, 1, False)), split_k=split_k)}
+    t0 = time.perf_counter()
+    y = _run_pinned(x, w, 1, entry, cache_dir)
+    assert time.perf_counter() - t0 < 30
+    assert relative_error(y, F.conv2d(x.double(), w.double(), None, 1, 1)) < _BOUND
