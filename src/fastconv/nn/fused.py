@@ -78,18 +78,25 @@ class _ConvBNActMixin:
         A ``residual`` of another shape than the output is broadcast as torch's ``+`` does
         (the add and the activation then run after the fused convolution and BatchNorm)."""
         if residual is not None and isinstance(residual, Tensor) and isinstance(input, Tensor) \
-                and tuple(residual.shape) != self._output_shape(input):
+                and residual.shape != self._output_shape(input):
             return activate(self._forward(input, None, "none") + residual, self.activation,
                             self.negative_slope)
         return self._forward(input, residual, self.activation)
 
-    def _output_shape(self, input: Tensor) -> tuple[int, ...]:
+    def _output_shape(self, input: Tensor) -> torch.Size:
+        """The output's shape for this input (remembered for the last input shape)."""
+        memo = self.__dict__.get("_shape_memo")
+        if memo is not None and memo[0] == input.shape:
+            return memo[1]
         if self.padding == "same":
-            return (input.shape[0], self.out_channels, *input.shape[2:])
-        pad = (0,) * self._RANK if self.padding == "valid" else self.padding
-        return (input.shape[0], self.out_channels, *(
-            (i + 2 * p - d * (k - 1) - 1) // s + 1 for i, p, d, k, s in
-            zip(input.shape[2:], pad, self.dilation, self.kernel_size, self.stride)))
+            size = tuple(input.shape[2:])
+        else:
+            pad = (0,) * self._RANK if self.padding == "valid" else self.padding
+            size = tuple((i + 2 * p - d * (k - 1) - 1) // s + 1 for i, p, d, k, s in
+                         zip(input.shape[2:], pad, self.dilation, self.kernel_size, self.stride))
+        shape = torch.Size((input.shape[0], self.out_channels, *size))
+        self.__dict__["_shape_memo"] = (input.shape, shape)
+        return shape
 
     def _forward(self, input: Tensor, residual: Tensor | None, activation: str) -> Tensor:
         bn = self.bn
