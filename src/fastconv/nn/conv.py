@@ -51,8 +51,10 @@ class _FastconvMixin:
         """A call without autograd through the plan this module keeps for the input's
         signature: the host cost of the general path (validation, plan lookup, autocast
         casts of the weights) is paid once per signature. ``None`` when the call needs the
-        general path (autograd, unbatched input, first sight)."""
-        if not isinstance(input, Tensor) or input.dim() != len(self.kernel_size) + 2:
+        general path (autograd, unbatched input, first sight, or inside torch.compile, whose
+        graph must see the custom op, not this host-side cache)."""
+        if torch.compiler.is_compiling() or not isinstance(input, Tensor) \
+                or input.dim() != len(self.kernel_size) + 2:
             return None
         if torch.is_grad_enabled() and (
                 input.requires_grad or weight.requires_grad

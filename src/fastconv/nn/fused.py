@@ -136,18 +136,22 @@ class _ConvBNActMixin:
         sources = (self._parameters["weight"], self._parameters["bias"],
                    bn._buffers["running_mean"], bn._buffers["running_var"],
                    bn._parameters["weight"], bn._parameters["bias"])
-        cached = self.__dict__.get("_fold")
-        if cached is None or not same_tensors(cached[0], sources) or cached[3] != bn.eps:
-            with torch.no_grad():
-                cached = (tensor_state(sources), *fold(*sources, bn.eps), bn.eps)
-            self.__dict__["_fold"] = cached
+        if torch.compiler.is_compiling():  # a traced graph folds each call: no host cache
+            weight, bias = fold(*sources, bn.eps)
+        else:
+            cached = self.__dict__.get("_fold")
+            if cached is None or not same_tensors(cached[0], sources) or cached[3] != bn.eps:
+                with torch.no_grad():
+                    cached = (tensor_state(sources), *fold(*sources, bn.eps), bn.eps)
+                self.__dict__["_fold"] = cached
+            weight, bias = cached[1], cached[2]
         input, padding = self._padded(input)
-        out = self._inference(input, cached[1], cached[2], padding, activation,
-                              self.negative_slope, residual)
+        out = self._inference(input, weight, bias, padding, activation, self.negative_slope,
+                              residual)
         if out is not None:
             return out
         fn = fc.conv1d if self._RANK == 1 else fc.conv2d
-        return fn(input, cached[1], cached[2], self.stride, padding, self.dilation, self.groups,
+        return fn(input, weight, bias, self.stride, padding, self.dilation, self.groups,
                   activation=activation, negative_slope=self.negative_slope,
                   residual=residual, backend=self.backend, precision=self.precision)
 
