@@ -1,6 +1,8 @@
 """torch.compile(fastconv.optimize(model)) on the CPU (aot_eager, fullgraph): the modules'
 host-side caches (folded BatchNorm, per-signature plans, autocast casts) stay out of the
-traced graph, which sees fastconv's custom op (issue 25, first part)."""
+traced graph, which sees fastconv's custom ops: the convolution and, in training, the
+BatchNorm passes (bn_ops.py; Triton's kernels in the interpreter here) (issue 25, first
+part)."""
 
 from __future__ import annotations
 
@@ -53,9 +55,6 @@ def test_compiled_inference_fullgraph(precision, bound):
     torch._dynamo.reset()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: the training BatchNorm path (BNActFunction "
-                   "with Triton's statistics kernels) is traced into by dynamo; it needs to be "
-                   "a custom op with registered autograd")
 def test_compiled_training_step_fullgraph():
     net = _net().train()
     ref = copy.deepcopy(net)

@@ -29,9 +29,10 @@ from .ops import activation_grad
 from .precision import accumulate_dtype
 
 try:  # a dependency on Linux; elsewhere the torch operations below do the work
+    from . import bn_ops
     from .backends.triton import bnstats
 except ImportError:  # pragma: no cover
-    bnstats = None
+    bn_ops = bnstats = None
 
 
 def _dims(y: Tensor) -> list[int]:
@@ -58,11 +59,12 @@ class BNActFunction(torch.autograd.Function):
             residual = torch.empty_like(y).copy_(residual)  # the kernels index both alike
         fast = _triton(y)
         if fast and group is None:
-            mean, _, invstd, scale, shift = bnstats.forward_stats(
+            mean, _, invstd, scale, shift = bn_ops.forward_stats(
                 y, acc, gamma, beta, eps, running_mean, running_var, momentum)
         else:
             if fast:
-                mean, var = bnstats.local_stats(y, acc)
+                mean, var, *_ = bn_ops.forward_stats(y, acc, None, None, 1.0, None, None,
+                                                     0.0)
                 count = y.numel() // y.shape[1]
             else:
                 var, mean = torch.var_mean(y.to(acc), dim=_dims(y), unbiased=False)
@@ -80,7 +82,7 @@ class BNActFunction(torch.autograd.Function):
                     running_var.lerp_((var * (count / (count - 1))).to(running_var.dtype),
                                       momentum)
         if fast:
-            z = bnstats.apply(y, residual, scale, shift, activation, negative_slope)
+            z = bn_ops.apply(y, residual, scale, shift, activation, negative_slope)
         else:
             u = y.to(acc) * _channel(scale, y) + _channel(shift, y)
             if residual is not None:
@@ -98,8 +100,8 @@ class BNActFunction(torch.autograd.Function):
         if fast:
             if dz.stride() != y.stride():
                 dz = torch.empty_like(y).copy_(dz)
-            local = bnstats.backward_sums(dz, z, y, residual, mean, invstd, scale, shift,
-                                          activation, negative_slope)
+            local = bn_ops.backward_sums(dz, z, y, residual, mean, invstd, scale, shift,
+                                         activation, negative_slope)
         else:
             xhat = (y.to(mean.dtype) - _channel(mean, y)) * _channel(invstd, y)
 
@@ -115,8 +117,8 @@ class BNActFunction(torch.autograd.Function):
             sums = local.clone()  # β's stay local, for DDP to reduce (as SyncBatchNorm)
             dist.all_reduce(sums, group=group)
         if fast:
-            dy, dres = bnstats.backward_apply(dz, z, y, residual, mean, invstd, scale, shift,
-                                              sums, count, activation, negative_slope)
+            dy, dres = bn_ops.backward_apply(dz, z, y, residual, mean, invstd, scale, shift,
+                                             sums, count, activation, negative_slope)
         else:
             sum_du, sum_du_xhat = sums
             dy = (_channel(scale, y) * (du - _channel(sum_du / count, y)

@@ -253,13 +253,6 @@ def _grid(y: torch.Tensor) -> tuple[int, int, tuple]:
 
 
 @serialized
-def local_stats(y: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean, biased variance) per channel of ``y`` on this rank."""
-    mean, var, *_ = forward_stats(y, acc, None, None, 1.0, None, None, 0.0)
-    return mean, var
-
-
-@serialized
 def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum):
     """(mean, biased var, invstd, scale, shift) per channel, float ``acc``; updates the
     running statistics in place when given (unbiased variance, ``momentum`` weight)."""
