@@ -76,3 +76,20 @@ def test_training_checks_arguments_as_eval_does(training):
         with pytest.raises(fastconv.ConvError, match="residual"):
             fastconv.conv_bn_act2d(x, w, None, mean, var, gamma, beta, padding=1,
                                    training=training, residual=residual)
+
+
+@pytest.mark.parametrize("activation", ["none", "silu", "relu"])
+def test_an_in_place_op_on_the_output_keeps_the_backward(activation):
+    """An SE block's SiLU(inplace=True) after a convolution: the backward must not need the
+    output it overwrote (it saved it before: 'modified by an inplace operation')."""
+    x = torch.randn(2, 3, 5, 5, requires_grad=True)
+    w = torch.randn(4, 3, 1, 1, requires_grad=True)
+    y = fastconv.conv2d(x, w, activation=activation, backend="triton", precision="ieee")
+    if activation == "relu":  # relu's derivative is read from its output, as torch's is:
+        with pytest.raises(RuntimeError, match="inplace"):  # torch refuses this too
+            F.silu(y, inplace=True).sum().backward()
+        return
+    F.silu(y, inplace=True).sum().backward()
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    F.silu(fastconv.epilogue.activate(F.conv2d(xr, wr), activation)).sum().backward()
+    assert relative_error(x.grad, xr.grad) < 1e-5 and relative_error(w.grad, wr.grad) < 1e-5

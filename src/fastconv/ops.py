@@ -116,8 +116,19 @@ def _weight_grad_fake(grad_out, input, weight, *args):
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:6], output)
+    # The output only where the activation's derivative is read from it: saving it always
+    # made a later in-place op on it (an SE block's SiLU(inplace=True)) fail the backward.
+    activation, slope = inputs[13], inputs[14]
+    ctx.save_for_backward(*inputs[:6], output if _derivative_from_output(activation, slope)
+                          else None)
     ctx.args = inputs[6:]
+
+
+def _derivative_from_output(activation: str, negative_slope: float) -> bool:
+    """Whether ``activation_grad`` reads the output (else it recomputes the pre-activation,
+    or needs nothing: no activation)."""
+    return activation in ("relu", "relu6", "sigmoid", "tanh") or (
+        activation == "leaky_relu" and negative_slope > 0)
 
 
 def _grads_through_ops(grad_out, input, weight, stride, pre, post, dilation, groups, backend,
@@ -219,7 +230,7 @@ def activation_grad(grad: Tensor, y: Tensor, activation: str, negative_slope: fl
         return aten.sigmoid_backward(grad, y)
     if activation == "tanh":
         return aten.tanh_backward(grad, y)
-    z = pre_activation()
+    z = pre_activation()  # (the cases above are _derivative_from_output's)
     if activation == "leaky_relu":
         return aten.leaky_relu_backward(grad, z, negative_slope, False)
     if activation == "silu":
