@@ -164,9 +164,10 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
         out_b = out.unsqueeze(0) if isinstance(out, torch.Tensor) else out
     else:
         out_b = out
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad
-        for t in (input, weight, bias, scale, shift, residual))
+    needs_grad = torch.is_grad_enabled() and (  # (no generator: this runs every call)
+        input.requires_grad or getattr(weight, "requires_grad", False)
+        or getattr(bias, "requires_grad", False) or getattr(scale, "requires_grad", False)
+        or getattr(shift, "requires_grad", False) or getattr(residual, "requires_grad", False))
     if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
         raise ConvError("out: requires grad; writing a convolution into it in place would "
                         "bypass autograd (torch refuses it too; use torch.no_grad() or an out "
@@ -266,8 +267,8 @@ def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilatio
         sig = ("fprop", rank, transposed, _sig(input), _sig(weight), _sig(bias), _sig(residual),
                _sig(scale), _sig(shift), _sig(out), stride, padding, dilation, groups,
                output_padding, activation, negative_slope, backend, precision,
-               torch.backends.cudnn.allow_tf32, dispatch.current(),
-               _kinds(stride, padding, dilation, groups, output_padding, negative_slope))
+               torch._C._get_cudnn_allow_tf32(), dispatch.current(),
+               _kinds(stride, padding, dilation, groups, output_padding, slope=negative_slope))
         plan = _PLANS.get(sig)
     except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
         sig, plan = None, None
@@ -338,9 +339,25 @@ def _remember(sig, plan) -> None:
     _PLANS[sig] = plan
 
 
-def _kinds(*values) -> tuple:
-    """The types of ``values``, one level into tuples. A cache key needs them: True == 1 and
-    1.0 == 1, but a bool or float stride must be refused, not served an int's plan."""
+def _kinds(*geometry, slope: object = 0.0) -> tuple | None:
+    """What a cache key needs besides the values themselves: True == 1 and 1.0 == 1, but a
+    bool or float stride must be refused, not served an int's plan. None (the common case,
+    checked with the least work) when each ``geometry`` value is an int, a str or a tuple of
+    ints and ``slope`` an int or a float; else the types, one level into tuples."""
+    for v in geometry:
+        t = type(v)
+        if t is tuple:
+            for e in v:
+                if type(e) is not int:
+                    return _types(*geometry, slope)
+        elif t is not int and t is not str:
+            return _types(*geometry, slope)
+    if type(slope) is not float and type(slope) is not int:
+        return _types(*geometry, slope)
+    return None
+
+
+def _types(*values) -> tuple:
     return tuple(tuple(map(type, v)) if type(v) is tuple else type(v) for v in values)
 
 
