@@ -156,21 +156,22 @@ def _field_errors(config, rules: dict) -> list[str]:
 #: Shared memory a GEMM tile's pipeline may ask for (the H100 has 227 KiB per block).
 _SMEM_LIMIT = 200 * 1024
 _SPLIT_MAX = {"fprop": 16, "wgrad": 128}  # the candidates' largest splits: 6 and 128
+_BOOL = (lambda v: type(v) is bool, "True or False")
+_WARPS = (lambda v: _pow2(v, 1, 16), "a power of two in [1, 16]")
 
 
 def _tile_errors(problem: ConvProblem, config: TileConfig, op: str) -> list[str]:
     if _direct_depthwise(problem):
         return ["a depthwise convolution runs direct tiles (DwConfig), not GEMM tiles"]
-    is_bool = (lambda v: type(v) is bool, "True or False")
     split_max = 1 if config.rows or (op == "fprop" and problem.transposed) \
         else _SPLIT_MAX.get(op, 1)
     errors = _field_errors(config, {
         "block_m": (lambda v: _pow2(v, 16, 256), "a power of two in [16, 256]"),
         "block_n": (lambda v: _pow2(v, 16, 256), "a power of two in [16, 256]"),
         "block_k": (lambda v: _pow2(v, 16, 128), "a power of two in [16, 128]"),
-        "num_warps": (lambda v: _pow2(v, 1, 16), "a power of two in [1, 16]"),
+        "num_warps": _WARPS,
         "num_stages": (lambda v: type(v) is int and 1 <= v <= 8, "an int in [1, 8]"),
-        "flat_k": is_bool, "rows": is_bool,
+        "flat_k": _BOOL, "rows": _BOOL,
         "split_k": (lambda v: type(v) is int and 1 <= v <= split_max,
                     f"an int in [1, {split_max}] for this {op}"),
         "pack_groups": (lambda v: type(v) is int and v >= 1 and problem.groups % v == 0,
@@ -198,12 +199,10 @@ def _tile_errors(problem: ConvProblem, config: TileConfig, op: str) -> list[str]
 
 
 def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
-    is_bool = (lambda v: type(v) is bool, "True or False")
     errors = _field_errors(config, {
         "block_a": (lambda v: _pow2(v, 1, 1024), "a power of two in [1, 1024]"),
         "block_b": (lambda v: _pow2(v, 1, 1024), "a power of two in [1, 1024]"),
-        "num_warps": (lambda v: _pow2(v, 1, 16), "a power of two in [1, 16]"),
-        "pairs": is_bool, "plane": is_bool,
+        "num_warps": _WARPS, "pairs": _BOOL, "plane": _BOOL,
     })
     if errors:
         return errors
