@@ -7,12 +7,11 @@ added before the activation (as in a ResNet block: ``relu(bn(conv(x)) + identity
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
 
-from .errors import ConvError, ConvTypeError
+from .errors import ConvError, ConvTypeError, real_number
 from .precision import accumulate_dtype
 
 #: Activation names in the order of their integer codes (the Triton kernels use the code).
@@ -40,8 +39,7 @@ class Epilogue:
         if self.activation not in ACTIVATIONS:
             raise ConvError(f"activation: got {self.activation!r}; allowed: "
                             f"{', '.join(map(repr, ACTIVATIONS))}")
-        if not math.isfinite(self.negative_slope):
-            raise ConvError(f"negative_slope: got {self.negative_slope}; must be finite")
+        real_number("negative_slope", self.negative_slope)
 
     @property
     def act_code(self) -> int:

@@ -395,8 +395,7 @@ def _forward_problem(rank, transposed, input, weight, bias, stride, padding, dil
                      backend, precision) -> ConvProblem:
     if not isinstance(backend, str):
         raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
-    epilogue = Epilogue(activation=activation,
-                        negative_slope=real_number("negative_slope", negative_slope),
+    epilogue = Epilogue(activation=activation, negative_slope=negative_slope,
                         has_scale=scale is not None,
                         has_shift=shift is not None or bias is not None,
                         has_residual=residual is not None)
