@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, `fastconv check`, and the benchmark suites.
 # Usage (on the device machine, from the repository root):
-#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [check] [bench] [sweep] [dwsweep] [overhead] [launch] [stress]
+#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [ptests] [check] [bench] [sweep] [dwsweep] [overhead] [launch] [stress]
 # bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions,
 # TEST_FILES the files (default: every tests/test_gpu*.py).
 # Full logs and results go under $OUT (default: ./out); bench results come back as
@@ -10,7 +10,8 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+# SRC: another source tree to measure (an older commit's src/, for before/after runs)
+export PYTHONPATH=${SRC:-$PWD/src} PYTHONUNBUFFERED=1
 # The cuDNN frontend is not installed on the device: carried wheels go to /tmp/site. Fetch
 # them once (ignored by git) and name .whl in the device call's carry:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -36,6 +37,22 @@ for step in $steps; do
     # tile candidate for each of hundreds of random keys (each candidate is checked on its own
     # by test_every_candidate_config_is_correct).
     tests) FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_gpu*.py} -k "${TESTS:-}" 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
+    # the same tests spread over JOBS processes (round-robin by test id): compilation is
+    # CPU-bound and the device has 16 cores; one log, the processes' summaries last
+    ptests) python3 -m pytest -q -m gpu --co ${TEST_FILES:-tests/test_gpu*.py} -k "${TESTS:-}" 2>/dev/null \
+              | grep '::' > "$OUT/ids.txt"
+            for j in $(seq 0 $((${JOBS:-8} - 1))); do
+              awk -v j=$j -v n=${JOBS:-8} 'NR % n == j' "$OUT/ids.txt" > "$OUT/ids-$j.txt"
+              FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} xargs -a "$OUT/ids-$j.txt" \
+                python3 -m pytest -q -m gpu -p no:cacheprovider > "$OUT/ptest-$j.log" 2>&1 &
+            done
+            wait
+            for j in $(seq 0 $((${JOBS:-8} - 1))); do echo "== process $j"; cat "$OUT/ptest-$j.log"; done \
+              > "$OUT/gpu_tests.log"
+            grep -hE "^(FAILED|ERROR)" "$OUT"/ptest-*.log | head -20
+            grep -hE "passed|failed|error" "$OUT"/ptest-*.log | grep -E " in [0-9.]+s" || status=1
+            grep -qhE "^(FAILED|ERROR)| failed" "$OUT"/ptest-*.log && status=1
+            rm -f "$OUT"/ptest-*.log "$OUT"/ids-*.txt ;;
     check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     # BENCH_TIMEOUT bounds one bench step; the results written so far are packed either way.
     bench) timeout ${BENCH_TIMEOUT:-540} python3 -m fastconv.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \

@@ -1,10 +1,10 @@
 """NaN and Inf propagate as in torch (DESIGN.md §4): same positions, same signs of infinity,
 for every backend and epilogue.
 
-Two documented differences, both about which torch path is the reference:
-* at a *padded* tap a kernel multiplies the zero padding by the weight, so a non-finite weight
-  gives NaN there, as torch's dense convolutions do (im2col on the CPU, implicit GEMM);
-  torch's CPU depthwise kernel skips padded taps instead (see test_padded_taps below);
+At a *padded* tap the two kinds of torch kernel differ, and fastconv follows each: dense
+convolutions multiply the zero padding by the weight, so a non-finite weight gives NaN there
+(im2col on the CPU, implicit GEMM); depthwise kernels skip padded taps, and so do fastconv's
+(test_depthwise_padded_taps_add_nothing). One documented difference:
 * ``gelu(+inf)``: torch's float32 CPU kernel returns NaN, its float64 and CUDA kernels
   +inf, as the Triton epilogue does (the aten backend is torch, NaN on the CPU).
 """
@@ -66,32 +66,74 @@ def test_nonfinite_inputs_propagate_as_in_torch(activation, groups):
 
 @pytest.mark.parametrize("groups", [1, 3])
 def test_nonfinite_weights(groups):
-    """Dense: as torch (0·inf = NaN at padded taps too). Depthwise: every valid tap as torch;
-    see the module docstring for the padded taps."""
+    """Dense: as torch (0·inf = NaN at padded taps too). Depthwise: as torch's depthwise
+    kernel, which skips padded taps."""
     gen = torch.Generator().manual_seed(groups)
     x = torch.randn(1, 3, 5, 5, generator=gen)
     w = torch.randn(3, 3 // groups, 3, 3, generator=gen)
     w[0, 0, 0, 0] = float("inf")
     w[1, 0, 2, 2] = float("nan")
     want = F.conv2d(x.double(), w.double(), None, 1, 1, 1, groups)
-    if groups > 1:  # the reference with padded taps as 0·w: pad first, then no padding
-        want = F.conv2d(F.pad(x.double(), (1, 1, 1, 1)), w.double(), None, 1, 0, 1, groups)
+    if groups > 1:
+        want = _depthwise_valid_taps(x, w, 1)
     for backend in _BACKENDS:
         y = fastconv.conv2d(x, w, None, 1, 1, 1, groups, backend=backend, precision="ieee")
-        if backend == "aten" and groups > 1:
-            continue  # torch's own depthwise CPU kernel: padded taps skipped
         ok, detail = _same_nonfinite(y.double(), want)
         assert ok, f"{backend} groups={groups}: {detail}"
 
 
-def test_padded_taps_of_torch_depthwise_differ_only_there():
-    """What the documented difference is, pinned: torch's CPU depthwise kernel gives finite
-    values where a padded tap meets an infinite weight; the kernels give NaN."""
-    x = torch.randn(1, 3, 5, 5)
-    w = torch.randn(3, 1, 3, 3)
+def _depthwise_valid_taps(x, w, pad):
+    """float64 depthwise forward summing only the taps inside the input (no 0·w products)."""
+    n, c, h, wd = x.shape
+    r, s = w.shape[2:]
+    out = torch.zeros(n, c, h + 2 * pad - r + 1, wd + 2 * pad - s + 1, dtype=torch.float64)
+    for p in range(out.shape[2]):
+        for q in range(out.shape[3]):
+            for i in range(r):
+                for j in range(s):
+                    ih, iw = p - pad + i, q - pad + j
+                    if 0 <= ih < h and 0 <= iw < wd:
+                        out[:, :, p, q] += x[:, :, ih, iw].double() * w[:, 0, i, j].double()
+    return out
+
+
+def test_depthwise_padded_taps_add_nothing():
+    """Depthwise forward and dgrad skip padded taps, as torch's depthwise kernels do: an
+    infinite weight meets only real inputs (and real output gradients)."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 5, 6, generator=gen, requires_grad=True)
+    w = torch.randn(3, 1, 3, 3, generator=gen)
     w[0, 0, 0, 0] = float("inf")
-    torch_dw = F.conv2d(x, w, None, 1, 1, 1, 3)
-    ours = fastconv.conv2d(x, w, None, 1, 1, 1, 3, backend="triton", precision="ieee")
-    differ = ours.isnan() != torch_dw.isnan()
-    assert differ[0, 0, 0, :].all() and differ[0, 0, :, 0].all()  # the first row and column
-    assert int(differ.sum()) == 9 and not differ[0, 1:].any()
+    w[1, 0, 2, 1] = float("nan")
+    want = _depthwise_valid_taps(x.detach(), w, 1)
+    assert want[0, 0].isfinite().sum() > 0 and not want[0, 0, 1:, 1:].isfinite().any()
+    y = fastconv.conv2d(x, w, None, 1, 1, 1, 3, backend="triton", precision="ieee")
+    ok, detail = _same_nonfinite(y.detach().double(), want)
+    assert ok, detail
+    # dgrad: dx[h, w] = sum over taps of dy[h + 1 - i, w + 1 - j] · w[i, j] where that dy exists
+    dy = torch.randn(y.shape, generator=gen)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    want_dx = _depthwise_valid_taps(dy, w.flip(2, 3), 1)
+    ok, detail = _same_nonfinite(dx.double(), want_dx)
+    assert ok, f"dgrad: {detail}"
+    assert torch.allclose(dx.double()[want_dx.isfinite()], want_dx[want_dx.isfinite()],
+                          rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_pairs_kernel_padded_taps_add_nothing():
+    """The 16-bit pair-word kernel skips padded words too (bf16, even width, unit stride)."""
+    from fastconv.backends.triton import depthwise, dw_pairs
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 2, 4, 8, generator=gen).bfloat16()
+    w = torch.randn(2, 1, 3, 3, generator=gen).bfloat16()
+    w[0, 0, 0, 0] = float("inf")
+    w[1, 0, 1, 2] = -float("inf")
+    want = _depthwise_valid_taps(x, w, 1)
+    out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16)
+    assert dw_pairs.eligible(x, out, None, 1)
+    dw_pairs.launch_fprop(x, w, out, None, None, None, stride=(1, 1), pad=(1, 1),
+                          dilation=(1, 1), act_code=0, negative_slope=0.0,
+                          channels_last=False, config=depthwise.DwConfig(2, 8, 4, pairs=True),
+                          int64=False)
+    ok, detail = _same_nonfinite(out.double(), want)
+    assert ok, detail

@@ -166,7 +166,8 @@ def _dw_fprop_kernel(
                 xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=ok, other=0.0)
                 wv = tl.load(w_ptr + k * swk + c * swc + r * swr + s * sws, mask=kmask,
                              other=0.0)
-                acc += xv.to(ACC) * wv.to(ACC)
+                # a padded tap adds nothing, not 0·w: an infinite weight gives no NaN there
+                acc = tl.where(ok, acc + xv.to(ACC) * wv.to(ACC), acc)
     if HAS_SCALE:
         acc = acc * tl.load(scale_ptr + k, mask=kmask, other=0.0).to(ACC)
     if HAS_SHIFT:
@@ -219,7 +220,7 @@ def _dw_dgrad_kernel(
                 g = tl.load(dy_base + p * sdp + q * sdq, mask=ok, other=0.0)
                 wv = tl.load(w_ptr + k * swk + c_in * swc + r * swr + s * sws, mask=c < C,
                              other=0.0)
-                acc += g.to(ACC) * wv.to(ACC)
+                acc = tl.where(ok, acc + g.to(ACC) * wv.to(ACC), acc)  # skip taps with no dy
     tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty),
              mask=mask)
 

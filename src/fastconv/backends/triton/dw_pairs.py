@@ -84,22 +84,22 @@ def _dw_pairs_fprop_kernel(
             word = i + j
             ok = _and_row(mask & (word >= 0) & (word < W2), row_ok)
             lo, hi = _unpack(tl.load(x_base + ih * sxh + word, mask=ok, other=0), IS_BF16)
-            for s in tl.static_range(S):
+            for s in tl.static_range(S):  # padded words add nothing (no 0·w)
                 # output 2i reads element 2i + s·DIL_W − PAD_W: word j when ⌊·/2⌋ == j
                 if (s * DIL_W - PAD_W) // 2 == j:
                     wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
                                  other=0.0).to(tl.float32)
                     if (s * DIL_W - PAD_W) % 2 == 0:
-                        acc_e += lo * wv
+                        acc_e = tl.where(ok, acc_e + lo * wv, acc_e)
                     else:
-                        acc_e += hi * wv
+                        acc_e = tl.where(ok, acc_e + hi * wv, acc_e)
                 if (1 + s * DIL_W - PAD_W) // 2 == j:  # output 2i + 1, one element on
                     wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
                                  other=0.0).to(tl.float32)
                     if (1 + s * DIL_W - PAD_W) % 2 == 0:
-                        acc_o += lo * wv
+                        acc_o = tl.where(ok, acc_o + lo * wv, acc_o)
                     else:
-                        acc_o += hi * wv
+                        acc_o = tl.where(ok, acc_o + hi * wv, acc_o)
     if HAS_SCALE:
         sc = tl.load(scale_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         acc_e = acc_e * sc
