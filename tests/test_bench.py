@@ -250,3 +250,28 @@ def test_kernel_family_suites_run_and_agree(suite):
         for r in rows:
             assert "error" not in r, (case.name, r.get("error"))
             assert r["rel_err"] < 1e-5 and 0 < r["max_err"] and r["mean_err"] <= r["max_err"]
+
+
+def test_host_suite_rows_carry_host_microseconds_per_call():
+    """The host suite's rows time back-to-back calls on the wall clock (also on the CPU) and
+    the table names each provider's host cost and its difference to torch's."""
+    case = suites.get("host")[1]  # conv + bias + relu
+    rows = runner.run_case(case, ["torch", "fastconv_aten"], Precision.IEEE, "nchw",
+                           device="cpu", mode="fwd", host=True)
+    for r in rows:
+        assert len(r["host_us"]) == 7 and all(us > 0 for us in r["host_us"])
+        assert r["host_us_p50"] == sorted(r["host_us"])[3]
+    (line,) = report.host_lines(rows)
+    torch_us, ours = rows[0]["host_us_p50"], rows[1]["host_us_p50"]
+    assert line == (f"host us per call, host_conv_bias_relu fwd: torch {torch_us:.1f}, "
+                    f"fastconv_aten {ours:.1f} ({ours - torch_us:+.1f})")
+    assert line in report.table(rows)
+    assert "host_us" not in runner.run_case(case, ["torch"], Precision.IEEE, "nchw",
+                                            device="cpu")[0]
+
+
+def test_time_host_counts_every_call():
+    calls = []
+    us = runner.time_host([lambda: calls.append(0), lambda: calls.append(1)], calls=10,
+                          rounds=3)
+    assert len(us) == 3 and len(calls) == 30 and calls[:4] == [0, 1, 0, 1]

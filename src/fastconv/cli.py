@@ -149,7 +149,8 @@ def cmd_bench(args) -> int:
                                             reps=min(args.reps, 20))
                     continue
                 rows += runner.run_case(case, providers, prec, layout, reps=args.reps,
-                                        device="cuda" if has_gpu else "cpu", mode=mode)
+                                        device="cuda" if has_gpu else "cpu", mode=mode,
+                                        host=suite in suites.HOST_SUITES)
             report.add_roofline(rows, ceilings)
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)

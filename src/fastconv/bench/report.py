@@ -116,12 +116,29 @@ def _cells(rows: list[dict]) -> tuple[list[list[str]], list[str]]:
                             f"{roof:.1f}" if roof is not None else "",
                             f"{r['rel_err']:.1e}", f"{ratio:.2f}x" if ratio else "",
                             f"{gratio:.2f}x" if gratio else "", r.get("choice", "")])
-    footer = []
+    footer = host_lines(rows)
     for prov, per_case in sp.items():
         g = spg.get(prov, {}).get("geomean")
         footer.append(f"geomean speed-up of {prov} over torch: eager {per_case['geomean']:.3f}x"
                       + (f", CUDA graph {g:.3f}x" if g else "") + f" ({len(per_case) - 1} cases)")
     return out, footer
+
+
+def host_lines(rows: list[dict], baseline: str = "torch") -> list[str]:
+    """One line per case of rows with host times: each provider's host microseconds per call
+    and its difference to ``baseline``'s, measured in the same run."""
+    lines = []
+    by_case: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r.get("host_us_p50") is not None:
+            by_case.setdefault((r["case"], r["mode"]), {})[r["provider"]] = r["host_us_p50"]
+    for (case, mode), per in by_case.items():
+        base = per.get(baseline)
+        cells = [f"{prov} {us:.1f}" + (f" ({us - base:+.1f})" if base is not None
+                                         and prov != baseline else "")
+                 for prov, us in per.items()]
+        lines.append(f"host us per call, {case} {mode}: " + ", ".join(cells))
+    return lines
 
 
 _WIDTHS = (-26, -16, -5, 8, 8, 7, 6, 8, 8, 6, 0)  # negative: left-aligned; 0: as long as needed

@@ -27,10 +27,12 @@ from ..precision import DTYPE, Precision, relative_error
 from ..problem import ConvProblem
 from .suites import BenchCase
 
-PROVIDERS = ("fastconv", "fastconv_triton", "cudnn_fe", "torch", "torch_compile")
+PROVIDERS = ("fastconv", "fastconv_triton", "fastconv_aten", "cudnn_fe", "torch",
+             "torch_compile")
 #: fastconv providers: the backend each one forces (cudnn_fe: the cuDNN frontend graphs
 #: used directly, its fastest plan).
-BACKEND_OF = {"fastconv": "auto", "fastconv_triton": "triton", "cudnn_fe": "cudnn"}
+BACKEND_OF = {"fastconv": "auto", "fastconv_triton": "triton", "fastconv_aten": "aten",
+              "cudnn_fe": "cudnn"}
 
 
 def unavailable(provider: str) -> str:
@@ -88,6 +90,24 @@ def time_graph(fns: list[Callable[[], object]], reps: int = 20, calls: int = 16)
         ends[i].record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) / calls for s, e in zip(starts, ends)]
+
+
+def time_host(fns: list[Callable[[], object]], calls: int = 300, rounds: int = 7) -> list[float]:
+    """Microseconds per call of ``calls`` back-to-back calls (cycling through ``fns``), one
+    value per round: wall clock, the device synchronised before and after each round. On a
+    problem whose kernels take a few microseconds this is the host's cost per call."""
+    cuda = torch.cuda.is_available()
+    out = []
+    for _ in range(rounds):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(calls):
+            fns[i % len(fns)]()
+        if cuda:
+            torch.cuda.synchronize()
+        out.append((time.perf_counter() - start) / calls * 1e6)
+    return out
 
 
 def measure_ceilings(precision: Precision) -> dict[str, float]:
@@ -400,13 +420,16 @@ def _choices(problem: ConvProblem, backend: str, mode: str) -> str:
 
 
 def run_case(case: BenchCase, providers: list[str], precision: Precision, layout: str,
-             reps: int = 50, device: str = "cuda", timer=None, mode: str = "fwd") -> list[dict]:
+             reps: int = 50, device: str = "cuda", timer=None, mode: str = "fwd",
+             host: bool = False) -> list[dict]:
     """Rows (DESIGN.md §7) for one case and every provider, measured in this process.
 
     ``timer`` (default: :class:`GpuTimer` on the GPU, none on the CPU) has ``eager(fns, reps)``
     and ``graph(fns)``; without one the rows carry errors only, marked ``timing: "not
     measured"``. ``mode`` is one of ``MODES``; the error of bwd/train rows is the largest
-    relative error of the output and the gradients.
+    relative error of the output and the gradients. ``host``: also the host microseconds
+    per call (:func:`time_host`; ``host_us_p50``, the median of its rounds, and the rounds in
+    ``host_us``), measured on the CPU too.
     """
     if timer is None and device == "cuda":
         timer = GpuTimer()
@@ -465,6 +488,9 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                 row["error"] = f"{type(exc).__name__}: {exc}"
                 rows.append(row)
                 continue
+            if host:
+                row["host_us"] = time_host(fns)
+                row["host_us_p50"] = statistics.median(row["host_us"])
             if mode == "train" and device == "cuda":
                 row.update(_memory(fns[0], _call(provider, case, precision, sets[0], "fwd",
                                                  compiled)))

@@ -156,6 +156,19 @@ SUITES["resnet50_cbr"] = [
     for c in SUITES["resnet50"]
     if "_ds_" not in c.name and not (c.kernel == (1, 1) and c.k == 4 * c.c)]
 
+# Host cost per call (issue 20): problems so small that the kernels take a few microseconds,
+# so a call's time is the host's. Rows of this suite carry host_us (wall clock per call of
+# back-to-back calls) besides the usual GPU timings. A conv, conv + bias + ReLU, and
+# conv -> BatchNorm -> ReLU (mode train: ConvBNAct2d's training step).
+SUITES["host"] = [
+    BenchCase("host_conv", 1, 16, 16, (8, 8), (3, 3), 1, 1),
+    BenchCase("host_conv_bias_relu", 1, 16, 16, (8, 8), (3, 3), 1, 1, bias=True,
+              activation="relu"),
+    BenchCase("host_conv_bn_relu", 1, 16, 16, (8, 8), (3, 3), 1, 1, bn=True, activation="relu"),
+]
+#: suites whose rows also report host microseconds per call
+HOST_SUITES = ("host",)
+
 
 def shrink(case: BenchCase) -> BenchCase:
     """A small version of ``case`` (same geometry, few channels and pixels) for correctness
