@@ -37,6 +37,17 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _environment_read_per_test():
+    """fastconv reads FASTCONV_DISPATCH / FASTCONV_DETERMINISTIC once: a test that sets them
+    (monkeypatch) sees its values, and the next test not."""
+    from fastconv import dispatch
+
+    dispatch.reload_environment()
+    yield
+    dispatch.reload_environment()
+
+
 @pytest.fixture
 def device():
     return "cuda" if HAS_GPU else "cpu"

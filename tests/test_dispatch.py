@@ -121,6 +121,8 @@ def test_mode_from_context_and_environment(fakes, monkeypatch):
     assert dispatch.default_mode(p) == "benchmark"
     assert dispatch.default_mode(_problem(device="cpu")) == "heuristic"
     monkeypatch.setenv("FASTCONV_DISPATCH", "pinned")
+    assert dispatch.default_mode(p) == "benchmark"  # read once: the earlier value holds
+    fastconv.functional.clear_plans()  # reads the environment again
     assert dispatch.default_mode(p) == "pinned"
     with dispatch.settings("heuristic"):
         assert dispatch.default_mode(p) == "heuristic"
@@ -128,8 +130,11 @@ def test_mode_from_context_and_environment(fakes, monkeypatch):
             assert dispatch.current() == ("heuristic", True)
     assert dispatch.current() == ("pinned", False)
     monkeypatch.setenv("FASTCONV_DISPATCH", "fastest")
+    dispatch.reload_environment()
     with pytest.raises(fastconv.ConvError, match="FASTCONV_DISPATCH.*'fastest'"):
         dispatch.default_mode(p)
+    with pytest.raises(fastconv.ConvError, match="FASTCONV_DISPATCH.*'fastest'"):
+        dispatch.default_mode(p)  # not cached while invalid
     with pytest.raises(fastconv.ConvError, match="mode.*'fastest'"):
         with dispatch.settings("fastest"):
             pass

@@ -98,21 +98,38 @@ def settings(mode: str | None = None, *, deterministic: bool | None = None):
         _SETTINGS.reset(token)
 
 
+_ENV: tuple[str | None, bool] | None = None  # FASTCONV_DISPATCH / _DETERMINISTIC, as read
+
+
+def reload_environment() -> None:
+    """Read ``FASTCONV_DISPATCH`` and ``FASTCONV_DETERMINISTIC`` again at the next call.
+    They are read once, not per call (two environment reads cost ~2 us of host time per
+    call); ``fastconv.functional.clear_plans()`` also calls this. In a running program prefer
+    :func:`settings`."""
+    global _ENV
+    _ENV = None
+
+
+def _environment() -> tuple[str | None, bool]:
+    global _ENV
+    if _ENV is None:
+        env = os.environ.get("FASTCONV_DISPATCH") or None
+        if env is not None and env not in MODES:
+            raise ConvError(f"FASTCONV_DISPATCH: got {env!r}; allowed: {', '.join(MODES)}")
+        det = os.environ.get("FASTCONV_DETERMINISTIC", "0").strip().lower() in ("1", "true",
+                                                                               "yes", "on")
+        _ENV = (env, det)
+    return _ENV
+
+
 def current() -> tuple[str | None, bool]:
     """(mode set by context or environment or None, deterministic) — part of plan keys."""
     s = _SETTINGS.get()
-    mode = s.mode
-    if mode is None:
-        env = os.environ.get("FASTCONV_DISPATCH")
-        if env:
-            if env not in MODES:
-                raise ConvError(f"FASTCONV_DISPATCH: got {env!r}; allowed: {', '.join(MODES)}")
-            mode = env
-    det = s.deterministic
-    if det is None:
-        det = os.environ.get("FASTCONV_DETERMINISTIC", "0").strip().lower() in ("1", "true",
-                                                                               "yes", "on")
-    return mode, det
+    if s is _UNSET:  # no settings() context: the environment's (read once)
+        return _ENV if _ENV is not None else _environment()
+    env_mode, env_det = _environment()
+    return (s.mode if s.mode is not None else env_mode,
+            s.deterministic if s.deterministic is not None else env_det)
 
 
 def default_mode(problem: ConvProblem) -> str:

@@ -386,8 +386,10 @@ _PLANS_MAX = 1024
 
 
 def clear_plans() -> None:
-    """Forget every cached plan (tests; after changing FASTCONV_DISPATCH in-process)."""
+    """Forget every cached plan and read ``FASTCONV_DISPATCH`` / ``FASTCONV_DETERMINISTIC``
+    again at the next call (tests; after changing them in a running process)."""
     _PLANS.clear()
+    dispatch.reload_environment()
 
 
 def _forward_problem(rank, transposed, input, weight, bias, stride, padding, dilation, groups,

@@ -128,6 +128,47 @@ def _and_row(mask, row_ok):
 
 
 @triton.jit
+def _nonfinite(v, ACC: tl.constexpr):
+    """True where ``v`` is ±inf or NaN (``v·0`` is NaN exactly there)."""
+    return v.to(ACC) * 0.0 != 0.0
+
+
+@triton.jit
+def _tap(acc, v, wv, ok, SKIP_PADDED: tl.constexpr):
+    """``acc + v·wv``, or (``SKIP_PADDED``) that only where ``ok``: one FMA, or a select."""
+    if SKIP_PADDED:
+        return tl.where(ok, acc + v * wv, acc)
+    return acc + v * wv
+
+
+@triton.jit
+def _fprop_taps(x_base, w_ptr, k, kmask, mask, ih0, iw0, H, W, dil_h, dil_w,
+                sxc, sxh, sxw, swk, swc, swr, sws,
+                CG: tl.constexpr, R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr,
+                SKIP_PADDED: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """The forward's sum over taps and its weights' non-finite flags (the shape of ``k``).
+    A padded tap multiplies the zero padding by the weight: exact for finite weights, so
+    the fast loop (``SKIP_PADDED`` off) is one FMA per tap and element; the kernel runs it
+    again with ``SKIP_PADDED`` (a select per tap) only when a weight was non-finite, so
+    that padded taps add nothing, as in torch's depthwise kernels, never 0·inf = NaN."""
+    acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
+    bad = kmask & False
+    for c in range(CG):
+        for r in tl.static_range(R):
+            ih = ih0 + r * dil_h
+            row_ok = (ih >= 0) & (ih < H)
+            for s in tl.static_range(S):
+                iw = iw0 + s * dil_w
+                ok = _and_row(mask & (iw >= 0) & (iw < W), row_ok)
+                xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=ok, other=0.0)
+                wv = tl.load(w_ptr + k * swk + c * swc + r * swr + s * sws, mask=kmask,
+                             other=0.0)
+                acc = _tap(acc, xv.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
+                bad = bad | _nonfinite(wv, ACC)
+    return acc, bad
+
+
+@triton.jit
 def _dw_fprop_kernel(
     x_ptr, w_ptr, out_ptr, scale_ptr, shift_ptr, res_ptr,
     N, H, W, K, P, Q, KG,
@@ -155,19 +196,13 @@ def _dw_fprop_kernel(
     iw0 = q * stride_w - pad_w
     # output channel k reads input channels (k // KG)·CG + c, c < CG (CG = 1: depthwise)
     x_base = x_ptr + n * sxn + ((k // KG) * CG) * sxc
-    acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
-    for c in range(CG):
-        for r in tl.static_range(R):
-            ih = ih0 + r * dil_h
-            row_ok = (ih >= 0) & (ih < H)
-            for s in tl.static_range(S):
-                iw = iw0 + s * dil_w
-                ok = _and_row(mask & (iw >= 0) & (iw < W), row_ok)
-                xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=ok, other=0.0)
-                wv = tl.load(w_ptr + k * swk + c * swc + r * swr + s * sws, mask=kmask,
-                             other=0.0)
-                # a padded tap adds nothing, not 0·w: an infinite weight gives no NaN there
-                acc = tl.where(ok, acc + xv.to(ACC) * wv.to(ACC), acc)
+    acc, bad = _fprop_taps(x_base, w_ptr, k, kmask, mask, ih0, iw0, H, W, dil_h, dil_w,
+                           sxc, sxh, sxw, swk, swc, swr, sws, CG, R, S, ACC, False,
+                           BLOCK_A, BLOCK_B)
+    if tl.max(bad.to(tl.int32)) > 0:  # rare: a padded tap must add nothing, not 0·inf
+        acc, bad = _fprop_taps(x_base, w_ptr, k, kmask, mask, ih0, iw0, H, W, dil_h, dil_w,
+                               sxc, sxh, sxw, swk, swc, swr, sws, CG, R, S, ACC, True,
+                               BLOCK_A, BLOCK_B)
     if HAS_SCALE:
         acc = acc * tl.load(scale_ptr + k, mask=kmask, other=0.0).to(ACC)
     if HAS_SHIFT:
@@ -178,6 +213,37 @@ def _dw_fprop_kernel(
     acc = _activation(acc, ACT, negative_slope)
     tl.store(out_ptr + n * son + k * sok + p * sop + q * soq,
              acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dgrad_taps(dy_ptr, w_ptr, n, c, h, w, mask, C, P, Q, KG, CG, stride_h, stride_w, pad_h,
+                pad_w, dil_h, dil_w, sdn, sdk, sdp, sdq, swk, swc, swr, sws,
+                R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr,
+                SKIP_PADDED: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """dgrad's sum over taps and its weights' non-finite flags, as :func:`_fprop_taps`."""
+    acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
+    bad = (c < C) & False
+    # input channel c feeds output channels (c // CG)·KG + j, j < KG, through w[k, c % CG]
+    grp = c // CG
+    c_in = c - grp * CG
+    for j in range(0, KG):
+        k = grp * KG + j
+        dy_base = dy_ptr + n * sdn + k * sdk
+        for r in tl.static_range(R):
+            hp = h + pad_h - r * dil_h
+            p = hp // stride_h
+            row_ok = (hp >= 0) & (hp - p * stride_h == 0) & (p < P)
+            for s in tl.static_range(S):
+                wq = w + pad_w - s * dil_w
+                q = wq // stride_w
+                ok = _and_row(mask & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q),
+                              row_ok)
+                g = tl.load(dy_base + p * sdp + q * sdq, mask=ok, other=0.0)
+                wv = tl.load(w_ptr + k * swk + c_in * swc + r * swr + s * sws, mask=c < C,
+                             other=0.0)
+                acc = _tap(acc, g.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
+                bad = bad | _nonfinite(wv, ACC)
+    return acc, bad
 
 
 @triton.jit
@@ -201,26 +267,13 @@ def _dw_dgrad_kernel(
                                                 BLOCK_A, BLOCK_B)
     if INT64:
         n = n.to(tl.int64)
-    acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
-    # input channel c feeds output channels (c // CG)·KG + j, j < KG, through w[k, c % CG]
-    grp = c // CG
-    c_in = c - grp * CG
-    for j in range(0, KG):
-        k = grp * KG + j
-        dy_base = dy_ptr + n * sdn + k * sdk
-        for r in tl.static_range(R):
-            hp = h + pad_h - r * dil_h
-            p = hp // stride_h
-            row_ok = (hp >= 0) & (hp - p * stride_h == 0) & (p < P)
-            for s in tl.static_range(S):
-                wq = w + pad_w - s * dil_w
-                q = wq // stride_w
-                ok = _and_row(mask & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q),
-                              row_ok)
-                g = tl.load(dy_base + p * sdp + q * sdq, mask=ok, other=0.0)
-                wv = tl.load(w_ptr + k * swk + c_in * swc + r * swr + s * sws, mask=c < C,
-                             other=0.0)
-                acc = tl.where(ok, acc + g.to(ACC) * wv.to(ACC), acc)  # skip taps with no dy
+    acc, bad = _dgrad_taps(dy_ptr, w_ptr, n, c, h, w, mask, C, P, Q, KG, CG, stride_h,
+                           stride_w, pad_h, pad_w, dil_h, dil_w, sdn, sdk, sdp, sdq, swk, swc,
+                           swr, sws, R, S, ACC, False, BLOCK_A, BLOCK_B)
+    if tl.max(bad.to(tl.int32)) > 0:  # taps with no dy add nothing (see _fprop_taps)
+        acc, bad = _dgrad_taps(dy_ptr, w_ptr, n, c, h, w, mask, C, P, Q, KG, CG, stride_h,
+                               stride_w, pad_h, pad_w, dil_h, dil_w, sdn, sdk, sdp, sdq, swk,
+                               swc, swr, sws, R, S, ACC, True, BLOCK_A, BLOCK_B)
     tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty),
              mask=mask)
 

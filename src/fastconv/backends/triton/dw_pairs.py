@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .depthwise import _and_row, _channels_by_columns
+from .depthwise import _and_row, _channels_by_columns, _nonfinite, _tap
 from .fprop import _activation
 
 __all__ = ["eligible", "launch_fprop"]
@@ -54,6 +54,47 @@ def _pack(lo, hi, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h, dil_h,
+               sxh, swk, swr, sws,
+               R: tl.constexpr, S: tl.constexpr, PAD_W: tl.constexpr, DIL_W: tl.constexpr,
+               IS_BF16: tl.constexpr, SKIP_PADDED: tl.constexpr, BLOCK_A: tl.constexpr,
+               BLOCK_B: tl.constexpr):
+    """Sums over taps of the even and odd output columns, and the weights' non-finite flags
+    (the fast loop, and the one skipping padded words: depthwise._fprop_taps explains)."""
+    # word offsets of the window: element 2i + e + s·DIL_W − PAD_W, e in {0, 1}
+    J_LO: tl.constexpr = (-PAD_W) // 2
+    J_HI: tl.constexpr = (1 + (S - 1) * DIL_W - PAD_W) // 2
+    acc_e = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i
+    acc_o = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i + 1
+    bad = kmask & False
+    for r in tl.static_range(R):
+        ih = p * stride_h - pad_h + r * dil_h
+        row_ok = (ih >= 0) & (ih < H)
+        for j in tl.static_range(J_LO, J_HI + 1):
+            word = i + j
+            ok = _and_row(mask & (word >= 0) & (word < W2), row_ok)
+            lo, hi = _unpack(tl.load(x_base + ih * sxh + word, mask=ok, other=0), IS_BF16)
+            for s in tl.static_range(S):
+                # output 2i reads element 2i + s·DIL_W − PAD_W: word j when ⌊·/2⌋ == j
+                if (s * DIL_W - PAD_W) // 2 == j:
+                    wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
+                                 other=0.0).to(tl.float32)
+                    bad = bad | _nonfinite(wv, tl.float32)
+                    if (s * DIL_W - PAD_W) % 2 == 0:
+                        acc_e = _tap(acc_e, lo, wv, ok, SKIP_PADDED)
+                    else:
+                        acc_e = _tap(acc_e, hi, wv, ok, SKIP_PADDED)
+                if (1 + s * DIL_W - PAD_W) // 2 == j:  # output 2i + 1, one element on
+                    wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
+                                 other=0.0).to(tl.float32)
+                    if (1 + s * DIL_W - PAD_W) % 2 == 0:
+                        acc_o = _tap(acc_o, lo, wv, ok, SKIP_PADDED)
+                    else:
+                        acc_o = _tap(acc_o, hi, wv, ok, SKIP_PADDED)
+    return acc_e, acc_o, bad
+
+
+@triton.jit
 def _dw_pairs_fprop_kernel(
     x_ptr, w_ptr, out_ptr, scale_ptr, shift_ptr, res_ptr,
     H, W2, K, P, Q2, KG,
@@ -72,34 +113,13 @@ def _dw_pairs_fprop_kernel(
         n = n.to(tl.int64)
     kmask = k < K
     x_base = x_ptr.to(tl.pointer_type(tl.uint32)) + n * sxn + (k // KG) * sxc
-    # word offsets of the window: element 2i + e + s·DIL_W − PAD_W, e in {0, 1}
-    J_LO: tl.constexpr = (-PAD_W) // 2
-    J_HI: tl.constexpr = (1 + (S - 1) * DIL_W - PAD_W) // 2
-    acc_e = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i
-    acc_o = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i + 1
-    for r in tl.static_range(R):
-        ih = p * stride_h - pad_h + r * dil_h
-        row_ok = (ih >= 0) & (ih < H)
-        for j in tl.static_range(J_LO, J_HI + 1):
-            word = i + j
-            ok = _and_row(mask & (word >= 0) & (word < W2), row_ok)
-            lo, hi = _unpack(tl.load(x_base + ih * sxh + word, mask=ok, other=0), IS_BF16)
-            for s in tl.static_range(S):  # padded words add nothing (no 0·w)
-                # output 2i reads element 2i + s·DIL_W − PAD_W: word j when ⌊·/2⌋ == j
-                if (s * DIL_W - PAD_W) // 2 == j:
-                    wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
-                                 other=0.0).to(tl.float32)
-                    if (s * DIL_W - PAD_W) % 2 == 0:
-                        acc_e = tl.where(ok, acc_e + lo * wv, acc_e)
-                    else:
-                        acc_e = tl.where(ok, acc_e + hi * wv, acc_e)
-                if (1 + s * DIL_W - PAD_W) // 2 == j:  # output 2i + 1, one element on
-                    wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
-                                 other=0.0).to(tl.float32)
-                    if (1 + s * DIL_W - PAD_W) % 2 == 0:
-                        acc_o = tl.where(ok, acc_o + lo * wv, acc_o)
-                    else:
-                        acc_o = tl.where(ok, acc_o + hi * wv, acc_o)
+    acc_e, acc_o, bad = _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h,
+                                   pad_h, dil_h, sxh, swk, swr, sws, R, S, PAD_W, DIL_W,
+                                   IS_BF16, False, BLOCK_A, BLOCK_B)
+    if tl.max(bad.to(tl.int32)) > 0:  # padded words add nothing (see depthwise._fprop_taps)
+        acc_e, acc_o, bad = _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h,
+                                       pad_h, dil_h, sxh, swk, swr, sws, R, S, PAD_W, DIL_W,
+                                       IS_BF16, True, BLOCK_A, BLOCK_B)
     if HAS_SCALE:
         sc = tl.load(scale_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         acc_e = acc_e * sc
