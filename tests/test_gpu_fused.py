@@ -130,8 +130,9 @@ def test_strict_fp32_gradients_any_upstream_layout(c, hw, ks, s, layout):
     path's accuracy."""
     from fastconv import batchnorm
 
-    fmt = getattr(torch, f"{layout}_format")
-    other = torch.contiguous_format if layout == "channels_last" else torch.channels_last
+    fmt, other = torch.channels_last, torch.contiguous_format
+    if layout == "contiguous":
+        fmt, other = other, fmt
     torch.manual_seed(c + hw)
     m = ConvBNAct2d(c, c, ks, s, ks // 2, activation="relu", device="cuda",
                     precision="ieee").to(memory_format=fmt)

@@ -83,10 +83,13 @@ def test_nonfinite_weights(groups):
 
 
 def _depthwise_valid_taps(x, w, pad):
-    """float64 depthwise forward summing only the taps inside the input (no 0·w products)."""
+    """float64 depthwise forward summing only the taps inside the input (no 0·w products);
+    output channel k reads input channel k // multiplier."""
     n, c, h, wd = x.shape
     r, s = w.shape[2:]
-    out = torch.zeros(n, c, h + 2 * pad - r + 1, wd + 2 * pad - s + 1, dtype=torch.float64)
+    x = x.repeat_interleave(w.shape[0] // c, dim=1)
+    out = torch.zeros(n, w.shape[0], h + 2 * pad - r + 1, wd + 2 * pad - s + 1,
+                      dtype=torch.float64)
     for p in range(out.shape[2]):
         for q in range(out.shape[3]):
             for i in range(r):
@@ -118,6 +121,19 @@ def test_depthwise_padded_taps_add_nothing():
     assert ok, f"dgrad: {detail}"
     assert torch.allclose(dx.double()[want_dx.isfinite()], want_dx[want_dx.isfinite()],
                           rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_multiplier_padded_taps_add_nothing():
+    """Channel multiplier 2 (each input channel feeds two output channels)."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 3, 4, 5, generator=gen)
+    w = torch.randn(6, 1, 3, 3, generator=gen)
+    w[3, 0, 2, 2] = -float("inf")
+    want = _depthwise_valid_taps(x, w, 1)
+    y = fastconv.conv2d(x, w, None, 1, 1, 1, 3, backend="triton", precision="ieee")
+    ok, detail = _same_nonfinite(y.double(), want)
+    assert ok, detail
+    assert torch.allclose(y.double()[want.isfinite()], want[want.isfinite()], atol=1e-5)
 
 
 def test_depthwise_pairs_kernel_padded_taps_add_nothing():

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .depthwise import _and_row, _channels_by_columns, _nonfinite, _tap
+from .depthwise import _and_row, _any_nonfinite, _channels_by_columns, _tap
 from .fprop import _activation
 
 __all__ = ["eligible", "launch_fprop"]
@@ -59,14 +59,13 @@ def _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h, dil_
                R: tl.constexpr, S: tl.constexpr, PAD_W: tl.constexpr, DIL_W: tl.constexpr,
                IS_BF16: tl.constexpr, SKIP_PADDED: tl.constexpr, BLOCK_A: tl.constexpr,
                BLOCK_B: tl.constexpr):
-    """Sums over taps of the even and odd output columns, and the weights' non-finite flags
-    (the fast loop, and the one skipping padded words: depthwise._fprop_taps explains)."""
+    """Sums over taps of the even and odd output columns (the fast loop, and the one
+    skipping padded words: depthwise._fprop_taps explains)."""
     # word offsets of the window: element 2i + e + s·DIL_W − PAD_W, e in {0, 1}
     J_LO: tl.constexpr = (-PAD_W) // 2
     J_HI: tl.constexpr = (1 + (S - 1) * DIL_W - PAD_W) // 2
     acc_e = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i
     acc_o = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i + 1
-    bad = kmask & False
     for r in tl.static_range(R):
         ih = p * stride_h - pad_h + r * dil_h
         row_ok = (ih >= 0) & (ih < H)
@@ -79,7 +78,6 @@ def _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h, dil_
                 if (s * DIL_W - PAD_W) // 2 == j:
                     wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
                                  other=0.0).to(tl.float32)
-                    bad = bad | _nonfinite(wv, tl.float32)
                     if (s * DIL_W - PAD_W) % 2 == 0:
                         acc_e = _tap(acc_e, lo, wv, ok, SKIP_PADDED)
                     else:
@@ -91,7 +89,7 @@ def _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h, dil_
                         acc_o = _tap(acc_o, lo, wv, ok, SKIP_PADDED)
                     else:
                         acc_o = _tap(acc_o, hi, wv, ok, SKIP_PADDED)
-    return acc_e, acc_o, bad
+    return acc_e, acc_o
 
 
 @triton.jit
@@ -113,13 +111,14 @@ def _dw_pairs_fprop_kernel(
         n = n.to(tl.int64)
     kmask = k < K
     x_base = x_ptr.to(tl.pointer_type(tl.uint32)) + n * sxn + (k // KG) * sxc
-    acc_e, acc_o, bad = _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h,
-                                   pad_h, dil_h, sxh, swk, swr, sws, R, S, PAD_W, DIL_W,
-                                   IS_BF16, False, BLOCK_A, BLOCK_B)
-    if tl.max(bad.to(tl.int32)) > 0:  # padded words add nothing (see depthwise._fprop_taps)
-        acc_e, acc_o, bad = _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h,
-                                       pad_h, dil_h, sxh, swk, swr, sws, R, S, PAD_W, DIL_W,
-                                       IS_BF16, True, BLOCK_A, BLOCK_B)
+    if _any_nonfinite(w_ptr, k * swk, 0, swr, sws, kmask, 1, R, S, tl.float32):
+        acc_e, acc_o = _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h,
+                                  dil_h, sxh, swk, swr, sws, R, S, PAD_W, DIL_W, IS_BF16, True,
+                                  BLOCK_A, BLOCK_B)
+    else:
+        acc_e, acc_o = _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h,
+                                  dil_h, sxh, swk, swr, sws, R, S, PAD_W, DIL_W, IS_BF16, False,
+                                  BLOCK_A, BLOCK_B)
     if HAS_SCALE:
         sc = tl.load(scale_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         acc_e = acc_e * sc
