@@ -57,12 +57,16 @@ class AtenBackend(Backend):
             return _bind_backward(problem, input_grad=False)
         if config == CUDNN_RELU:
             return _bind_cudnn_relu(problem)
-        epilogue = None if problem.epilogue.is_identity else problem.epilogue
+        conv = bare_conv(problem)
+        if problem.epilogue.is_identity:
+            def run_bare(input, weight, bias, scale, shift, residual, out):
+                y = conv(input, weight, bias)
+                return y if out is None else out.copy_(y)
+            return run_bare
+        apply = problem.epilogue.apply
 
         def run(input, weight, bias, scale, shift, residual, out):
-            y = conv_aten(problem, input, weight, bias)
-            if epilogue is not None:
-                y = epilogue.apply(y, scale, shift, residual)
+            y = apply(conv(input, weight, bias), scale, shift, residual)
             return y if out is None else out.copy_(y)
         return run
 
@@ -185,20 +189,36 @@ class _precision:
             torch.backends.cudnn.allow_tf32 = self.saved
 
 
-def conv_aten(problem: ConvProblem, input: torch.Tensor, weight: torch.Tensor,
-              bias: torch.Tensor | None) -> torch.Tensor:
-    """The bare convolution of ``problem`` through torch, honouring its precision."""
-    symmetric = problem.pad_pre == problem.pad_post
-    if not symmetric and not problem.transposed:
-        # torch takes only symmetric padding: pad explicitly.
-        input = F.pad(input, _flat_pad(problem.pad_pre, problem.pad_post))
-        padding = 0
+def bare_conv(problem: ConvProblem):
+    """``conv(input, weight, bias)``: the bare convolution of ``problem`` through torch,
+    honouring its precision, with everything but the tensors decided here, once per plan
+    (the function, its geometry arguments, explicit padding for asymmetric padding, whether
+    cuDNN's TF32 switch must be set around the call)."""
+    if problem.transposed:
+        fn = F.conv_transpose1d if problem.rank == 1 else F.conv_transpose2d
+        tail = (problem.stride, problem.pad_pre, problem.output_padding, problem.groups,
+                problem.dilation)
+        flat = None
     else:
-        padding = problem.pad_pre
-    with _precision(problem):
-        if problem.transposed:
-            fn = F.conv_transpose1d if problem.rank == 1 else F.conv_transpose2d
-            return fn(input, weight, bias, problem.stride, padding, problem.output_padding,
-                      problem.groups, problem.dilation)
         fn = F.conv1d if problem.rank == 1 else F.conv2d
-        return fn(input, weight, bias, problem.stride, padding, problem.dilation, problem.groups)
+        symmetric = problem.pad_pre == problem.pad_post
+        # torch takes only symmetric padding: pad explicitly
+        flat = None if symmetric else _flat_pad(problem.pad_pre, problem.pad_post)
+        tail = (problem.stride, problem.pad_pre if symmetric else 0, problem.dilation,
+                problem.groups)
+    allow = problem.precision == Precision.TF32
+    switch = problem.dtype == torch.float32  # the switch matters for float32 data only
+
+    def conv(input, weight, bias):
+        if flat is not None:
+            input = F.pad(input, flat)
+        # set only when it differs: the property setter costs ~1 us of host time, the raw
+        # getter 0.2 us
+        if switch and torch._C._get_cudnn_allow_tf32() != allow:
+            torch.backends.cudnn.allow_tf32 = allow
+            try:
+                return fn(input, weight, bias, *tail)
+            finally:
+                torch.backends.cudnn.allow_tf32 = not allow
+        return fn(input, weight, bias, *tail)
+    return conv

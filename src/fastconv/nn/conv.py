@@ -62,7 +62,7 @@ class _FastconvMixin:
                 or (residual is not None and residual.requires_grad)):
             return None
         device = input.device.type
-        if torch.is_autocast_enabled(device):
+        if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(device):
             input, residual = fc._autocast(device, input, residual)
             dtype = torch.get_autocast_dtype(device)
             weight, bias = self._cast_param(weight, dtype), self._cast_param(bias, dtype)
