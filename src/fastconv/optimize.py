@@ -74,12 +74,26 @@ class OptimizedModel(nn.Module):
     parameters must keep their tensors (an optimizer updates them in place; replacing one
     needs a new ``optimize``); a model that cannot be captured (e.g. a host
     synchronisation in its forward) runs eagerly, with the reason in ``report.notes``.
+
+    ``state_dict()`` has the original model's keys (a fused layer's parameters and buffers
+    under its convolution's and BatchNorm's names, no ``model.`` prefix) and
+    ``load_state_dict`` takes them: checkpoints move both ways between the original model
+    and the optimized one. ``named_parameters()`` shows the fused layers' own names.
     """
 
     def __init__(self, model: nn.Module, report: Report, channels_last: bool,
-                 autocast: torch.dtype | None, cuda_graph: bool):
+                 autocast: torch.dtype | None, cuda_graph: bool,
+                 state_keys: dict[str, str] | None = None):
         super().__init__()
         self.model = model
+        # state_dict in the original model's keys: the fused layers' keys (relative to
+        # .model) -> the original conv's and BatchNorm's, and back
+        self._state_keys = dict(state_keys or {})
+        self._internal_keys = {v: k for k, v in self._state_keys.items()}
+        self._load_prefix = ""
+        self.register_state_dict_post_hook(_original_keys)
+        self.register_load_state_dict_pre_hook(_internal_keys)
+        self.register_load_state_dict_post_hook(_report_original_keys)
         self.report = report
         self.channels_last = channels_last
         self.autocast = autocast
@@ -190,6 +204,35 @@ class OptimizedModel(nn.Module):
             lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
 
 
+def _original_keys(module: OptimizedModel, state_dict, prefix, local_metadata) -> None:
+    """state_dict post-hook: ``model.<fused key>`` -> the original model's key."""
+    inner = prefix + "model."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        rel = key[len(inner):]
+        state_dict[prefix + module._state_keys.get(rel, rel)] = state_dict.pop(key)
+
+
+def _internal_keys(module: OptimizedModel, state_dict, prefix, local_metadata, strict,
+                   missing_keys, unexpected_keys, error_msgs) -> None:
+    """load_state_dict pre-hook: the original model's keys -> ``model.<fused key>``."""
+    module._load_prefix = prefix  # for _report_original_keys
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        rel = key[len(prefix):]
+        state_dict[prefix + "model." + module._internal_keys.get(rel, rel)] = \
+            state_dict.pop(key)
+
+
+def _report_original_keys(module: OptimizedModel, incompatible) -> None:
+    """load_state_dict post-hook: missing and unexpected keys named as the caller wrote
+    them (the original model's keys)."""
+    inner = module._load_prefix + "model."
+    for keys in (incompatible.missing_keys, incompatible.unexpected_keys):
+        for i, key in enumerate(keys):
+            if key.startswith(inner):
+                rel = key[len(inner):]
+                keys[i] = module._load_prefix + module._state_keys.get(rel, rel)
+
+
 class _Step(nn.Module):
     """What a training graph captures: the optimized model's forward (the model's
     parameters are this module's, so their gradients come out of the graph)."""
@@ -222,15 +265,16 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
     elif not model.training:  # a training copy of an eval model; BatchNorms frozen by the
         model.train()  # user inside a training model keep their eval flag
     conv_precision = precision if precision in ("ieee", "tf32") else None
+    state_keys: dict[str, str] = {}
     try:
         gm = torch.fx.symbolic_trace(model)
     except Exception as exc:
         report.notes.append(f"torch.fx could not trace the model ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:120]}); fused nn.Sequential chains "
                             f"only")
-        out = _walk(model, report, conv_precision)
+        out = _walk(model, report, conv_precision, state_keys)
     else:
-        out = _fuse_graph(gm, report, conv_precision)
+        out = _fuse_graph(gm, report, conv_precision, state_keys)
     convert(out, inplace=True, precision=conv_precision)
     if channels_last:
         out = out.to(memory_format=torch.channels_last)
@@ -238,7 +282,7 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
         report.notes.append("cuda_graph: replays on a GPU only; running eagerly")
         cuda_graph = False
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    result = OptimizedModel(out, report, channels_last, autocast, cuda_graph)
+    result = OptimizedModel(out, report, channels_last, autocast, cuda_graph, state_keys)
     result.training = out.training
     if example_inputs is not None:
         with torch.no_grad():
@@ -269,7 +313,17 @@ def _activation_node(node, modules) -> tuple[str, float] | None:
     return None
 
 
-def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision) -> nn.Module:
+def _record_keys(state_keys: dict[str, str], fused: nn.Module, path: str, conv_path: str,
+                 bn_path: str) -> None:
+    """The fused layer at ``path``: each of its state_dict keys -> the original key (its
+    conv's parameters, its BatchNorm's parameters and buffers)."""
+    for key in fused.state_dict():
+        state_keys[f"{path}.{key}"] = (f"{bn_path}.{key[3:]}" if key.startswith("bn.")
+                                       else f"{conv_path}.{key}")
+
+
+def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision,
+                state_keys: dict[str, str]) -> nn.Module:
     modules = dict(gm.named_modules())
     calls: dict[str, int] = {}
     for node in gm.graph.nodes:
@@ -302,6 +356,7 @@ def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision) -> nn.Modul
         fused = _fused_layer(conv, bn, act, precision)
         new_name = name.replace(".", "_") + "_bn_act"
         gm.add_submodule(new_name, fused)
+        _record_keys(state_keys, fused, new_name, name, bn_node.target)
         with gm.graph.inserting_after(last):
             args = (node.args[0],) if residual is None else (node.args[0], residual)
             new = gm.graph.call_module(new_name, args)
@@ -358,7 +413,8 @@ def _why_not(node, conv, calls, modules) -> str:
     return ""
 
 
-def _walk(model: nn.Module, report: Report, precision) -> nn.Module:
+def _walk(model: nn.Module, report: Report, precision,
+          state_keys: dict[str, str]) -> nn.Module:
     """Fusion without a trace: Conv, BatchNorm [, activation] consecutive in a Sequential,
     where neither module is also registered elsewhere (a shared module must stay itself)."""
     registrations: dict[int, int] = {}
@@ -389,6 +445,9 @@ def _walk(model: nn.Module, report: Report, precision) -> nn.Module:
                 i += 1
                 continue
             fused = _fused_layer(conv, nxt, act, precision)
+            bn_name = children[i + 1][0]
+            _record_keys(state_keys, fused, full, full,
+                         f"{parent_name}.{bn_name}" if parent_name else bn_name)
             setattr(parent, name, fused)
             setattr(parent, children[i + 1][0], nn.Identity())
             if act_mod is not None:
