@@ -38,6 +38,7 @@ _FUNCTION_ACTIVATIONS = {
     torch.tanh: "tanh", F.tanh: "tanh",
 }
 _ADDS = (operator.add, operator.iadd, torch.add)
+_NO_NORM = "not followed by a BatchNorm module"
 _FUSED = {1: (nn.Conv1d, nn.BatchNorm1d, ConvBNAct1d), 2: (nn.Conv2d, nn.BatchNorm2d, ConvBNAct2d)}
 
 
@@ -49,8 +50,17 @@ class Report:
     left: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
 
+    def coverage(self) -> tuple[int, int, int]:
+        """(fused, eligible, total) convolutions: eligible ones are followed by a BatchNorm
+        (fused, or left for a reason the report gives); total counts every convolution the
+        pass looked at (the module walk, without a trace, sees only Sequential chains)."""
+        eligible = len(self.fused) + sum(not why.startswith(_NO_NORM) for _, why in self.left)
+        return len(self.fused), eligible, len(self.fused) + len(self.left)
+
     def __str__(self) -> str:
-        lines = [f"fused {len(self.fused)} patterns, left {len(self.left)} convolutions"]
+        fused, eligible, total = self.coverage()
+        lines = [f"fused {fused} of {eligible} convolutions followed by a BatchNorm "
+                 f"({total} convolutions), left {len(self.left)}"]
         lines += [f"  fused {name}: {pattern}" for name, pattern in self.fused]
         lines += [f"  left  {name}: {why}" for name, why in self.left]
         lines += [f"  note: {n}" for n in self.notes]
@@ -267,7 +277,7 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
     conv_precision = precision if precision in ("ieee", "tf32") else None
     state_keys: dict[str, str] = {}
     try:
-        gm = torch.fx.symbolic_trace(model)
+        gm = _trace(model)
     except Exception as exc:
         report.notes.append(f"torch.fx could not trace the model ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:120]}); fused nn.Sequential chains "
@@ -288,6 +298,40 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
         with torch.no_grad():
             result(*example_inputs)
     return result
+
+
+class _Tracer(torch.fx.Tracer):
+    """torch.fx's tracer with every BatchNorm a leaf: a BatchNorm subclass holding its
+    activation (timm's BatchNormAct2d) stays one call, as torch's own BatchNorms do, instead
+    of being traced into (where its input looks used several times)."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, nn.modules.batchnorm._BatchNorm) or \
+            super().is_leaf_module(m, module_qualified_name)
+
+
+def _trace(model: nn.Module) -> torch.fx.GraphModule:
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def _inner_activation(bn: nn.Module) -> tuple[str, float] | str | None:
+    """The activation a norm-act module applies after normalising (timm's BatchNormAct2d:
+    ``.drop`` then ``.act``): None for a plain BatchNorm or an identity act, the activation,
+    or why it cannot be fused."""
+    act = getattr(bn, "act", None)
+    if not isinstance(act, nn.Module):
+        return None
+    drop = getattr(bn, "drop", None)
+    if drop is not None and not isinstance(drop, nn.Identity):
+        return f"{type(bn).__name__} applies {type(drop).__name__} before its activation"
+    try:
+        found = _activation_of(act)
+    except ConvError:
+        return (f"the activation inside {type(bn).__name__} ({type(act).__name__}) has no "
+                f"fused form")
+    return None if found[0] == "none" else found
 
 
 def _conv_rank(conv) -> int | None:
@@ -341,7 +385,11 @@ def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision,
         bn_node = next(iter(node.users))
         bn = modules[bn_node.target]
         chain, last, residual, act = [node, bn_node], bn_node, None, ("none", 0.01)
-        nxt = next(iter(last.users)) if len(last.users) == 1 else None
+        inner = _inner_activation(bn)  # (_why_not refused the strings)
+        # an activation inside the norm comes before any add: nothing more to fuse
+        nxt = next(iter(last.users)) if len(last.users) == 1 and inner is None else None
+        if inner is not None:
+            act = inner
         if nxt is not None and nxt.op == "call_function" and nxt.target in _ADDS \
                 and len(nxt.args) == 2 and not nxt.kwargs:
             other = nxt.args[1] if nxt.args[0] is last else nxt.args[0]
@@ -374,12 +422,20 @@ def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision,
 
 def _fused_layer(conv, bn, act, precision) -> nn.Module:
     """The fused layer for ``conv -> bn -> act``, holding the model's own parameters and
-    BatchNorm (the model is already a copy): weights tied to other layers stay tied."""
+    BatchNorm (the model is already a copy): weights tied to other layers stay tied. A
+    norm-act module (its activation now the fused layer's) becomes a plain BatchNorm
+    holding the same parameters and buffers."""
     fused = _FUSED[_conv_rank(conv)][2].from_torch(conv, bn, _torch_activation(*act),
                                                    precision=precision)
     fused.weight = conv.weight
     if conv.bias is not None:
         fused.bias = conv.bias
+    if getattr(bn, "act", None) is not None:
+        plain = _FUSED[_conv_rank(conv)][1](bn.num_features, bn.eps, bn.momentum, bn.affine,
+                                             bn.track_running_stats)
+        plain._parameters.update(bn._parameters)  # the very tensors
+        plain._buffers.update(bn._buffers)
+        bn = plain.train(bn.training)
     fused.bn = bn
     fused.train(bn.training)
     return fused
@@ -396,7 +452,7 @@ def _why_not(node, conv, calls, modules) -> str:
         target = getattr(follower.target, "__name__", follower.target)
         if follower.op == "call_module":
             target = type(modules.get(follower.target)).__name__
-        return f"not followed by a torch.nn BatchNorm module (next: {target})"
+        return f"{_NO_NORM} (next: {target})"
     if conv.transposed:
         return "a transposed convolution before a BatchNorm (not fused)"
     bn_node = users[0]
@@ -410,7 +466,8 @@ def _why_not(node, conv, calls, modules) -> str:
         return "the BatchNorm is called with other arguments"
     if not bn.track_running_stats and not bn.training:
         return "a BatchNorm without running statistics in eval mode"
-    return ""
+    inner = _inner_activation(bn)
+    return inner if isinstance(inner, str) else ""
 
 
 def _walk(model: nn.Module, report: Report, precision,
@@ -432,12 +489,17 @@ def _walk(model: nn.Module, report: Report, precision,
             if rank is None or not isinstance(nxt, _FUSED[rank][1]):
                 i += 1
                 continue
-            act_mod = children[i + 2][1] if i + 2 < len(children) else None
+            full = f"{parent_name}.{name}" if parent_name else name
+            inner = _inner_activation(nxt)
+            if isinstance(inner, str):
+                report.left.append((full, inner))
+                i += 1
+                continue
+            act_mod = children[i + 2][1] if i + 2 < len(children) and inner is None else None
             try:
-                act = _activation_of(act_mod)
+                act = inner or _activation_of(act_mod)
             except ConvError:
                 act_mod, act = None, ("none", 0.01)
-            full = f"{parent_name}.{name}" if parent_name else name
             shared = [m for m in (conv, nxt) if registrations[id(m)] > 1]
             if shared:
                 report.left.append((full, f"the {type(shared[0]).__name__} is registered in "
@@ -452,6 +514,7 @@ def _walk(model: nn.Module, report: Report, precision,
             setattr(parent, children[i + 1][0], nn.Identity())
             if act_mod is not None:
                 setattr(parent, children[i + 2][0], nn.Identity())
-            report.fused.append((full, "conv -> bn" + (f" -> {act[0]}" if act_mod else "")))
+            report.fused.append((full, "conv -> bn" + (f" -> {act[0]}" if act[0] != "none"
+                                                        else "")))
             i += 3 if act_mod is not None else 2
     return model
