@@ -16,6 +16,8 @@ export PYTHONPATH=${SRC:-$PWD/src} PYTHONUNBUFFERED=1
 # them once (ignored by git) and name .whl in the device call's carry:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 -d .whl nvidia-cudnn-frontend==1.32.0
+# and timm for the models suite's timm rows (pure Python; imports without its dependencies):
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl timm
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site

@@ -115,3 +115,34 @@ def test_training_step_matches_torch():
             name
         checked += 1
     assert checked == len(params)
+
+
+def test_coverage_counts_only_convolutions_followed_by_a_norm():
+    """A conv whose output feeds two non-norm users (ConvNeXt's downsample before a
+    residual block) is not eligible; one feeding a BatchNorm and more is, and is left."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = nn.Conv2d(3, 4, 2, stride=2)
+            self.a = nn.Conv2d(4, 4, 3, padding=1)
+            self.bn_a = nn.BatchNorm2d(4)
+            self.b = nn.Conv2d(4, 4, 1)
+            self.bn_b = nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            x = self.down(x)
+            x = x + torch.relu(x)           # down: two users, no norm
+            y = self.a(x)
+            z = self.bn_a(y) + y            # a: a norm and another user
+            return torch.relu(self.bn_b(self.b(z)))
+
+    net = Net().eval()
+    fast = fastconv.optimize(net, channels_last=False)
+    left = dict(fast.report.left)
+    assert left["down"].startswith("not followed by a BatchNorm module")
+    assert left["a"] == "its output is used 2 times"
+    assert fast.report.coverage() == (1, 2, 3)
+    assert dict(fast.report.fused) == {"b": "conv -> bn -> relu"}
+    x = torch.randn(1, 3, 8, 6)
+    with torch.no_grad():
+        assert torch.allclose(fast(x), net(x), rtol=1e-5, atol=1e-6)

@@ -444,15 +444,18 @@ def _fused_layer(conv, bn, act, precision) -> nn.Module:
 def _why_not(node, conv, calls, modules) -> str:
     """Why the chain starting at this convolution cannot be fused ('' when it can)."""
     users = list(node.users)
-    if len(users) != 1:
-        return f"its output is used {len(users)} times"
-    follower = users[0]
-    if follower.op != "call_module" or not isinstance(modules.get(follower.target),
-                                                      nn.modules.batchnorm._BatchNorm):
+    if not any(u.op == "call_module" and isinstance(modules.get(u.target),
+                                                    nn.modules.batchnorm._BatchNorm)
+               for u in users):
+        if not users:
+            return f"{_NO_NORM} (its output is not used)"
+        follower = users[0]
         target = getattr(follower.target, "__name__", follower.target)
         if follower.op == "call_module":
             target = type(modules.get(follower.target)).__name__
         return f"{_NO_NORM} (next: {target})"
+    if len(users) != 1:  # a BatchNorm, and other users of the conv's output
+        return f"its output is used {len(users)} times"
     if conv.transposed:
         return "a transposed convolution before a BatchNorm (not fused)"
     bn_node = users[0]

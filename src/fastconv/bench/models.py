@@ -1,4 +1,5 @@
-"""Suite ``models``: whole torchvision models through torch and through fastconv.optimize.
+"""Suite ``models``: whole torchvision and timm models through torch and through
+fastconv.optimize.
 
 Cases are named by model and batch (``deeplabv3_r50_b8``: DeepLabV3-ResNet50, batch 8,
 512x512). Modes: ``eval`` (inference under no_grad) and ``train`` (forward, backward and an
@@ -50,10 +51,34 @@ def _resnet50():
     return torchvision.models.resnet50()
 
 
+def _torchvision(name: str):
+    def build():
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None)
+    return build
+
+
+def _timm(name: str):
+    def build():
+        import timm  # the test/bench extra; pretrained=False: nothing is downloaded
+
+        return timm.create_model(name, pretrained=False)
+    return build
+
+
 BUILDERS = {"deeplabv3_r50": _deeplab, "resnet50": _resnet50}
+BUILDERS.update({f"tv_{n}": _torchvision(n) for n in (
+    "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf")})
+BUILDERS.update({f"timm_{n}": _timm(n) for n in (
+    "resnet50", "resnext50_32x4d", "efficientnet_b0", "mobilenetv3_large_100",
+    "convnext_tiny")})
 CASES = [ModelCase("deeplabv3_r50_b8", "deeplabv3_r50", 8, 512),
          ModelCase("deeplabv3_r50_b1", "deeplabv3_r50", 1, 512),
          ModelCase("resnet50_b64", "resnet50", 64, 224)]
+# the zoo of issue 22 at batch 32, 224x224
+CASES += [ModelCase(f"{key}_b32", key, 32, 224) for key in BUILDERS
+          if key.startswith(("tv_", "timm_"))]
 
 
 def shrink(case: ModelCase) -> ModelCase:
@@ -149,7 +174,12 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: the models suite runs {', '.join(MODES)}")
     torch.manual_seed(0)
-    model = BUILDERS[case.model]().to(device).train(mode == "train")
+    try:
+        model = BUILDERS[case.model]().to(device).train(mode == "train")
+    except ImportError as exc:  # timm not installed: every provider's row says so
+        return [dict(case=case.name, provider=p, precision=precision.value, mode=mode,
+                     error=f"{type(exc).__name__}: {exc} (pip install timm)")
+                for p in providers]
     x = torch.randn(case.batch, 3, case.size, case.size, device=device)
     truth = float64_truth(model, x)
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
