@@ -73,13 +73,19 @@ def test_compiled_training_step_fullgraph():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small"])
-def test_compiled_torchvision_models(name):
-    """Whole torchvision models (random weights, 32x32, float64 so that only real differences
-    show), inference and a training step, fullgraph; Dropout and StochasticDepth off."""
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "timm:mobilenetv3_small_050"])
+def test_compiled_zoo_models(name):
+    """Whole torchvision and timm models (random weights, 32x32, float64 so that only real
+    differences show), inference and a training step, fullgraph; Dropout and StochasticDepth
+    off (timm's create_model has no drop rate by default). timm's MobileNetV3 fuses through
+    its BatchNormAct2d (activation inside the norm)."""
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
-    net = getattr(torchvision.models, name)(num_classes=10).double()
+    if name.startswith("timm:"):
+        net = pytest.importorskip("timm").create_model(name[5:], pretrained=False,
+                                                       num_classes=10).double()
+    else:
+        net = getattr(torchvision.models, name)(num_classes=10).double()
     for m in net.modules():
         if isinstance(m, (nn.Dropout, torchvision.ops.StochasticDepth)):
             m.p = 0.0
@@ -88,6 +94,7 @@ def test_compiled_torchvision_models(name):
         net.train(mode == "training")
         ref = copy.deepcopy(net)
         opt = fastconv.optimize(net, mode=mode, precision="ieee", channels_last=False)
+        assert opt.report.coverage()[0] == opt.report.coverage()[1] > 0
         compiled = torch.compile(opt, backend="aot_eager", fullgraph=True)
         with torch.set_grad_enabled(mode == "training"):
             y, r = compiled(x), ref(x)

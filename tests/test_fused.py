@@ -339,3 +339,28 @@ def test_statistics_kernels_over_many_tiles():
     assert relative_error(var, y.double().var((0, 2, 3), unbiased=False)) < 1e-4
     assert relative_error(rm, want_rm) < 1e-6 and relative_error(rv, want_rv) < 1e-4
     assert relative_error(scale, invstd) == 0 and relative_error(shift, -mean * invstd) < 1e-6
+
+
+@pytest.mark.parametrize("activation", ["none", "silu", "relu"])
+def test_output_changed_in_place_after_the_layer(activation):
+    """Models change a norm's output in place (timm: ``x = bn(conv(x)); x += shortcut``):
+    torch's BatchNorm saves no output, and the fused layer saves it only where the
+    activation's derivative reads it (relu: then torch's own relu has the same rule)."""
+    torch.manual_seed(0)
+    seq = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1, bias=False),
+                              torch.nn.BatchNorm2d(4),
+                              fastconv.nn.fused._torch_activation(activation, 0.01)).train()
+    fused = ConvBNAct2d.from_torch(seq)
+    x = torch.randn(2, 3, 5, 6)
+    shortcut = torch.randn(2, 4, 5, 6)
+    results = []
+    for net in (seq, fused):
+        y = net(x)
+        if activation == "relu":
+            y = y + shortcut  # torch's relu saves its output too: no in-place change there
+        else:
+            y += shortcut
+        y.square().sum().backward()
+        results.append([y.detach()] + [p.grad for p in net.parameters()])
+    for got, want in zip(results[1], results[0]):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .epilogue import activate
 from .errors import ConvError
-from .ops import activation_grad
+from .ops import activation_grad, derivative_from_output
 from .precision import accumulate_dtype
 
 try:  # a dependency on Linux; elsewhere the torch operations below do the work
@@ -88,7 +88,10 @@ class BNActFunction(torch.autograd.Function):
             if residual is not None:
                 u = u + residual.to(acc)
             z = activate(u, activation, negative_slope).to(y.dtype)
-        ctx.save_for_backward(y, z, gamma, residual, mean, invstd, scale, shift)
+        # the output only where the derivative reads it: torch's BatchNorm saves no output,
+        # so models change it in place (timm's `x += shortcut` after a norm)
+        ctx.save_for_backward(y, z if derivative_from_output(activation, negative_slope)
+                              else None, gamma, residual, mean, invstd, scale, shift)
         ctx.extra = (activation, negative_slope, group, count, fast,
                      None if beta is None else beta.dtype)
         return z
@@ -97,6 +100,8 @@ class BNActFunction(torch.autograd.Function):
     def backward(ctx, dz):
         y, z, gamma, residual, mean, invstd, scale, shift = ctx.saved_tensors
         activation, negative_slope, group, count, fast, beta_dtype = ctx.extra
+        if z is None:  # not read: the derivative needs nothing or recomputes the pre-activation
+            z = y
         if fast:
             if dz.stride() != y.stride():
                 dz = torch.empty_like(y).copy_(dz)

@@ -119,12 +119,12 @@ def _setup_context(ctx, inputs, output):
     # The output only where the activation's derivative is read from it: saving it always
     # made a later in-place op on it (an SE block's SiLU(inplace=True)) fail the backward.
     activation, slope = inputs[13], inputs[14]
-    ctx.save_for_backward(*inputs[:6], output if _derivative_from_output(activation, slope)
+    ctx.save_for_backward(*inputs[:6], output if derivative_from_output(activation, slope)
                           else None)
     ctx.args = inputs[6:]
 
 
-def _derivative_from_output(activation: str, negative_slope: float) -> bool:
+def derivative_from_output(activation: str, negative_slope: float) -> bool:
     """Whether ``activation_grad`` reads the output (else it recomputes the pre-activation,
     or needs nothing: no activation)."""
     return activation in ("relu", "relu6", "sigmoid", "tanh") or (
@@ -230,7 +230,7 @@ def activation_grad(grad: Tensor, y: Tensor, activation: str, negative_slope: fl
         return aten.sigmoid_backward(grad, y)
     if activation == "tanh":
         return aten.tanh_backward(grad, y)
-    z = pre_activation()  # (the cases above are _derivative_from_output's)
+    z = pre_activation()  # (the cases above are derivative_from_output's)
     if activation == "leaky_relu":
         return aten.leaky_relu_backward(grad, z, negative_slope, False)
     if activation == "silu":
