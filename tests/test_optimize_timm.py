@@ -146,3 +146,34 @@ def test_coverage_counts_only_convolutions_followed_by_a_norm():
     x = torch.randn(1, 3, 8, 6)
     with torch.no_grad():
         assert torch.allclose(fast(x), net(x), rtol=1e-5, atol=1e-6)
+
+
+class _ShiftedNorm(nn.BatchNorm2d):
+    """A BatchNorm subclass with a forward of its own: never fused as a plain BatchNorm."""
+
+    def forward(self, x):
+        return super().forward(x) + 1.0
+
+
+@pytest.mark.parametrize("traceable", [True, False])
+def test_batchnorm_subclass_with_its_own_forward_is_left(traceable):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), _ShiftedNorm(4))
+
+        def forward(self, x):
+            y = self.body(x)
+            if not traceable and y.sum() > 1e9:  # data-dependent: the module walk
+                return -y
+            return y
+
+    net = Net().eval()
+    fast = fastconv.optimize(net, channels_last=False)
+    assert not fast.report.fused
+    if not traceable:
+        assert dict(fast.report.left)["body.0"] == \
+            "_ShiftedNorm has a forward of its own (not fused as a BatchNorm)"
+    x = torch.randn(1, 3, 5, 5)
+    with torch.no_grad():
+        assert torch.allclose(fast(x), net(x), rtol=1e-5, atol=1e-6)

@@ -306,8 +306,19 @@ class _Tracer(torch.fx.Tracer):
     of being traced into (where its input looks used several times)."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return isinstance(m, nn.modules.batchnorm._BatchNorm) or \
-            super().is_leaf_module(m, module_qualified_name)
+        return _known_norm(m) or super().is_leaf_module(m, module_qualified_name)
+
+
+def _known_norm(m: nn.Module) -> bool:
+    """A BatchNorm whose forward is known: torch's own (a subclass that does not override
+    it) or timm's BatchNormAct2d (normalise, then ``.drop``, then ``.act``). Other
+    subclasses are traced into, so that nothing unknown is fused as a plain BatchNorm."""
+    if not isinstance(m, nn.modules.batchnorm._BatchNorm):
+        return False
+    forward = type(m).forward
+    return forward is nn.modules.batchnorm._BatchNorm.forward or (
+        forward.__qualname__ == "BatchNormAct2d.forward"
+        and forward.__module__.startswith("timm."))
 
 
 def _trace(model: nn.Module) -> torch.fx.GraphModule:
@@ -467,6 +478,8 @@ def _why_not(node, conv, calls, modules) -> str:
         return "the convolution or its BatchNorm is called on more than one path"
     if bn_node.args[0] is not node or len(bn_node.args) != 1 or bn_node.kwargs:
         return "the BatchNorm is called with other arguments"
+    if not _known_norm(bn):
+        return f"{type(bn).__name__} has a forward of its own (not fused as a BatchNorm)"
     if not bn.track_running_stats and not bn.training:
         return "a BatchNorm without running statistics in eval mode"
     inner = _inner_activation(bn)
@@ -493,7 +506,8 @@ def _walk(model: nn.Module, report: Report, precision,
                 i += 1
                 continue
             full = f"{parent_name}.{name}" if parent_name else name
-            inner = _inner_activation(nxt)
+            inner = _inner_activation(nxt) if _known_norm(nxt) else \
+                f"{type(nxt).__name__} has a forward of its own (not fused as a BatchNorm)"
             if isinstance(inner, str):
                 report.left.append((full, inner))
                 i += 1
