@@ -42,7 +42,7 @@ def _same_nonfinite(got: torch.Tensor, want: torch.Tensor) -> tuple[bool, str]:
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("groups", [1, 4])
-def test_nonfinite_inputs_propagate_as_in_torch(activation, groups):
+def test_nonfinite_inputs_propagate_as_in_torch(activation, groups, device):
     gen = torch.Generator().manual_seed(ACTIVATIONS.index(activation) * 7 + groups)
     x = _poison(torch.randn(2, 4, 7, 6, generator=gen), gen, 9)
     w = torch.randn(8, 4 // groups, 3, 3, generator=gen)
@@ -52,12 +52,13 @@ def test_nonfinite_inputs_propagate_as_in_torch(activation, groups):
     ref = activate(F.conv2d(x.double(), w.double(), b.double(), 1, 1, 1, groups)
                    + res.double(), activation, 0.1)
     for backend in _BACKENDS:
-        y = fastconv.conv2d(x, w, b, 1, 1, 1, groups, activation=activation,
-                            negative_slope=0.1, residual=res, backend=backend,
-                            precision="ieee")
+        y = fastconv.conv2d(x.to(device), w.to(device), b.to(device), 1, 1, 1, groups,
+                            activation=activation, negative_slope=0.1,
+                            residual=res.to(device), backend=backend, precision="ieee")
+        y = y.cpu()
         want = ref
-        if activation == "gelu" and backend == "aten":  # torch's float32 CPU gelu(+inf)
-            want = torch.where(ref == float("inf"), float("nan"), ref)
+        if activation == "gelu" and backend == "aten" and device == "cpu":
+            want = torch.where(ref == float("inf"), float("nan"), ref)  # float32 CPU gelu
         ok, detail = _same_nonfinite(y.double(), want)
         assert ok, f"{backend} {activation}: {detail}"
         finite = want.isfinite()
@@ -65,9 +66,10 @@ def test_nonfinite_inputs_propagate_as_in_torch(activation, groups):
 
 
 @pytest.mark.parametrize("groups", [1, 3])
-def test_nonfinite_weights(groups):
-    """Dense: as torch (0·inf = NaN at padded taps too). Depthwise: as torch's depthwise
-    kernel, which skips padded taps."""
+def test_nonfinite_weights(groups, device):
+    """Dense: as torch (0·inf = NaN at padded taps too). Depthwise: as torch's native
+    depthwise kernel, which skips padded taps (the aten backend is torch on the device, whose
+    GPU depthwise path may be cuDNN's: it is compared with torch itself there)."""
     gen = torch.Generator().manual_seed(groups)
     x = torch.randn(1, 3, 5, 5, generator=gen)
     w = torch.randn(3, 3 // groups, 3, 3, generator=gen)
@@ -77,7 +79,10 @@ def test_nonfinite_weights(groups):
     if groups > 1:
         want = _depthwise_valid_taps(x, w, 1)
     for backend in _BACKENDS:
-        y = fastconv.conv2d(x, w, None, 1, 1, 1, groups, backend=backend, precision="ieee")
+        y = fastconv.conv2d(x.to(device), w.to(device), None, 1, 1, 1, groups,
+                            backend=backend, precision="ieee").cpu()
+        if backend == "aten" and device != "cpu":
+            want = F.conv2d(x.to(device), w.to(device), None, 1, 1, 1, groups).cpu().double()
         ok, detail = _same_nonfinite(y.double(), want)
         assert ok, f"{backend} groups={groups}: {detail}"
 
@@ -100,22 +105,24 @@ def _depthwise_valid_taps(x, w, pad):
     return out
 
 
-def test_depthwise_padded_taps_add_nothing():
+def test_depthwise_padded_taps_add_nothing(device):
     """Depthwise forward and dgrad skip padded taps, as torch's depthwise kernels do: an
     infinite weight meets only real inputs (and real output gradients)."""
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 3, 5, 6, generator=gen, requires_grad=True)
+    x = torch.randn(2, 3, 5, 6, generator=gen)
     w = torch.randn(3, 1, 3, 3, generator=gen)
     w[0, 0, 0, 0] = float("inf")
     w[1, 0, 2, 1] = float("nan")
-    want = _depthwise_valid_taps(x.detach(), w, 1)
+    want = _depthwise_valid_taps(x, w, 1)
     assert want[0, 0].isfinite().sum() > 0 and not want[0, 0, 1:, 1:].isfinite().any()
-    y = fastconv.conv2d(x, w, None, 1, 1, 1, 3, backend="triton", precision="ieee")
-    ok, detail = _same_nonfinite(y.detach().double(), want)
+    xd = x.detach().to(device).requires_grad_()
+    y = fastconv.conv2d(xd, w.to(device), None, 1, 1, 1, 3, backend="triton", precision="ieee")
+    ok, detail = _same_nonfinite(y.detach().cpu().double(), want)
     assert ok, detail
     # dgrad: dx[h, w] = sum over taps of dy[h + 1 - i, w + 1 - j] · w[i, j] where that dy exists
     dy = torch.randn(y.shape, generator=gen)
-    (dx,) = torch.autograd.grad(y, x, dy)
+    (dx,) = torch.autograd.grad(y, xd, dy.to(device))
+    dx = dx.cpu()
     want_dx = _depthwise_valid_taps(dy, w.flip(2, 3), 1)
     ok, detail = _same_nonfinite(dx.double(), want_dx)
     assert ok, f"dgrad: {detail}"
@@ -123,20 +130,21 @@ def test_depthwise_padded_taps_add_nothing():
                           rtol=1e-5, atol=1e-5)
 
 
-def test_depthwise_multiplier_padded_taps_add_nothing():
+def test_depthwise_multiplier_padded_taps_add_nothing(device):
     """Channel multiplier 2 (each input channel feeds two output channels)."""
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(1, 3, 4, 5, generator=gen)
     w = torch.randn(6, 1, 3, 3, generator=gen)
     w[3, 0, 2, 2] = -float("inf")
     want = _depthwise_valid_taps(x, w, 1)
-    y = fastconv.conv2d(x, w, None, 1, 1, 1, 3, backend="triton", precision="ieee")
+    y = fastconv.conv2d(x.to(device), w.to(device), None, 1, 1, 1, 3, backend="triton",
+                        precision="ieee").cpu()
     ok, detail = _same_nonfinite(y.double(), want)
     assert ok, detail
     assert torch.allclose(y.double()[want.isfinite()], want[want.isfinite()], atol=1e-5)
 
 
-def test_depthwise_pairs_kernel_padded_taps_add_nothing():
+def test_depthwise_pairs_kernel_padded_taps_add_nothing(device):
     """The 16-bit pair-word kernel skips padded words too (bf16, even width, unit stride)."""
     from fastconv.backends.triton import depthwise, dw_pairs
     gen = torch.Generator().manual_seed(6)
@@ -145,11 +153,12 @@ def test_depthwise_pairs_kernel_padded_taps_add_nothing():
     w[0, 0, 0, 0] = float("inf")
     w[1, 0, 1, 2] = -float("inf")
     want = _depthwise_valid_taps(x, w, 1)
-    out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16)
+    x, w = x.to(device), w.to(device)
+    out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device=device)
     assert dw_pairs.eligible(x, out, None, 1)
     dw_pairs.launch_fprop(x, w, out, None, None, None, stride=(1, 1), pad=(1, 1),
                           dilation=(1, 1), act_code=0, negative_slope=0.0,
                           channels_last=False, config=depthwise.DwConfig(2, 8, 4, pairs=True),
                           int64=False)
-    ok, detail = _same_nonfinite(out.double(), want)
+    ok, detail = _same_nonfinite(out.cpu().double(), want)
     assert ok, detail
