@@ -22,6 +22,7 @@ import triton.language as tl
 
 from ...epilogue import ACTIVATIONS
 from .fprop import INTERPRETED, _activation, serialized
+from .launch import launch
 
 BLOCK_R = 64
 BLOCK_C = 32
@@ -259,12 +260,12 @@ def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum)
     t, cb, (r, c, s, s_n, s_c, s_s) = _grid(y)
     pmean = torch.empty((t, c), device=y.device, dtype=acc)
     pm2 = torch.empty((t, c), device=y.device, dtype=acc)
-    _stats_partials_kernel[(t, cb)](y, pmean, pm2, r, c, s, s_n, s_c, s_s, ACC=_acc(acc),
-                                    BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    launch(_stats_partials_kernel, (t, cb), y, pmean, pm2, r, c, s, s_n, s_c, s_s,
+           ACC=_acc(acc), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
     out = torch.empty((5, c), device=y.device, dtype=acc)
     has_running = running_mean is not None
     dummy = pmean  # never read: the matching HAS_* flag is False
-    _stats_finalize_kernel[(cb,)](
+    launch(_stats_finalize_kernel, (cb,),
         pmean, pm2, t, r, float(r), c, _or(gamma, dummy), _or(beta, dummy), float(eps),
         *out, _or(running_mean, dummy), _or(running_var, dummy), float(momentum),
         HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None, HAS_RUNNING=has_running,
@@ -278,9 +279,10 @@ def apply(y, residual, scale, shift, activation, negative_slope):
     """``act(y·scale + shift (+ residual))`` in ``y``'s dtype and layout."""
     z = torch.empty_like(y)
     t, cb, geo = _grid(y)
-    _apply_kernel[(t, cb)](y, _or(residual, y), z, scale, shift, *geo, float(negative_slope),
-                           HAS_RES=residual is not None, ACT=ACTIVATIONS.index(activation),
-                           ACC=_acc(scale.dtype), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    launch(_apply_kernel, (t, cb), y, _or(residual, y), z, scale, shift, *geo,
+           float(negative_slope), HAS_RES=residual is not None,
+           ACT=ACTIVATIONS.index(activation), ACC=_acc(scale.dtype), BLOCK_R=BLOCK_R,
+           BLOCK_C=BLOCK_C)
     return z
 
 
@@ -290,7 +292,7 @@ def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
     """``[Σ du, Σ du·x̂]`` per channel on this rank, shape (2, C)."""
     t, cb, geo = _grid(y)
     part = torch.empty((2, t, y.shape[1]), device=y.device, dtype=mean.dtype)
-    _backward_partials_kernel[(t, cb)](
+    launch(_backward_partials_kernel, (t, cb),
         dz, z, y, _or(residual, y), mean, invstd, scale, shift, part, t, *geo,
         float(negative_slope), HAS_RES=residual is not None,
         ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=BLOCK_R,
@@ -305,7 +307,7 @@ def backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums, count, 
     dy = torch.empty_like(y)
     dres = torch.empty_like(residual) if residual is not None else None
     t, cb, geo = _grid(y)
-    _backward_apply_kernel[(t, cb)](
+    launch(_backward_apply_kernel, (t, cb),
         dz, z, y, _or(residual, y), mean, invstd, scale, shift, sums, dy, _or(dres, dy),
         *geo, float(count), float(negative_slope), HAS_RES=residual is not None,
         ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=BLOCK_R,

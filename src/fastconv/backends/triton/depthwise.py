@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from .fprop import INTERPRETED, _activation
+from .launch import launch
 
 __all__ = ["DwConfig", "candidates", "launch_fprop", "launch_dgrad", "launch_wgrad"]
 
@@ -369,7 +370,7 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
     _, _, p, q = out4.shape
     dummy = out4  # never read: the matching HAS_* flag is False
     res_strides = _strides(res4) if res4 is not None else (0, 0, 0, 0)
-    _dw_fprop_kernel[_grid(channels_last, n, k, p, q, config)](
+    launch(_dw_fprop_kernel, _grid(channels_last, n, k, p, q, config),
         x4, w4, out4, scale if scale is not None else dummy,
         shift if shift is not None else dummy, res4 if res4 is not None else dummy,
         n, h, w, k, p, q, k // (c // cg), stride[0], stride[1], pad[0], pad[1], dilation[0],
@@ -388,7 +389,7 @@ def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: 
     n, c, h, w = dx4.shape
     k, cg, r, s = w4.shape
     _, _, p, q = dy4.shape
-    _dw_dgrad_kernel[_grid(channels_last, n, c, h, w, config)](
+    launch(_dw_dgrad_kernel, _grid(channels_last, n, c, h, w, config),
         dy4, w4, dx4, n, c, h, w, p, q, k // (c // cg), cg, stride[0], stride[1], pad[0],
         pad[1], dilation[0], dilation[1], *_strides(dy4), *_strides(w4), *_strides(dx4),
         R=r, S=s, ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last,
@@ -418,7 +419,7 @@ def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: 
     acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
     part = torch.empty((splits, taps, k), device=dy4.device, dtype=acc)
     for c_off in range(cg):
-        _dw_wgrad_kernel[(splits, triton.cdiv(k, block_k))](
+        launch(_dw_wgrad_kernel, (splits, triton.cdiv(k, block_k)),
             dy4, x4, part, n, h, w, k, p, q, k // (c // cg), cg, c_off, m_per, stride[0],
             stride[1], pad[0], pad[1], dilation[0], dilation[1], *_strides(dy4),
             *_strides(x4), R=r, S=s, TAPS=taps, ACC=_acc(dy4.dtype), INT64=int64,

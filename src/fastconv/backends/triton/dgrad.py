@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from .fprop import INTERPRETED, acc_type, round_tf32, store_tile, strides, tile_of
+from .launch import launch
 
 
 @triton.jit
@@ -148,7 +149,7 @@ def launch_dgrad(dy4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gr
             groups, stride[0] * stride[1])
     dummy = out4
     res_strides = strides(res4) if res4 is not None else (0, 0, 0, 0)
-    _conv_dgrad_kernel[grid](
+    launch(_conv_dgrad_kernel, grid,
         dy4, w4, out4, scale if scale is not None else dummy,
         shift if shift is not None else dummy, res4 if res4 is not None else dummy,
         n, h, w, c_g, p, q, k_g, r, s,

@@ -32,13 +32,10 @@ import threading
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
 
 from ...precision import accumulate_dtype
+from .launch import INTERPRETED, launch
 
-#: Whether this module's kernels were created for the interpreter (TRITON_INTERPRET=1 at
-#: import): they then run on CPU tensors only, and on the GPU not at all.
-INTERPRETED: bool = bool(knobs.runtime.interpret)
 _INTERPRETER_LOCK = threading.RLock()
 
 
@@ -360,7 +357,7 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
                HAS_RES=res4 is not None, ACT=act_code, INT64=int64)
     epi_ptrs = (scale if scale is not None else dummy, shift if shift is not None else dummy,
                 res4 if res4 is not None else dummy)
-    _conv_fprop_kernel[grid](
+    launch(_conv_fprop_kernel, grid,
         x4, w4, out4, *epi_ptrs, ws,
         n, h, w, c_g, p, q, k_g, r, s,
         stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
@@ -377,7 +374,7 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
     )
     if split > 1:
         bm, bn = 64, 64
-        _splitk_reduce_kernel[(triton.cdiv(m, bm), triton.cdiv(k, bn))](
+        launch(_splitk_reduce_kernel, (triton.cdiv(m, bm), triton.cdiv(k, bn)),
             ws, out4, *epi_ptrs, m, k, p, q, m * k, *strides(out4), *res_strides,
             float(negative_slope), SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **epi)
     return out4

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from ...precision import accumulate_dtype
 from .fprop import INTERPRETED, acc_type, round_tf32, strides
+from .launch import launch
 
 
 @triton.jit
@@ -142,7 +143,7 @@ def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, con
     else:
         target = out4
         out_strides = (*strides(out4), 0)
-    _conv_wgrad_kernel[grid](
+    launch(_conv_wgrad_kernel, grid,
         dy4, x4, target, n, h, w, c_g, p, q, k_g, r, s,
         stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
         *strides(dy4), *strides(x4), *out_strides,

@@ -1,0 +1,89 @@
+"""Kernel launches through the compiled kernel's own launcher.
+
+``kernel[grid](*args, **meta)`` goes through Triton's ``JITFunction.run`` on every call:
+it binds and specialises every argument, hashes the result, looks the compiled kernel up,
+reads the current device and stream and builds launch metadata. On the H100 that cost
+50-90 µs per launch of host time (benchmarks/NOTES.md, "Host cost per call"), more than
+the kernels themselves on small problems.
+
+``launch(kernel, grid, *args, **meta)`` does the same launch. The first call of a
+specialisation goes through ``JITFunction.run`` (which compiles), and its compiled kernel is
+remembered under a key that holds everything Triton specialises on: the grid, every
+integer and flag by value (so its ``== 1``, ``% 16`` and width), every float by type, every
+tensor's dtype and whether its address is 16-byte aligned, the constexprs and launch
+options, and the device. A later call with the same key calls the compiled kernel's
+launcher directly with the current stream. A parameter is given the same Python type at
+every call (an int is never a bool or a float there), as the call sites in this package do.
+
+Triton's own path is kept where the fast one could differ: the interpreter, and a
+launch hook installed (a profiler such as proton reads launch metadata; Triton keeps the
+hooks in a chain that is empty unless one is added).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+
+#: Whether the kernels were created for the interpreter (TRITON_INTERPRET=1 at import):
+#: they then run on CPU tensors only, and on the GPU not at all.
+INTERPRETED: bool = bool(knobs.runtime.interpret)
+
+_Tensor = torch.Tensor
+
+#: kernel -> {key: (launcher, function, packed metadata, grid 0, 1, 2, trailing arguments)}
+_COMPILED: dict = {}
+
+
+def launch(kernel, grid: tuple, *args, **meta) -> None:
+    """``kernel[grid](*args, **meta)``, through the compiled kernel's launcher once cached."""
+    hooks = knobs.runtime
+    if INTERPRETED or _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
+        kernel[grid](*args, **meta)
+        return
+    device = torch.cuda.current_device()
+    key = [device, grid]
+    for a in args:
+        if isinstance(a, _Tensor):
+            key.append(a.dtype)
+            key.append(a.data_ptr() & 15 == 0)
+        else:  # a float is not specialised on (and NaN would never match itself)
+            key.append(float if type(a) is float else a)
+    key.append(tuple(meta.items()))
+    key = tuple(key)
+    cache = _COMPILED.get(kernel)
+    entry = None if cache is None else cache.get(key)
+    if entry is None:
+        compiled = kernel[grid](*args, **meta)
+        entry = _entry(kernel, compiled, grid, len(args), meta)
+        _COMPILED.setdefault(kernel, {})[key] = entry
+        return
+    run, function, packed, g0, g1, g2, tail = entry
+    run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), function, packed, None, None,
+        None, *args, *tail)
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook would run: Triton holds them in a (usually empty) chain."""
+    return hook is not None and getattr(hook, "calls", True) != []
+
+
+def _entry(kernel, compiled, grid: tuple, npositional: int, meta: dict) -> tuple:
+    """What a cached launch needs: the launcher, the loaded function, the packed metadata,
+    the grid as three numbers and the arguments after the positional ones (constexprs given
+    by name or left at their defaults), in the kernel's parameter order."""
+    tail = []
+    for param in kernel.params[npositional:]:
+        if param.name in meta:
+            tail.append(meta[param.name])
+        elif param.has_default:
+            tail.append(param.default)
+        else:  # Triton's own call would have failed: it did not, so this is a misuse here
+            raise TypeError(f"{kernel}: no value for parameter {param.name}")
+    grid3 = (*grid, 1, 1)[:3]
+    return (compiled.run, compiled.function, compiled.packed_metadata, *grid3, tuple(tail))
+
+
+def clear() -> None:
+    """Forget every cached launch (tests; a module reload of a kernel)."""
+    _COMPILED.clear()
