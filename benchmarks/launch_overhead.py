@@ -1,5 +1,7 @@
 """Host time of one Triton kernel launch, GPU only: a trivial kernel with 3 and with 20
-arguments, the batch-norm kernels of backends/triton/bnstats.py, and a ConvBNAct training
+arguments, through Triton's ``kernel[grid]`` and through fastconv's cached launcher
+(backends/triton/launch.py; skipped on a source tree without it), the batch-norm kernels
+of backends/triton/bnstats.py, and a ConvBNAct training
 step with the Triton passes against the torch-operations path; then cProfiles of 100
 launches of the 20-argument kernel and of 100 training steps (where the time goes).
 
@@ -55,6 +57,15 @@ small = lambda: _small[(4,)](x, y, 4096, BLOCK=1024)  # noqa: E731
 wide = lambda: _wide[(4,)](x, y, 4096, *ints, BLOCK=1024)  # noqa: E731
 print(f"triton launch, 3 args:   {host_us(small):6.1f} us")
 print(f"triton launch, 20 args:  {host_us(wide):6.1f} us")
+try:
+    from fastconv.backends.triton.launch import launch
+except ImportError:  # an older source tree
+    launch = None
+if launch is not None:
+    small_l = lambda: launch(_small, (4,), x, y, 4096, BLOCK=1024)  # noqa: E731
+    wide_l = lambda: launch(_wide, (4,), x, y, 4096, *ints, BLOCK=1024)  # noqa: E731
+    print(f"fastconv launch(), 3 args:  {host_us(small_l):6.1f} us")
+    print(f"fastconv launch(), 20 args: {host_us(wide_l):6.1f} us")
 print(f"torch.add (reference):   {host_us(lambda: torch.add(x, 1, out=y)):6.1f} us")
 
 t = torch.randn(32, 64, 56, 56, device="cuda", dtype=torch.bfloat16)
