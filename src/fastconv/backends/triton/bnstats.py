@@ -16,13 +16,15 @@ The activation codes are epilogue.ACTIVATIONS', as in the convolution kernels.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from ...epilogue import ACTIVATIONS
 from .fprop import INTERPRETED, _activation, serialized
-from .launch import launch
+from .launch import cdiv, launch
 
 BLOCK_R = 64
 BLOCK_C = 32
@@ -39,10 +41,10 @@ def usable(y: torch.Tensor) -> bool:
 def _view(t: torch.Tensor) -> tuple[int, int, int, int, int, int]:
     """(N, C, S, stride N, stride C, stride S) of a tensor whose trailing dims are one
     flat spatial dim (true of contiguous and channels-last tensors)."""
-    n, c = t.shape[:2]
-    s = t[0, 0].numel() if t.dim() > 2 else 1
-    s_s = t.stride(-1) if t.dim() > 2 else 1
-    return n, c, s, t.stride(0), t.stride(1), s_s
+    shape, stride = t.shape, t.stride()
+    if len(shape) <= 2:
+        return shape[0], shape[1], 1, stride[0], stride[1], 1
+    return shape[0], shape[1], math.prod(shape[2:]), stride[0], stride[1], stride[-1]
 
 
 def _flat_spatial(t: torch.Tensor) -> bool:
@@ -250,7 +252,7 @@ def _or(t: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
 def _grid(y: torch.Tensor) -> tuple[int, int, tuple]:
     n, c, s, *strides = _view(y)
     r = n * s
-    return triton.cdiv(r, BLOCK_R), triton.cdiv(c, BLOCK_C), (r, c, s, *strides)
+    return cdiv(r, BLOCK_R), cdiv(c, BLOCK_C), (r, c, s, *strides)
 
 
 @serialized

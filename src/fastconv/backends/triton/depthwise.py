@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .fprop import INTERPRETED, _activation
-from .launch import launch
+from .launch import cdiv, launch
 
 __all__ = ["DwConfig", "candidates", "launch_fprop", "launch_dgrad", "launch_wgrad"]
 
@@ -353,10 +353,10 @@ def _strides(t: torch.Tensor) -> tuple[int, ...]:
 
 def _grid(channels_last: bool, n: int, k: int, p: int, q: int, config: DwConfig):
     if channels_last:
-        return triton.cdiv(n * p * q, config.block_a), triton.cdiv(k, config.block_b)
+        return cdiv(n * p * q, config.block_a), cdiv(k, config.block_b)
     if config.plane:
-        return n * triton.cdiv(p * q, config.block_b), triton.cdiv(k, config.block_a)
-    return n * p * triton.cdiv(q, config.block_b), triton.cdiv(k, config.block_a)
+        return n * cdiv(p * q, config.block_b), cdiv(k, config.block_a)
+    return n * p * cdiv(q, config.block_b), cdiv(k, config.block_a)
 
 
 def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act_code,
@@ -409,17 +409,17 @@ def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: 
                         else (config.block_b, config.block_a))
     block_m = min(block_m, 256)
     if INTERPRETED or not dy4.is_cuda:
-        splits = triton.cdiv(m, block_m)
+        splits = cdiv(m, block_m)
     else:
         sms = torch.cuda.get_device_properties(dy4.device).multi_processor_count
-        splits = max(1, min(triton.cdiv(m, block_m), 4 * sms // triton.cdiv(k, block_k)))
-    m_per = triton.cdiv(triton.cdiv(m, splits), block_m) * block_m
-    splits = triton.cdiv(m, m_per)
+        splits = max(1, min(cdiv(m, block_m), 4 * sms // cdiv(k, block_k)))
+    m_per = cdiv(cdiv(m, splits), block_m) * block_m
+    splits = cdiv(m, m_per)
     taps = triton.next_power_of_2(r * s)
     acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
     part = torch.empty((splits, taps, k), device=dy4.device, dtype=acc)
     for c_off in range(cg):
-        launch(_dw_wgrad_kernel, (splits, triton.cdiv(k, block_k)),
+        launch(_dw_wgrad_kernel, (splits, cdiv(k, block_k)),
             dy4, x4, part, n, h, w, k, p, q, k // (c // cg), cg, c_off, m_per, stride[0],
             stride[1], pad[0], pad[1], dilation[0], dilation[1], *_strides(dy4),
             *_strides(x4), R=r, S=s, TAPS=taps, ACC=_acc(dy4.dtype), INT64=int64,

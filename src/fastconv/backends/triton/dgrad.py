@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .fprop import INTERPRETED, acc_type, round_tf32, store_tile, strides, tile_of
-from .launch import launch
+from .launch import cdiv, launch
 
 
 @triton.jit
@@ -145,7 +145,7 @@ def launch_dgrad(dy4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gr
     _, c, h, w = out4.shape
     k_g = k // groups
     hp, wp = -(-h // stride[0]), -(-w // stride[1])
-    grid = (triton.cdiv(n * hp * wp, config.block_m) * triton.cdiv(c_g, config.block_n),
+    grid = (cdiv(n * hp * wp, config.block_m) * cdiv(c_g, config.block_n),
             groups, stride[0] * stride[1])
     dummy = out4
     res_strides = strides(res4) if res4 is not None else (0, 0, 0, 0)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .depthwise import _and_row, _any_nonfinite, _channels_by_columns, _tap
 from .fprop import _activation
-from .launch import launch
+from .launch import cdiv, launch
 
 __all__ = ["eligible", "launch_fprop"]
 
@@ -162,7 +162,7 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
     assert cg == 1 and not channels_last and eligible(x4, out4, res4, stride[1])
     dummy = out4  # never read: the matching HAS_* flag is False
     res_words = tuple(st // 2 for st in res4.stride()[:3]) if res4 is not None else (0, 0, 0)
-    grid = (n * p * triton.cdiv(q // 2, config.block_b), triton.cdiv(k, config.block_a))
+    grid = (n * p * cdiv(q // 2, config.block_b), cdiv(k, config.block_a))
     launch(_dw_pairs_fprop_kernel, grid,
         x4, w4, out4, scale if scale is not None else dummy,
         shift if shift is not None else dummy, res4 if res4 is not None else dummy,

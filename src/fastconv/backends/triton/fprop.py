@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ...precision import accumulate_dtype
-from .launch import INTERPRETED, launch
+from .launch import INTERPRETED, cdiv, launch
 
 _INTERPRETER_LOCK = threading.RLock()
 
@@ -347,8 +347,8 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
     split = config.split_k
     rows = config.rows
     assert not (rows and split > 1), "row tiles do not split the reduction"
-    m_tiles = n * p * triton.cdiv(q, config.block_m) if rows else triton.cdiv(m, config.block_m)
-    grid = (m_tiles * triton.cdiv(k_g, config.block_n), groups, split)
+    m_tiles = n * p * cdiv(q, config.block_m) if rows else cdiv(m, config.block_m)
+    grid = (m_tiles * cdiv(k_g, config.block_n), groups, split)
     dummy = out4  # never read: the matching HAS_* flag is False
     res_strides = strides(res4) if res4 is not None else (0, 0, 0, 0)
     ws = torch.empty((split, m, k), device=x4.device, dtype=accumulate_dtype(x4.dtype)) \
@@ -374,7 +374,7 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
     )
     if split > 1:
         bm, bn = 64, 64
-        launch(_splitk_reduce_kernel, (triton.cdiv(m, bm), triton.cdiv(k, bn)),
+        launch(_splitk_reduce_kernel, (cdiv(m, bm), cdiv(k, bn)),
             ws, out4, *epi_ptrs, m, k, p, q, m * k, *strides(out4), *res_strides,
             float(negative_slope), SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **epi)
     return out4

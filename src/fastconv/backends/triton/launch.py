@@ -63,6 +63,11 @@ def launch(kernel, grid: tuple, *args, **meta) -> None:
         None, *args, *tail)
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for grids (``triton.cdiv`` is a constexpr function: microseconds a call)."""
+    return -(-a // b)
+
+
 def _hooked(hook) -> bool:
     """Whether a launch hook would run: Triton holds them in a (usually empty) chain."""
     return hook is not None and getattr(hook, "calls", True) != []

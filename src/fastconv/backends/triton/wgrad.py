@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ...precision import accumulate_dtype
 from .fprop import INTERPRETED, acc_type, round_tf32, strides
-from .launch import launch
+from .launch import cdiv, launch
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, con
     _, c_g, r, s = out4.shape
     k_g = k // groups
     split = config.split_k
-    grid = (triton.cdiv(k_g, config.block_m) * triton.cdiv(c_g, config.block_n) * r * s,
+    grid = (cdiv(k_g, config.block_m) * cdiv(c_g, config.block_n) * r * s,
             groups, split)
     if split > 1:
         target = torch.empty((split, k, c_g, r, s), device=out4.device,
@@ -159,7 +159,7 @@ def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, con
     if split > 1:
         numel = k * c_g * r * s
         block = 1024
-        _wgrad_reduce[(triton.cdiv(numel, block),)](
+        launch(_wgrad_reduce, (cdiv(numel, block),),
             target, out4, numel, c_g, r, s, *out4.stride(), SPLIT_K=split, BLOCK=block,
             num_warps=4)
     return out4
