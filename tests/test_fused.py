@@ -14,11 +14,13 @@ from fastconv.nn import ConvBNAct1d, ConvBNAct2d
 from fastconv.precision import relative_error
 
 
-@pytest.fixture(params=["triton", "torch"])
+@pytest.fixture(params=["triton", "torch", "native"])
 def bn_path(request, monkeypatch):
-    """Both implementations of the batch-norm passes: the Triton kernels (interpreted here)
-    and the torch operations used where the kernels cannot run."""
+    """Every implementation of the training batch norm: the fused passes as Triton kernels
+    (interpreted here) and as the torch operations used where the kernels cannot run, and
+    torch's own batch_norm, which eager calls take by default (batchnorm.FUSED_IN_EAGER)."""
     monkeypatch.setattr(batchnorm, "USE_TRITON", request.param == "triton")
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", request.param != "native")
     return request.param
 
 
@@ -78,13 +80,21 @@ CONFIGS = [_config(random.Random(i)) for i in range(60)]
 
 @pytest.mark.parametrize("index", range(len(CONFIGS)),
                          ids=[f"r{c['rank']}{c['activation']}" for c in CONFIGS])
-def test_parity_with_torch_in_both_modes(index):
+def test_parity_with_torch_in_both_modes(index, monkeypatch):
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
     _check_parity(index)
 
 
 @pytest.mark.parametrize("index", range(0, len(CONFIGS), 5))
 def test_parity_of_the_torch_operations_path(index, monkeypatch):
     monkeypatch.setattr(batchnorm, "USE_TRITON", False)
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
+    _check_parity(index)
+
+
+@pytest.mark.parametrize("index", range(1, len(CONFIGS), 3))
+def test_parity_of_the_eager_native_path(index):
+    assert not batchnorm.FUSED_IN_EAGER  # the default
     _check_parity(index)
 
 
@@ -342,7 +352,7 @@ def test_statistics_kernels_over_many_tiles():
 
 
 @pytest.mark.parametrize("activation", ["none", "silu", "relu"])
-def test_output_changed_in_place_after_the_layer(activation):
+def test_output_changed_in_place_after_the_layer(activation, bn_path):
     """Models change a norm's output in place (timm: ``x = bn(conv(x)); x += shortcut``):
     torch's BatchNorm saves no output, and the fused layer saves it only where the
     activation's derivative reads it (relu: then torch's own relu has the same rule)."""

@@ -21,13 +21,17 @@ def _err(t, ref, scale):
     return float((t.double() - ref).norm() / (ref.norm() + 1e-2 * scale))
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "native"])
 @pytest.mark.parametrize("precision", [Precision.TF32, Precision.BF16], ids=str)
-def test_training_and_eval_real_sizes(precision, monkeypatch):
+def test_training_and_eval_real_sizes(precision, fused, monkeypatch):
     """Outputs and gradients against float64. The outputs are held to the precision
     contract. Every gradient passes through the activation's mask (set by rounded outputs)
     and BatchNorm's backward, which cancels (dy − mean(dy) − x̂·mean(dy·x̂)): their error is
     judged against the error torch's own Conv -> BatchNorm -> ReLU makes in the same
     precision (at most twice it, or the contract where torch does better)."""
+    from fastconv import batchnorm
+
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", fused)  # eager: native unless fused
     dtype = torch.float32 if precision == Precision.TF32 else torch.bfloat16
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", precision == Precision.TF32)
     report = []
@@ -151,10 +155,12 @@ def test_strict_fp32_gradients_any_upstream_layout(c, hw, ks, s, layout):
             else:
                 mod = copy.deepcopy(m)
                 batchnorm.USE_TRITON = label == "triton"
+                batchnorm.FUSED_IN_EAGER = True
                 try:
                     z = mod(xi)
                 finally:
                     batchnorm.USE_TRITON = True
+                    batchnorm.FUSED_IN_EAGER = False
                 params = (mod.weight, mod.bn.weight, mod.bn.bias)
             torch.manual_seed(1)
             dz = torch.randn(z.shape, device="cuda", dtype=torch.float64).to(dtype)

@@ -7,7 +7,9 @@ Where the Triton kernels can run (a GPU of compute capability 8.0, or the interp
 CPU) every pass is one of backends/triton/bnstats.py's: per-tile partial statistics and a
 deterministic finalize that also updates the running statistics, then one fused
 normalise + activation (+ residual) pass; the backward is one reduction pass and one apply
-pass. Elsewhere the same maths runs as torch operations. Statistics are computed in float32
+pass. Elsewhere the same maths runs as torch operations. Eager calls outside a process group
+take torch's own ``batch_norm`` and activation instead (:func:`bn_act`, ``FUSED_IN_EAGER``):
+their host cost is lower than the fused passes' GPU saving. Statistics are computed in float32
 for every floating dtype but float64 (as torch's batch norm does for half inputs); under a
 process group they are
 combined in rank order from every rank's (count, mean, M2) — Chan's parallel formula,
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor
 
 from .epilogue import activate
@@ -43,6 +46,50 @@ def _channel(v: Tensor, y: Tensor) -> Tensor:
     return v.view(1, -1, *([1] * (y.dim() - 2)))
 
 
+#: Whether training-mode batch norm takes the fused passes in eager calls too. By default
+#: an eager call outside a process group runs torch's own ``batch_norm`` and activation
+#: (their autograd is C++): the fused passes save one round trip of the activation through
+#: GPU memory, microseconds on a ResNet layer, and cost hundreds of microseconds more of
+#: host time (benchmarks/NOTES.md, "Host cost per call"), so they pay only where host time
+#: is free: under CUDA-graph capture (``optimize(cuda_graph=True)``), under torch.compile,
+#: and with synchronised statistics. Tests set it to run the kernels eagerly.
+FUSED_IN_EAGER = False
+
+
+def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tensor | None,
+           running_mean: Tensor | None, running_var: Tensor | None, momentum: float,
+           eps: float, activation: str, negative_slope: float, group) -> Tensor:
+    """``act(batch_norm(y) + residual)`` with batch statistics (running statistics updated
+    in place when given): torch's operations in eager calls, else :class:`BNActFunction`
+    (see :data:`FUSED_IN_EAGER`)."""
+    if group is None and not FUSED_IN_EAGER and _native(y, gamma, beta, running_mean,
+                                                        running_var):
+        _check_count(y.numel() // y.shape[1], y)
+        z = F.batch_norm(y, running_mean, running_var, gamma, beta, True, momentum, eps)
+        if residual is not None:
+            z = z + residual
+        return activate(z, activation, negative_slope)
+    return BNActFunction.apply(y, gamma, beta, residual, running_mean, running_var, momentum,
+                               eps, activation, negative_slope, group)
+
+
+def _native(y: Tensor, *params: Tensor | None) -> bool:
+    """An eager call whose parameters torch's batch_norm takes (its dtype, or float32 ones
+    for a half-precision input)."""
+    if torch.compiler.is_compiling() or (y.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    allowed = (y.dtype, torch.float32) if y.dtype in (torch.float16, torch.bfloat16) \
+        else (y.dtype,)
+    dtypes = {p.dtype for p in params if p is not None}
+    return len(dtypes) <= 1 and dtypes <= set(allowed)
+
+
+def _check_count(count: int, y: Tensor) -> None:
+    if count <= 1:
+        raise ConvError(f"input: batch normalisation in training needs more than 1 value "
+                        f"per channel, got {count} (input shape {tuple(y.shape)})")
+
+
 class BNActFunction(torch.autograd.Function):
     """``(y, γ, β, residual) -> z`` in training mode; updates ``running_mean`` and
     ``running_var`` in place (when given) with weight ``momentum``."""
@@ -51,9 +98,8 @@ class BNActFunction(torch.autograd.Function):
     def forward(ctx, y, gamma, beta, residual, running_mean, running_var, momentum, eps,
                 activation, negative_slope, group):
         count = y.numel() // y.shape[1]
-        if count <= 1 and group is None:
-            raise ConvError(f"input: batch normalisation in training needs more than 1 value "
-                            f"per channel, got {count} (input shape {tuple(y.shape)})")
+        if group is None:
+            _check_count(count, y)
         acc = accumulate_dtype(y.dtype)
         if residual is not None and residual.stride() != y.stride():
             residual = torch.empty_like(y).copy_(residual)  # the kernels index both alike

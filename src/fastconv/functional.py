@@ -531,7 +531,9 @@ def conv_bn_act2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     * ``training`` (or no running statistics): normalised with the batch statistics of the
       convolution output (float32), over every rank of ``process_group`` when one is given
       (as ``torch.nn.SyncBatchNorm``); the backward gives every gradient (input, weight,
-      conv bias, γ, β, residual).
+      conv bias, γ, β, residual). Eager calls without a group normalise with torch's own
+      ``batch_norm`` (less host time); under CUDA-graph capture and torch.compile the
+      normalisation, activation and residual are fused passes (batchnorm.FUSED_IN_EAGER).
     * otherwise: the running statistics folded into a per-channel scale and shift of the
       convolution's fused epilogue — one convolution kernel.
     """
@@ -544,7 +546,7 @@ def conv_bn_act2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight, bn_bias,
                  stride, padding, dilation, groups, training, momentum, eps, activation,
                  negative_slope, residual, process_group, backend, precision):
-    from .batchnorm import BNActFunction
+    from .batchnorm import bn_act
 
     k = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() > 0 else None
     for name, t in (("running_mean", running_mean), ("running_var", running_var),
@@ -572,10 +574,9 @@ def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight
                                 f"{residual.dtype} on {residual.device}")
         group = _sync_group(process_group) if training else None
         update = training and running_mean is not None
-        return BNActFunction.apply(y, bn_weight, bn_bias, residual,
-                                   running_mean if update else None,
-                                   running_var if update else None, momentum, eps,
-                                   activation, negative_slope, group)
+        return bn_act(y, bn_weight, bn_bias, residual, running_mean if update else None,
+                      running_var if update else None, momentum, eps, activation,
+                      negative_slope, group)
     # Inference: BatchNorm folded into the weight and bias, one convolution with its epilogue
     from .batchnorm import fold
 
