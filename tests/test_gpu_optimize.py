@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from fastconv import batchnorm
 from fastconv.bench import models
 from fastconv.optimize import optimize
 from fastconv.precision import TOLERANCE, Precision, relative_error
@@ -86,6 +87,8 @@ def test_training_cuda_graph_steps_equal_eager_steps(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setenv("FASTCONV_DETERMINISTIC", "1")
+    # eager batch norm takes torch's own by default, graphs the fused passes: the same here
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
     torch.manual_seed(0)
     model = tv.models.resnet18()
     model.maxpool = torch.nn.Identity()  # its backward adds with atomics
