@@ -21,6 +21,12 @@ from fastconv.epilogue import ACTIVATIONS, activate
 _BACKENDS = ("aten", "triton")
 
 
+def _cudnn_available() -> bool:
+    from fastconv.backends.cudnn import CudnnBackend
+
+    return torch.cuda.is_available() and CudnnBackend.available()[0]
+
+
 def _poison(t: torch.Tensor, gen: torch.Generator, count: int) -> torch.Tensor:
     t = t.clone()
     flat = t.view(-1)
@@ -78,13 +84,29 @@ def test_nonfinite_weights(groups, device):
     want = F.conv2d(x.double(), w.double(), None, 1, 1, 1, groups)
     if groups > 1:
         want = _depthwise_valid_taps(x, w, 1)
-    for backend in _BACKENDS:
+    for backend in _BACKENDS + (("cudnn",) if _cudnn_available() else ()):
         y = fastconv.conv2d(x.to(device), w.to(device), None, 1, 1, 1, groups,
                             backend=backend, precision="ieee").cpu()
-        if backend == "aten" and device != "cpu":
+        if backend in ("aten", "cudnn") and device != "cpu":
             want = F.conv2d(x.to(device), w.to(device), None, 1, 1, 1, groups).cpu().double()
         ok, detail = _same_nonfinite(y.double(), want)
         assert ok, f"{backend} groups={groups}: {detail}"
+
+
+@pytest.mark.skipif(not _cudnn_available(), reason="needs the cuDNN backend (a GPU)")
+@pytest.mark.parametrize("groups", [1, 4])
+def test_nonfinite_inputs_cudnn(groups):
+    """The cuDNN backend (no fused epilogue): NaN and ±inf inputs as in float64 torch."""
+    gen = torch.Generator().manual_seed(groups)
+    x = _poison(torch.randn(2, 4, 7, 6, generator=gen), gen, 9)
+    w = torch.randn(8, 4 // groups, 3, 3, generator=gen)
+    ref = F.conv2d(x.double(), w.double(), None, 1, 1, 1, groups)
+    y = fastconv.conv2d(x.cuda(), w.cuda(), None, 1, 1, 1, groups, backend="cudnn",
+                        precision="ieee").cpu()
+    ok, detail = _same_nonfinite(y.double(), ref)
+    assert ok, detail
+    finite = ref.isfinite()
+    assert torch.allclose(y.double()[finite], ref[finite], rtol=1e-4, atol=1e-4)
 
 
 def _depthwise_valid_taps(x, w, pad):
