@@ -73,22 +73,25 @@ def test_nonfinite_inputs_propagate_as_in_torch(activation, groups, device):
 
 @pytest.mark.parametrize("groups", [1, 3])
 def test_nonfinite_weights(groups, device):
-    """Dense: as torch (0·inf = NaN at padded taps too). Depthwise: as torch's native
-    depthwise kernel, which skips padded taps (the aten backend is torch on the device, whose
-    GPU depthwise path may be cuDNN's: it is compared with torch itself there)."""
+    """Dense: as torch (0·inf = NaN at padded taps too). Depthwise: Triton as torch's native
+    depthwise kernel, which skips padded taps; aten is torch on the device (compared with
+    torch itself on the GPU); cuDNN multiplies the padding by the weight in every convolution
+    (measured on the H100: NaN at padded taps, as a dense convolution)."""
     gen = torch.Generator().manual_seed(groups)
     x = torch.randn(1, 3, 5, 5, generator=gen)
     w = torch.randn(3, 3 // groups, 3, 3, generator=gen)
     w[0, 0, 0, 0] = float("inf")
     w[1, 0, 2, 2] = float("nan")
-    want = F.conv2d(x.double(), w.double(), None, 1, 1, 1, groups)
-    if groups > 1:
-        want = _depthwise_valid_taps(x, w, 1)
+    padded = F.conv2d(F.pad(x.double(), (1, 1, 1, 1)), w.double(), None, 1, 0, 1, groups)
     for backend in _BACKENDS + (("cudnn",) if _cudnn_available() else ()):
         y = fastconv.conv2d(x.to(device), w.to(device), None, 1, 1, 1, groups,
                             backend=backend, precision="ieee").cpu()
-        if backend in ("aten", "cudnn") and device != "cpu":
+        if backend == "cudnn" or groups == 1:
+            want = padded
+        elif backend == "aten" and device != "cpu":
             want = F.conv2d(x.to(device), w.to(device), None, 1, 1, 1, groups).cpu().double()
+        else:
+            want = _depthwise_valid_taps(x, w, 1)
         ok, detail = _same_nonfinite(y.double(), want)
         assert ok, f"{backend} groups={groups}: {detail}"
 
