@@ -10,8 +10,10 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-# SRC: another source tree to measure (an older commit's src/, for before/after runs)
+# SRC: another source tree to measure (an older commit's src/, for before/after runs), with
+# SRC_SHA its commit: the results then record that sha, not the working tree's
 export PYTHONPATH=${SRC:-$PWD/src} PYTHONUNBUFFERED=1
+if [ -n "${SRC:-}" ]; then export FASTCONV_GIT_SHA=${SRC_SHA:?SRC_SHA: the commit of SRC}; fi
 # The cuDNN frontend is not installed on the device: carried wheels go to /tmp/site. Fetch
 # them once (ignored by git) and name .whl in the device call's carry:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
