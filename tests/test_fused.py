@@ -374,3 +374,26 @@ def test_output_changed_in_place_after_the_layer(activation, bn_path):
         results.append([y.detach()] + [p.grad for p in net.parameters()])
     for got, want in zip(results[1], results[0]):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_eager_training_takes_torchs_batch_norm_and_fused_passes_where_asked(monkeypatch):
+    """Eager training normalises with torch's batch_norm; ``fused_passes()`` (a training
+    graph's warm-up and capture) and FUSED_IN_EAGER take the fused autograd Function; the
+    outputs agree."""
+    x = torch.randn(2, 3, 6, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3)
+    gamma, beta = torch.rand(4) + 0.5, torch.randn(4)
+
+    def run():
+        return fastconv.conv_bn_act2d(x, w, None, None, None, gamma, beta, 1, 1,
+                                      training=True, activation="relu")
+
+    native = run()
+    assert "BNAct" not in type(native.grad_fn).__name__
+    with batchnorm.fused_passes():
+        fused = run()
+    assert type(fused.grad_fn).__name__ == "BNActFunctionBackward"
+    assert "BNAct" not in type(run().grad_fn).__name__  # the context ended
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
+    assert type(run().grad_fn).__name__ == "BNActFunctionBackward"
+    assert torch.allclose(native, fused, rtol=1e-5, atol=1e-5)

@@ -21,6 +21,9 @@ as ``torch.nn.SyncBatchNorm`` does.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -55,6 +58,19 @@ def _channel(v: Tensor, y: Tensor) -> Tensor:
 #: and with synchronised statistics. Tests set it to run the kernels eagerly.
 FUSED_IN_EAGER = False
 
+_FUSED_HERE: contextvars.ContextVar[bool] = contextvars.ContextVar("fused_bn", default=False)
+
+
+@contextlib.contextmanager
+def fused_passes():
+    """The fused passes for the calls inside (a training graph's warm-up runs what its
+    capture will run: the kernels compile and load before the capture)."""
+    token = _FUSED_HERE.set(True)
+    try:
+        yield
+    finally:
+        _FUSED_HERE.reset(token)
+
 
 def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tensor | None,
            running_mean: Tensor | None, running_var: Tensor | None, momentum: float,
@@ -62,8 +78,8 @@ def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tenso
     """``act(batch_norm(y) + residual)`` with batch statistics (running statistics updated
     in place when given): torch's operations in eager calls, else :class:`BNActFunction`
     (see :data:`FUSED_IN_EAGER`)."""
-    if group is None and not FUSED_IN_EAGER and _native(y, gamma, beta, running_mean,
-                                                        running_var):
+    if group is None and not FUSED_IN_EAGER and not _FUSED_HERE.get() \
+            and _native(y, gamma, beta, running_mean, running_var):
         _check_count(y.numel() // y.shape[1], y)
         z = F.batch_norm(y, running_mean, running_var, gamma, beta, True, momentum, eps)
         if residual is not None:

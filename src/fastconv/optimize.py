@@ -253,7 +253,10 @@ class _Step(nn.Module):
         self.__dict__["owner"] = owner  # not a submodule: no second copy of the parameters
 
     def forward(self, *args):
-        return self.owner._run(*args, cache=False)
+        from .batchnorm import fused_passes
+
+        with fused_passes():  # warm-up and capture alike (eager calls take torch's BN)
+            return self.owner._run(*args, cache=False)
 
 
 def optimize(model: nn.Module, mode: str = "inference", precision: str | None = None,
