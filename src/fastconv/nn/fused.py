@@ -100,15 +100,16 @@ class _ConvBNActMixin:
 
     def _forward(self, input: Tensor, residual: Tensor | None, activation: str) -> Tensor:
         bn = self.bn
+        training = self.training and bn.training  # a BatchNorm that stays in eval: frozen
         factor = 0.0 if bn.momentum is None else bn.momentum
-        if self.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        if training and bn.track_running_stats and bn.num_batches_tracked is not None:
             bn.num_batches_tracked.add_(1)
             if bn.momentum is None:  # cumulative moving average
                 factor = 1.0 / float(bn.num_batches_tracked)
-        batch_stats = self.training or (bn.running_mean is None and bn.running_var is None)
+        batch_stats = training or (bn.running_mean is None and bn.running_var is None)
         if not batch_stats and not (torch.is_grad_enabled() and self._needs_grad()):
             return self._folded_forward(input, residual, activation)
-        keep = not self.training or bn.track_running_stats
+        keep = not training or bn.track_running_stats
         group = self.process_group
         if group is None and self.sync_stats:
             group = torch.distributed.group.WORLD
