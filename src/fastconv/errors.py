@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import torch
+
 
 class ConvError(ValueError):
     """An invalid argument to a fastconv operator."""
@@ -34,7 +36,11 @@ class NotSupported(ConvError):
 
 
 def real_number(name: str, value, *, positive: bool = False) -> float:
-    """``value`` as a finite float, or ConvTypeError / ConvError naming ``name``."""
+    """``value`` as a finite float, or ConvTypeError / ConvError naming ``name``. While
+    torch.compile traces, ``value`` passes as it is (with dynamic=True a module's float
+    attribute is symbolic there; modules check theirs when they are built)."""
+    if torch.compiler.is_compiling():
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConvTypeError(f"{name}: expected a real number, got {type(value).__name__} "
                             f"{value!r}")

@@ -4,9 +4,12 @@ fastconv.optimize.
 Cases are named by model and batch (``deeplabv3_r50_b8``: DeepLabV3-ResNet50, batch 8,
 512x512). Modes: ``eval`` (inference under no_grad) and ``train`` (forward, backward and an
 SGD step). Providers: ``torch`` (eager; bf16/fp16 run channels-last under autocast, as users
-run mixed precision), ``torch_compile``, ``fastconv`` (``optimize`` of the model in the
-same precision) and ``fastconv_cuda_graph`` (the same with ``cuda_graph=True``: inference
-replayed, training forward + backward replayed, the SGD step eager). Every row's
+run mixed precision), ``torch_compile`` and ``torch_compile_ro`` (mode="reduce-overhead"),
+``fastconv`` (``optimize`` of the model in the same precision), ``fastconv_cuda_graph`` (the
+same with ``cuda_graph=True``: inference replayed, training forward + backward replayed, the
+SGD step eager), ``fastconv_compile`` and ``fastconv_compile_ro`` (``torch.compile`` of the
+optimized model, default and reduce-overhead mode). Every row has ``first_call_s``: the
+first call's wall time (compilation, dispatch and autotuning), kept out of the timing. Every row's
 ``rel_err`` is against a float64 run of the same model (dropout off), so the table shows
 torch's own error beside fastconv's. In ``train`` rows (BatchNorm on batch statistics)
 DeepLab in bf16 shows ~0.79 for every provider, torch's included (ResNet-50: 0.12); the
@@ -26,7 +29,8 @@ import torch
 
 from ..precision import Precision, relative_error
 
-PROVIDERS = ("torch", "torch_compile", "fastconv", "fastconv_cuda_graph")
+PROVIDERS = ("torch", "torch_compile", "torch_compile_ro", "fastconv", "fastconv_cuda_graph",
+             "fastconv_compile", "fastconv_compile_ro")
 MODES = ("eval", "train")
 
 
@@ -138,8 +142,8 @@ def _callable(provider: str, model, x, precision: Precision, mode: str):
         if half is not None:
             net = net.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
-        if provider == "torch_compile":
-            net = torch.compile(net)
+    if "_compile" in provider:  # the optimized model's own casts and layout are traced
+        net = torch.compile(net, mode="reduce-overhead" if provider.endswith("_ro") else None)
 
     def forward():
         if half is not None and not provider.startswith("fastconv"):
@@ -200,15 +204,16 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                     y = fn()  # compiles, dispatches and autotunes: kept out of the timing
                 if device == "cuda":
                     torch.cuda.synchronize()
-                if provider == "torch_compile":
-                    row["compile_s"] = time.perf_counter() - start
+                row["first_call_s"] = time.perf_counter() - start
                 row["rel_err"] = relative_error(y, truth)
                 row["mask_agreement"] = float((y.argmax(1) == truth.argmax(1)).float().mean())
                 if timer is not None:
                     from .runner import percentiles
 
                     p50, p20, p80 = percentiles(timer.eager([fn], reps))
-                    graph = timer.graph([fn]) if mode == "eval" else None
+                    # (reduce-overhead replays compile's own CUDA graphs: none around them)
+                    graph = (timer.graph([fn]) if mode == "eval" and not provider.endswith("_ro")
+                             else None)
                     row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80,
                                images_per_s=case.batch * 1000 / p50,
                                graph_ms_p50=sorted(graph)[len(graph) // 2] if graph else None)
