@@ -124,4 +124,7 @@ def test_zoo_model(name, cmode):
             x = torch.randn(4, 3, 64, 64, device="cuda").contiguous(
                 memory_format=torch.channels_last)
             y = compiled(x).clone()
-            assert relative_error(y, _truth(net, x)) < BF16
+            truth = _truth(net, x)
+            with torch.autocast("cuda", torch.bfloat16):  # torch's own bf16 error: the bar
+                own = relative_error(net.to(memory_format=torch.channels_last)(x), truth)
+            assert relative_error(y, truth) < max(BF16, 2 * own)

@@ -78,8 +78,10 @@ def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tenso
     """``act(batch_norm(y) + residual)`` with batch statistics (running statistics updated
     in place when given): torch's operations in eager calls, else :class:`BNActFunction`
     (see :data:`FUSED_IN_EAGER`)."""
-    if group is None and not FUSED_IN_EAGER and not _FUSED_HERE.get() \
-            and _native(y, gamma, beta, running_mean, running_var):
+    # (_native first: it is False while torch.compile traces, which cannot trace a
+    # ContextVar's get)
+    if group is None and not FUSED_IN_EAGER \
+            and _native(y, gamma, beta, running_mean, running_var) and not _FUSED_HERE.get():
         _check_count(y.numel() // y.shape[1], y)
         z = F.batch_norm(y, running_mean, running_var, gamma, beta, True, momentum, eps)
         if residual is not None:
