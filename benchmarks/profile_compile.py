@@ -1,0 +1,83 @@
+"""Where the GPU time of a compiled model goes: torch.compile(model) against
+torch.compile(fastconv.optimize(model)), both mode="reduce-overhead" (issue 25), bf16
+channels-last inference. Prints, per variant, the median replay time and the CUDA kernels
+of 5 calls grouped by name (count per call, µs per call), the largest first.
+
+    python benchmarks/profile_compile.py [timm model name] [batch]
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+
+import torch
+
+import fastconv
+
+name = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
+batch = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+import timm  # noqa: E402  (carried wheel on the device)
+
+torch.backends.cudnn.benchmark = True
+torch.manual_seed(0)
+model = timm.create_model(name, pretrained=False).cuda().eval()
+x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+
+
+def torch_variant():
+    net = model.to(memory_format=torch.channels_last)
+    compiled = torch.compile(net, mode="reduce-overhead")
+
+    def call():
+        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+            return compiled(x)
+    return call
+
+
+def fastconv_variant():
+    compiled = torch.compile(fastconv.optimize(model, precision="bf16"), mode="reduce-overhead")
+
+    def call():
+        with torch.no_grad():
+            return compiled(x)
+    return call
+
+
+VARIANTS = (("torch_compile_ro", torch_variant), ("fastconv_compile_ro", fastconv_variant))
+for label, build in VARIANTS:
+    start = time.perf_counter()
+    call = build()
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(30):
+        t0 = torch.cuda.Event(enable_timing=True)
+        t1 = torch.cuda.Event(enable_timing=True)
+        t0.record()
+        call()
+        t1.record()
+        torch.cuda.synchronize()
+        times.append(t0.elapsed_time(t1))
+    times.sort()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+    kernels = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels[e.name[:90]]
+            k[0] += 1
+            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    total = sum(v[1] for v in kernels.values()) / 5
+    count = sum(v[0] for v in kernels.values()) / 5
+    print(f"== {label} {name} b{batch}: {times[len(times) // 2]:.3f} ms per call (median of "
+          f"30), first calls {first:.1f} s; kernels per call {count:.0f}, "
+          f"kernel time {total / 1000:.3f} ms")
+    for kname, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:25]:
+        print(f"  {n / 5:5.1f} x {us / 5:8.1f} us  {kname}")
+    torch._dynamo.reset()
