@@ -81,3 +81,34 @@ for label, build in VARIANTS:
     for kname, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:25]:
         print(f"  {n / 5:5.1f} x {us / 5:8.1f} us  {kname}")
     torch._dynamo.reset()
+
+# What fastconv's op receives from Inductor (strides, dtypes) and which eager ops run inside
+# it: compile's default mode (no CUDA graphs), one call under the profiler.
+from fastconv import ops  # noqa: E402
+
+seen = {}
+inner = ops.conv_impl
+
+
+def logged(input, weight, bias, scale, shift, residual, *rest):
+    key = tuple((tuple(t.shape), t.stride(), str(t.dtype)[6:]) if t is not None else None
+                for t in (input, weight, bias, residual))
+    seen[key] = seen.get(key, 0) + 1
+    return inner(input, weight, bias, scale, shift, residual, *rest)
+
+
+ops.conv_impl = logged
+compiled = torch.compile(fastconv.optimize(model, precision="bf16"))
+with torch.no_grad():
+    compiled(x)
+    compiled(x)
+    seen.clear()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                record_shapes=True) as prof:
+        compiled(x)
+print("== fastconv::conv inputs under compile (input, weight, bias, residual): shape, stride, "
+      "dtype")
+for key, n in seen.items():
+    print(f"  {n} x {key}")
+print(prof.key_averages(group_by_input_shape=True).table(sort_by="count", row_limit=25,
+                                                         max_name_column_width=40))
