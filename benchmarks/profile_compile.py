@@ -3,7 +3,10 @@ torch.compile(fastconv.optimize(model)), both mode="reduce-overhead" (issue 25),
 channels-last inference. Prints, per variant, the median replay time and the CUDA kernels
 of 5 calls grouped by name (count per call, µs per call), the largest first.
 
-    python benchmarks/profile_compile.py [timm model name] [batch]
+    python benchmarks/profile_compile.py [timm model name] [batch] [--combo] [--no-ops]
+
+--combo sets Inductor's combo_kernels (independent small kernels, such as the per-layer
+BatchNorm folds of an optimized model, fused horizontally) for both variants.
 """
 
 from __future__ import annotations
@@ -16,8 +19,14 @@ import torch
 
 import fastconv
 
-name = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
-batch = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+flags = [a for a in sys.argv[1:] if a.startswith("--")]
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+name = args[0] if args else "resnet50"
+batch = int(args[1]) if len(args) > 1 else 32
+if "--combo" in flags:
+    import torch._inductor.config
+
+    torch._inductor.config.combo_kernels = True
 import timm  # noqa: E402  (carried wheel on the device)
 
 torch.backends.cudnn.benchmark = True
@@ -82,6 +91,8 @@ for label, build in VARIANTS:
         print(f"  {n / 5:5.1f} x {us / 5:8.1f} us  {kname}")
     torch._dynamo.reset()
 
+if "--no-ops" in flags:
+    sys.exit(0)
 # What fastconv's op receives from Inductor (strides, dtypes) and which eager ops run inside
 # it: compile's default mode (no CUDA graphs), one call under the profiler.
 from fastconv import ops  # noqa: E402
