@@ -112,3 +112,21 @@ def test_compiled_zoo_models(name):
             assert len(pairs) > len(want) // 2
             assert all(abs(g - w) <= 1e-8 * w for g, w in pairs)
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_fastconv_compile_entry_point(training):
+    """fastconv.compile = torch.compile(optimize(model)) with Inductor's combo kernels (a
+    mode passed as its options); the model's own training flag picks optimize's mode."""
+    net = _net().train(training)
+    ref = copy.deepcopy(net)
+    compiled = fastconv.compile(net, "ieee", channels_last=False, fullgraph=True)
+    assert compiled.training == training
+    x = torch.randn(2, 3, 9, 8)
+    with torch.set_grad_enabled(training):
+        y, r = compiled(x), ref(x)
+    assert relative_error(y.detach(), r.detach().double()) < 1e-5
+    if training:
+        y.square().mean().backward()
+        assert all(p.grad is not None for p in compiled.parameters())
+    torch._dynamo.reset()

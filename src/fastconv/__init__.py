@@ -15,6 +15,7 @@ from .functional import (
     conv_transpose2d,
     explain,
 )
+from .optimize import compile_model as compile  # noqa: A004 (torch.compile's name)
 from .optimize import optimize
 from .precision import TOLERANCE, Precision
 from .problem import ConvProblem
@@ -25,5 +26,5 @@ __all__ = [
     "ACTIVATIONS", "ConvError", "ConvProblem", "ConvTypeError", "Epilogue", "NotSupported",
     "Precision", "TOLERANCE", "conv1d", "conv2d", "conv_bn_act1d", "conv_bn_act2d",
     "conv_transpose1d", "conv_transpose2d",
-    "__version__", "dispatch", "explain", "growth", "nn", "optimize",
+    "__version__", "compile", "dispatch", "explain", "growth", "nn", "optimize",
 ]

@@ -347,6 +347,39 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
     return result
 
 
+def compile_model(model: nn.Module, precision: str | None = None, *,
+                  training: bool | None = None, channels_last: bool = True,
+                  mode: str | None = None, fullgraph: bool = False,
+                  dynamic: bool | None = None, backend="inductor",
+                  combo_kernels: bool = True):
+    """``torch.compile(optimize(model))`` with Inductor's combo kernels (exported as
+    ``fastconv.compile``).
+
+    ``training`` picks :func:`optimize`'s mode (None: the model's own ``training`` flag);
+    ``precision`` and ``channels_last`` are :func:`optimize`'s; ``mode``, ``fullgraph``,
+    ``dynamic`` and ``backend`` are ``torch.compile``'s. Inside a compiled graph the
+    BatchNorm folds that eager calls cache run every call (an in-place parameter update must
+    reach a reduce-overhead replay), one small kernel pair per layer; ``combo_kernels``
+    fuses such independent kernels horizontally (Inductor's ``combo_kernels`` option, set
+    for this compilation only: timm resnet50 on an H100, 199 kernels per replay become 104,
+    benchmarks/NOTES.md). Modes are passed to Inductor as their options
+    (``torch._inductor.list_mode_options``), since ``torch.compile`` takes a mode or options,
+    not both."""
+    if training is None:
+        training = model.training
+    net = optimize(model, "training" if training else "inference", precision,
+                   channels_last=channels_last)
+    if backend != "inductor" or not combo_kernels:
+        return torch.compile(net, mode=mode, fullgraph=fullgraph, dynamic=dynamic,
+                             backend=backend)
+    from torch._inductor import list_mode_options
+
+    options = dict(list_mode_options(mode or "default", dynamic))
+    options["combo_kernels"] = True
+    return torch.compile(net, fullgraph=fullgraph, dynamic=dynamic, backend=backend,
+                         options=options)
+
+
 class _Tracer(torch.fx.Tracer):
     """torch.fx's tracer with every BatchNorm a leaf: a BatchNorm subclass holding its
     activation (timm's BatchNormAct2d) stays one call, as torch's own BatchNorms do, instead

@@ -7,14 +7,14 @@ SGD step). Providers: ``torch`` (eager; bf16/fp16 run channels-last under autoca
 run mixed precision), ``torch_compile`` and ``torch_compile_ro`` (mode="reduce-overhead"),
 ``fastconv`` (``optimize`` of the model in the same precision), ``fastconv_cuda_graph`` (the
 same with ``cuda_graph=True``: inference replayed, training forward + backward replayed, the
-SGD step eager), ``fastconv_compile`` and ``fastconv_compile_ro`` (``torch.compile`` of the
-optimized model, default and reduce-overhead mode). Every row has ``first_call_s``: the
-first call's wall time (compilation, dispatch and autotuning), kept out of the timing. Every row's
-``rel_err`` is against a float64 run of the same model (dropout off), so the table shows
-torch's own error beside fastconv's. In ``train`` rows (BatchNorm on batch statistics)
-DeepLab in bf16 shows ~0.79 for every provider, torch's included (ResNet-50: 0.12); the
-cause is not established (fp32 stays near 1e-4 on the CPU), so compare providers there,
-not against the contract.
+SGD step eager), ``fastconv_compile`` and ``fastconv_compile_ro`` (``fastconv.compile``:
+``torch.compile`` of the optimized model with combo kernels, default and reduce-overhead
+mode). Every row has ``first_call_s``: the first call's wall time (compilation, dispatch and
+autotuning), kept out of the timing. Every row's ``rel_err`` is against a float64 run of the
+same model (dropout off), so the table shows torch's own error beside fastconv's. In
+``train`` rows (BatchNorm on batch statistics) DeepLab in bf16 shows ~0.79 for every
+provider, torch's included (ResNet-50: 0.12); the cause is not established (fp32 stays near
+1e-4 on the CPU), so compare providers there, not against the contract.
 ``eval`` rows are also timed as CUDA-graph replays (``graph_ms_p50``).
 """
 
@@ -130,10 +130,14 @@ def train_step(net: torch.nn.Module, x: torch.Tensor, lr: float = 1e-3):
 
 def _callable(provider: str, model, x, precision: Precision, mode: str):
     """(call, network) for one provider."""
-    from ..optimize import optimize
+    from ..optimize import compile_model, optimize
 
     half = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(precision)
-    if provider.startswith("fastconv"):
+    cmode = "reduce-overhead" if provider.endswith("_ro") else None
+    if provider.startswith("fastconv_compile"):  # the recommended entry point
+        net = compile_model(model, precision.value, training=mode == "train",
+                            channels_last=half is not None, mode=cmode)
+    elif provider.startswith("fastconv"):
         net = optimize(model, "training" if mode == "train" else "inference",
                        precision.value, channels_last=half is not None,
                        cuda_graph=provider == "fastconv_cuda_graph")
@@ -142,8 +146,8 @@ def _callable(provider: str, model, x, precision: Precision, mode: str):
         if half is not None:
             net = net.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
-    if "_compile" in provider:  # the optimized model's own casts and layout are traced
-        net = torch.compile(net, mode="reduce-overhead" if provider.endswith("_ro") else None)
+        if provider.startswith("torch_compile"):
+            net = torch.compile(net, mode=cmode)
 
     def forward():
         if half is not None and not provider.startswith("fastconv"):
