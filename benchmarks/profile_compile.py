@@ -3,7 +3,10 @@ torch.compile(fastconv.optimize(model)), both mode="reduce-overhead" (issue 25),
 channels-last inference. Prints, per variant, the median replay time and the CUDA kernels
 of 5 calls grouped by name (count per call, µs per call), the largest first.
 
-    python benchmarks/profile_compile.py [timm model name] [batch] [--combo] [--no-ops]
+    python benchmarks/profile_compile.py [timm model name] [batch] [--combo] [--no-ops] [--train]
+
+--train profiles a training step (forward + backward, default mode: torch.compile against
+fastconv.compile) instead of reduce-overhead inference.
 
 --combo sets Inductor's combo_kernels (independent small kernels, such as the per-layer
 BatchNorm folds of an optimized model, fused horizontally) for both variants.
@@ -31,26 +34,33 @@ import timm  # noqa: E402  (carried wheel on the device)
 
 torch.backends.cudnn.benchmark = True
 torch.manual_seed(0)
-model = timm.create_model(name, pretrained=False).cuda().eval()
+TRAIN = "--train" in flags
+model = timm.create_model(name, pretrained=False).cuda().train(TRAIN)
 x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
 
 
 def torch_variant():
     net = model.to(memory_format=torch.channels_last)
-    compiled = torch.compile(net, mode="reduce-overhead")
+    compiled = torch.compile(net, mode=None if TRAIN else "reduce-overhead")
 
     def call():
-        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
-            return compiled(x)
+        with torch.set_grad_enabled(TRAIN), torch.autocast("cuda", torch.bfloat16):
+            y = compiled(x)
+        if TRAIN:
+            y.float().square().mean().backward()
+        return y
     return call
 
 
 def fastconv_variant():
-    compiled = torch.compile(fastconv.optimize(model, precision="bf16"), mode="reduce-overhead")
+    compiled = fastconv.compile(model, "bf16", mode=None if TRAIN else "reduce-overhead")
 
     def call():
-        with torch.no_grad():
-            return compiled(x)
+        with torch.set_grad_enabled(TRAIN):
+            y = compiled(x)
+        if TRAIN:
+            y.float().square().mean().backward()
+        return y
     return call
 
 
@@ -91,7 +101,7 @@ for label, build in VARIANTS:
         print(f"  {n / 5:5.1f} x {us / 5:8.1f} us  {kname}")
     torch._dynamo.reset()
 
-if "--no-ops" in flags:
+if "--no-ops" in flags or TRAIN:
     sys.exit(0)
 # What fastconv's op receives from Inductor (strides, dtypes) and which eager ops run inside
 # it: compile's default mode (no CUDA graphs), one call under the profiler.
