@@ -64,7 +64,9 @@ def fastconv_variant():
     return call
 
 
-VARIANTS = (("torch_compile_ro", torch_variant), ("fastconv_compile_ro", fastconv_variant))
+SUFFIX = "" if TRAIN else "_ro"
+VARIANTS = (("torch_compile" + SUFFIX, torch_variant),
+            ("fastconv_compile" + SUFFIX, fastconv_variant))
 for label, build in VARIANTS:
     start = time.perf_counter()
     call = build()
