@@ -54,8 +54,11 @@ def _channel(v: Tensor, y: Tensor) -> Tensor:
 #: (their autograd is C++): the fused passes save one round trip of the activation through
 #: GPU memory, microseconds on a ResNet layer, and cost hundreds of microseconds more of
 #: host time (benchmarks/NOTES.md, "Host cost per call"), so they pay only where host time
-#: is free: under CUDA-graph capture (``optimize(cuda_graph=True)``), under torch.compile,
-#: and with synchronised statistics. Tests set it to run the kernels eagerly.
+#: is free: under CUDA-graph capture (``optimize(cuda_graph=True)``) and with synchronised
+#: statistics. Under torch.compile torch's batch norm is traced too: Inductor fuses it with
+#: the activation and the convolution backward's neighbours (5 unfused passes per layer cost
+#: timm resnet50's compiled training step 4.8 ms of kernels, benchmarks/NOTES.md). Tests set
+#: it to run the kernels eagerly.
 FUSED_IN_EAGER = False
 
 _FUSED_HERE: contextvars.ContextVar[bool] = contextvars.ContextVar("fused_bn", default=False)
@@ -76,12 +79,13 @@ def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tenso
            running_mean: Tensor | None, running_var: Tensor | None, momentum: float,
            eps: float, activation: str, negative_slope: float, group) -> Tensor:
     """``act(batch_norm(y) + residual)`` with batch statistics (running statistics updated
-    in place when given): torch's operations in eager calls, else :class:`BNActFunction`
-    (see :data:`FUSED_IN_EAGER`)."""
-    # (_native first: it is False while torch.compile traces, which cannot trace a
-    # ContextVar's get)
+    in place when given): torch's operations in eager and compiled calls, else
+    :class:`BNActFunction` (see :data:`FUSED_IN_EAGER`)."""
+    # (torch.compile's trace takes torch's batch norm, which Inductor fuses with its
+    # neighbours, and cannot trace a ContextVar's get)
     if group is None and not FUSED_IN_EAGER \
-            and _native(y, gamma, beta, running_mean, running_var) and not _FUSED_HERE.get():
+            and _native(y, gamma, beta, running_mean, running_var) \
+            and (torch.compiler.is_compiling() or not _FUSED_HERE.get()):
         _check_count(y.numel() // y.shape[1], y)
         z = F.batch_norm(y, running_mean, running_var, gamma, beta, True, momentum, eps)
         if residual is not None:
@@ -92,9 +96,10 @@ def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tenso
 
 
 def _native(y: Tensor, *params: Tensor | None) -> bool:
-    """An eager call whose parameters torch's batch_norm takes (its dtype, or float32 ones
-    for a half-precision input)."""
-    if torch.compiler.is_compiling() or (y.is_cuda and torch.cuda.is_current_stream_capturing()):
+    """A call outside CUDA-graph capture (eager or traced by torch.compile) whose parameters
+    torch's batch_norm takes (its dtype, or float32 ones for a half-precision input)."""
+    if not torch.compiler.is_compiling() and y.is_cuda \
+            and torch.cuda.is_current_stream_capturing():
         return False
     allowed = (y.dtype, torch.float32) if y.dtype in (torch.float16, torch.bfloat16) \
         else (y.dtype,)
