@@ -57,10 +57,11 @@ def fakes(monkeypatch, tmp_path):
     monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache())
     calls = []
 
-    def fake_time(fn):
-        return fn()
+    def fake_time(fn):  # a candidate's TIMES entry: GPU ms, or (GPU ms, host ms)
+        t = fn()
+        return t if isinstance(t, tuple) else (t, 0.0)
 
-    monkeypatch.setattr(dispatch, "time_ms", fake_time)
+    monkeypatch.setattr(dispatch, "time_costs", fake_time)
 
     def run(cls, config):
         calls.append((cls.NAME, config))
@@ -127,8 +128,8 @@ def test_mode_from_context_and_environment(fakes, monkeypatch):
     with dispatch.settings("heuristic"):
         assert dispatch.default_mode(p) == "heuristic"
         with dispatch.settings(deterministic=True):
-            assert dispatch.current() == ("heuristic", True)
-    assert dispatch.current() == ("pinned", False)
+            assert dispatch.current() == ("heuristic", True, False)
+    assert dispatch.current() == ("pinned", False, False)
     monkeypatch.setenv("FASTCONV_DISPATCH", "fastest")
     dispatch.reload_environment()
     with pytest.raises(fastconv.ConvError, match="FASTCONV_DISPATCH.*'fastest'"):
@@ -177,11 +178,45 @@ def test_benchmark_choice_persists_to_a_new_process(fakes, tmp_path):
     p = _problem(k=4)
     first = dispatch.choose(p, run=run, mode="benchmark")
     data = json.loads((tmp_path / plancache.FILE_NAME).read_text())
-    assert data["environment"] == plancache.environment() and len(data["entries"]) == 1
+    # one timing, two rankings stored: eager (GPU + host) and CUDA graph (GPU)
+    assert data["environment"] == plancache.environment() and len(data["entries"]) == 2
+    assert sorted(k.rsplit("|", 1)[1] for k in data["entries"]) == ["eager", "graph"]
     calls.clear()
     dispatch.CACHE = plancache.PlanCache()  # what a new process starts with
     assert dispatch.choose(p, run=run, mode="benchmark") == first
+    with dispatch.settings(graph=True):
+        assert dispatch.choose(p, run=run, mode="benchmark") == first
     assert calls == []
+
+
+def test_eager_dispatch_prices_host_time_and_graphs_only_gpu_time(fakes, monkeypatch):
+    """A candidate whose GPU gain is smaller than its extra host cost loses eagerly; for a
+    CUDA graph the GPU time alone decides. Both come from one timing, and explain shows
+    both costs."""
+    run, calls = fakes
+    monkeypatch.setattr(_Fake, "TIMES", {"a": (0.050, 0.010), "b": (0.040, 0.030),
+                                         "c": (0.045, 0.012)})
+    p = _problem(k=5)  # (refuses takes no odd k: the fake backend alone)
+    eager = dispatch.choose(p, run=run, mode="benchmark")
+    assert (eager.config, eager.gpu_ms, eager.host_ms) == ("c", 0.045, 0.012)
+    assert eager.ms == pytest.approx(0.057)
+    n = len(calls)
+    with dispatch.settings(graph=True):
+        graphed = dispatch.choose(p, run=run, mode="benchmark")
+        assert (graphed.config, graphed.ms) == ("b", 0.040)
+        assert dispatch.cached(p, mode="benchmark") == graphed
+        assert len(calls) == n  # the graph choice was stored by the same timing
+        text = str(dispatch.explain(p, mode="benchmark", run=run))
+        assert "ranked by GPU time (CUDA graph)" in text and "* fake:b" in text
+    assert dispatch.cached(p, mode="benchmark") == eager
+    text = str(dispatch.explain(p, mode="benchmark", run=run))
+    assert "ranked by GPU + host time (eager)" in text and "* fake:c" in text
+    assert "gpu     40.0 us  host     30.0 us" in text
+    # a forward with a backward is a choice of its own (its trials time both)
+    calls.clear()
+    dispatch.choose(p, run=run, mode="benchmark", grad=True)
+    assert len(calls) > 0
+    assert dispatch.cached(p, mode="benchmark", grad=True).config == "c"
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 99}),
@@ -198,8 +233,8 @@ def test_corrupt_or_foreign_cache_file_is_ignored_with_one_warning(fakes, tmp_pa
         dispatch.choose(_problem(k=4), run=run, mode="benchmark")
         dispatch.choose(_problem(k=6), run=run, mode="benchmark")
     assert len([w for w in caught if "plan cache" in str(w.message)]) == 1
-    data = json.loads(path.read_text())  # rebuilt: ours, with both entries
-    assert data["environment"] == plancache.environment() and len(data["entries"]) == 2
+    data = json.loads(path.read_text())  # rebuilt: ours, with both problems (eager, graph)
+    assert data["environment"] == plancache.environment() and len(data["entries"]) == 4
 
 
 def test_cache_from_an_older_candidate_list_is_rebuilt(fakes, tmp_path):
@@ -250,7 +285,7 @@ def test_sixteen_threads_one_benchmark_and_one_entry_per_key(fakes):
     assert not errors
     assert len(results) == 16 and all(c.config == "b" for _, c in results)
     assert len(calls) == 4 * 6  # each key timed once: 2 backends x 3 candidates
-    assert len(dispatch.CACHE) == 4
+    assert len(dispatch.CACHE) == 8  # an eager and a CUDA-graph entry per key
 
 
 def test_workspace_pool_grows_only_and_respects_the_cap():

@@ -5,17 +5,24 @@ Modes:
 * ``heuristic`` — no timing: rules pick the backend, the backend's first candidate is the
   configuration. The default on the CPU.
 * ``benchmark`` — the first time a problem key is seen, every supported backend's
-  candidates (aten, each Triton tile, each cuDNN plan) are timed on the call's own tensors
-  (warm-up, CUDA events, median) and the fastest is kept. The default on the GPU. aten is
-  always a candidate, so this mode is not slower than PyTorch except for timing noise. A
-  candidate that fails to build, needs more workspace than the cap or runs out of memory is
-  skipped and its reason recorded.
+  candidates (aten, each Triton tile, each cuDNN plan) are timed on the call's own tensors,
+  two costs each (``time_costs``): its GPU time and its host time per call. Eager calls
+  take the candidate with the least GPU + host time (a candidate whose GPU gain is smaller
+  than its extra host cost loses: in eager mode the host's work is on the critical path
+  whenever the GPU waits for it); calls made for a CUDA graph (``settings(graph=True)``,
+  which ``optimize(cuda_graph=True)`` and the bench's graph timings set) take the least GPU
+  time, as replays cost no host time. Both choices are stored from one timing. The default
+  on the GPU. aten is always a candidate, so this mode is not slower than PyTorch except
+  for timing noise. A candidate that fails to build, needs more workspace than the cap or
+  runs out of memory is skipped and its reason recorded.
 * ``pinned`` — what ``pin()`` fixed for a problem; nothing is timed (problems never pinned
   take the heuristic's choice).
 
 The mode comes from, in order: ``dispatch=`` of a call, the innermost ``settings(...)``
-context, ``FASTCONV_DISPATCH``, the default above. ``deterministic=True`` (or
-``FASTCONV_DETERMINISTIC=1``) keeps only candidates that give bitwise-repeatable results.
+context (this thread's: a CUDA backward runs on torch's autograd device threads, which see
+the default settings), ``FASTCONV_DISPATCH``, the default above. ``deterministic=True``
+(or ``FASTCONV_DETERMINISTIC=1``) keeps only candidates that give bitwise-repeatable
+results.
 
 Choices live in ``plancache.PlanCache`` (memory LRU; benchmark choices and pins also on disk,
 so a new process skips the timing). Thread-safe: concurrent first calls of one key time it
@@ -30,6 +37,7 @@ import dataclasses
 import os
 import statistics
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -48,7 +56,9 @@ OPS = ("fprop", "dgrad", "wgrad")
 class Choice:
     backend: str
     config: Any
-    ms: float | None = None  # measured time in benchmark mode
+    ms: float | None = None  # the cost it was chosen by (benchmark mode), milliseconds
+    gpu_ms: float | None = None  # its GPU time per call
+    host_ms: float | None = None  # its host time per call
 
     def name(self) -> str:
         return self.backend + _config_suffix(self.config)
@@ -65,6 +75,7 @@ def _config_suffix(config) -> str:
 class Settings:
     mode: str | None = None  # None: FASTCONV_DISPATCH, else by device
     deterministic: bool | None = None  # None: FASTCONV_DETERMINISTIC
+    graph: bool | None = None  # None: False (eager costs: GPU + host time)
 
 
 _UNSET = Settings()  # frozen: safe to share as the default
@@ -80,25 +91,30 @@ _SETTINGS: contextvars.ContextVar[Settings] = contextvars.ContextVar("fastconv_d
 
 
 @contextlib.contextmanager
-def settings(mode: str | None = None, *, deterministic: bool | None = None):
+def settings(mode: str | None = None, *, deterministic: bool | None = None,
+             graph: bool | None = None):
     """Dispatch settings for the calls inside the ``with`` block (this thread / task)::
 
         with fastconv.dispatch.settings("pinned", deterministic=True):
             y = fastconv.conv2d(x, w)
+
+    ``graph=True``: the calls are made for a CUDA graph (warm-up before a capture, and the
+    capture): benchmark dispatch ranks candidates by GPU time alone.
     """
     if mode is not None and mode not in MODES:
         raise ConvError(f"mode: got {mode!r}; allowed: {', '.join(MODES)}")
     outer = _SETTINGS.get()
     token = _SETTINGS.set(Settings(mode if mode is not None else outer.mode,
                                    deterministic if deterministic is not None
-                                   else outer.deterministic))
+                                   else outer.deterministic,
+                                   graph if graph is not None else outer.graph))
     try:
         yield
     finally:
         _SETTINGS.reset(token)
 
 
-_ENV: tuple[str | None, bool] | None = None  # FASTCONV_DISPATCH / _DETERMINISTIC, as read
+_ENV: tuple[str | None, bool, bool] | None = None  # FASTCONV_DISPATCH / _DETERMINISTIC
 
 
 def reload_environment() -> None:
@@ -110,7 +126,7 @@ def reload_environment() -> None:
     _ENV = None
 
 
-def _environment() -> tuple[str | None, bool]:
+def _environment() -> tuple[str | None, bool, bool]:
     global _ENV
     if _ENV is None:
         env = os.environ.get("FASTCONV_DISPATCH") or None
@@ -118,22 +134,23 @@ def _environment() -> tuple[str | None, bool]:
             raise ConvError(f"FASTCONV_DISPATCH: got {env!r}; allowed: {', '.join(MODES)}")
         det = os.environ.get("FASTCONV_DETERMINISTIC", "0").strip().lower() in ("1", "true",
                                                                                "yes", "on")
-        _ENV = (env, det)
+        _ENV = (env, det, False)
     return _ENV
 
 
-def current() -> tuple[str | None, bool]:
-    """(mode set by context or environment or None, deterministic) — part of plan keys."""
+def current() -> tuple[str | None, bool, bool]:
+    """(mode set by context or environment or None, deterministic, graph) — part of plan
+    keys."""
     s = _SETTINGS.get()
     if s is _UNSET:  # no settings() context: the environment's (read once)
         return _ENV if _ENV is not None else _environment()
-    env_mode, env_det = _environment()
+    env_mode, env_det, _ = _environment()
     return (s.mode if s.mode is not None else env_mode,
-            s.deterministic if s.deterministic is not None else env_det)
+            s.deterministic if s.deterministic is not None else env_det, bool(s.graph))
 
 
 def default_mode(problem: ConvProblem) -> str:
-    mode, _ = current()
+    mode = current()[0]
     return mode or ("benchmark" if problem.device == "cuda" else "heuristic")
 
 
@@ -143,8 +160,16 @@ _KEY_LOCKS: dict[str, threading.Lock] = {}
 _KEY_LOCKS_GUARD = threading.Lock()
 
 
-def _cache_key(problem: ConvProblem, backend: str, mode: str, op: str, det: bool) -> str:
-    return f"{problem.key()}|{op}|{backend}|{mode}|{'det' if det else 'any'}"
+def _cache_key(problem: ConvProblem, backend: str, mode: str, op: str, det: bool,
+               cost: str = "") -> str:
+    key = f"{problem.key()}|{op}|{backend}|{mode}|{'det' if det else 'any'}"
+    return f"{key}|{cost}" if mode == "benchmark" else key
+
+
+def _cost(graph: bool, grad: bool) -> str:
+    """What benchmark mode ranks by: GPU time for a CUDA graph, GPU + host time eagerly;
+    ``+grad``: a forward whose backward follows (timed with it)."""
+    return ("graph" if graph else "eager") + ("+grad" if grad else "")
 
 
 def _decode(entry: Any, problem: ConvProblem, op: str, names: list[str] | None = None,
@@ -165,8 +190,8 @@ def _decode(entry: Any, problem: ConvProblem, op: str, names: list[str] | None =
         errors = cls.config_errors(problem, config, op)
         if errors:
             raise ValueError("; ".join(errors))
-        ms = entry.get("ms")
-        return Choice(name, config, float(ms) if isinstance(ms, (int, float)) else None)
+        return Choice(name, config,
+                      *(_float(entry.get(k)) for k in ("ms", "gpu_ms", "host_ms")))
     except Exception as exc:
         if key is not None:
             CACHE.discard(key)
@@ -176,10 +201,14 @@ def _decode(entry: Any, problem: ConvProblem, op: str, names: list[str] | None =
         return None
 
 
+def _float(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def _entry(choice: Choice) -> dict:
     cls = backends.REGISTRY[choice.backend]
     return {"backend": choice.backend, "config": cls.encode_config(choice.config),
-            "ms": choice.ms}
+            "ms": choice.ms, "gpu_ms": choice.gpu_ms, "host_ms": choice.host_ms}
 
 
 def pin(problem: ConvProblem, backend: str, config: Any = None, *, op: str = "fprop") -> None:
@@ -198,7 +227,7 @@ def pin(problem: ConvProblem, backend: str, config: Any = None, *, op: str = "fp
     if errors:
         raise ConvError(f"config: got {config!r} for backend {backend!r}: "
                         + "; ".join(errors))
-    _, det = current()
+    det = current()[1]
     choice = Choice(backend, config)
     CACHE.put(_cache_key(problem, "auto", "pinned", op, det), _entry(choice), persist=True)
 
@@ -234,18 +263,22 @@ def _names(problem: ConvProblem, backend: str, det: bool) -> list[str]:
 
 def choose(problem: ConvProblem, backend: str = "auto", *,
            run: Callable[[type[backends.Backend], Any], None] | None = None,
-           mode: str | None = None, op: str = "fprop") -> Choice:
+           mode: str | None = None, op: str = "fprop", grad: bool = False) -> Choice:
     """The backend and configuration to run ``op`` of ``problem`` with.
 
     ``run(backend_cls, config)`` executes one candidate on the call's tensors; benchmark mode
     needs it and falls back to the heuristic without it. ``op`` is one of ``OPS``: the
     problem's own computation or the data / weight gradient of a (non-transposed) problem.
+    ``grad``: the forward of a call whose backward follows (``run`` runs both), a choice of
+    its own. In benchmark mode the eager and the CUDA-graph choice (see the module
+    docstring) are both stored; the current settings say which one is returned.
     """
     mode = mode or default_mode(problem)
     if mode not in MODES:
         raise ConvError(f"mode: got {mode!r}; allowed: {', '.join(MODES)}")
-    _, det = current()
-    key = _cache_key(problem, backend, mode, op, det)
+    _, det, graph = current()
+    graph = graph or _capturing()
+    key = _cache_key(problem, backend, mode, op, det, _cost(graph, grad))
     hit = CACHE.get(key)
     if hit is not None:
         choice = _decode(hit, problem, op, _names(problem, backend, det), key)
@@ -256,8 +289,16 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
         choice = _decode(hit, problem, op, _names(problem, backend, det), key) \
             if hit is not None else None
         if choice is None:
-            choice, persist = _decide(problem, backend, mode, op, det, run)
-            CACHE.put(key, _entry(choice), persist=persist)
+            choice, rows = _decide(problem, backend, mode, op, det, run)
+            if rows is None:
+                CACHE.put(key, _entry(choice), persist=False)
+            else:  # one timing, both rankings stored
+                for g in (False, True):
+                    best = _best(rows, g)
+                    CACHE.put(_cache_key(problem, backend, mode, op, det, _cost(g, grad)),
+                              _entry(best), persist=True)
+                    if g == graph:
+                        choice = best
     return choice
 
 
@@ -269,25 +310,30 @@ def _key_lock(key: str) -> threading.Lock:
         return lock
 
 
-def _decide(problem, backend, mode, op, det, run) -> tuple[Choice, bool]:
+def _decide(problem, backend, mode, op, det, run) -> tuple[Choice, list[Row] | None]:
+    """A choice without timing, or (None, the timed rows) in benchmark mode."""
     names = _names(problem, backend, det)
     if mode == "pinned" and backend == "auto":
         pin_key = _cache_key(problem, "auto", "pinned", op, det)
         pinned = CACHE.get(pin_key)
         choice = _decode(pinned, problem, op, names, pin_key) if pinned is not None else None
         if choice is not None:
-            return choice, False
+            return choice, None
     if mode == "benchmark" and run is not None and problem.device == "cuda" \
             and not _capturing():
         rows = _benchmark(problem, names, run, op)
-        timed = [r for r in rows if r.ms is not None]
-        if not timed:
+        if not any(r.timed for r in rows):
             raise NotSupported(backend, [f"every candidate failed for {problem.describe()}: "
                                          + "; ".join(f"{r.name()}: {r.note}" for r in rows)])
-        best = min(timed, key=lambda r: r.ms)
-        return Choice(best.backend, best.config, best.ms), True
+        return None, rows
     name = _rule(problem, names, op)
-    return Choice(name, backends.REGISTRY[name].candidates(problem, op)[0]), False
+    return Choice(name, backends.REGISTRY[name].candidates(problem, op)[0]), None
+
+
+def _best(rows: list[Row], graph: bool) -> Choice:
+    """The timed row of least cost: GPU time for a CUDA graph, GPU + host time eagerly."""
+    best = min((r for r in rows if r.timed), key=lambda r: r.cost(graph))
+    return Choice(best.backend, best.config, best.cost(graph), best.gpu_ms, best.host_ms)
 
 
 def _capturing() -> bool:
@@ -296,10 +342,12 @@ def _capturing() -> bool:
 
 
 def cached(problem: ConvProblem, backend: str = "auto", mode: str | None = None,
-           op: str = "fprop") -> Choice | None:
-    """The choice already made for ``problem`` (``None`` if it was never dispatched)."""
-    _, det = current()
-    hit = CACHE.get(_cache_key(problem, backend, mode or default_mode(problem), op, det))
+           op: str = "fprop", grad: bool = False) -> Choice | None:
+    """The choice already made for ``problem`` (``None`` if it was never dispatched) under
+    the current settings."""
+    _, det, graph = current()
+    hit = CACHE.get(_cache_key(problem, backend, mode or default_mode(problem), op, det,
+                               _cost(graph, grad)))
     return _decode(hit, problem, op) if hit is not None else None
 
 
@@ -325,12 +373,20 @@ class Row:
     """One candidate as explain() shows it."""
     backend: str
     config: Any = None
-    ms: float | None = None
+    gpu_ms: float | None = None  # GPU time per call
+    host_ms: float | None = None  # host time per call
     note: str = ""  # refusal or failure reason; empty when timed
     chosen: bool = False
 
     def name(self) -> str:
         return self.backend + _config_suffix(self.config)
+
+    @property
+    def timed(self) -> bool:
+        return self.gpu_ms is not None
+
+    def cost(self, graph: bool) -> float:
+        return self.gpu_ms if graph else self.gpu_ms + self.host_ms
 
 
 def _benchmark(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
@@ -352,14 +408,14 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
             continue
         for config in configs:
             try:
-                ms = time_ms(lambda cls=cls, config=config: run(cls, config))
+                gpu, host = time_costs(lambda cls=cls, config=config: run(cls, config))
             except torch.OutOfMemoryError as exc:
                 torch.cuda.empty_cache()
-                rows.append(Row(name, config, None, f"out of memory: {_short(exc)}"))
+                rows.append(Row(name, config, note=f"out of memory: {_short(exc)}"))
             except Exception as exc:  # cannot compile here, workspace over the cap, ...
-                rows.append(Row(name, config, None, _short(exc)))
+                rows.append(Row(name, config, note=_short(exc)))
             else:
-                rows.append(Row(name, config, ms))
+                rows.append(Row(name, config, gpu, host))
     return rows
 
 
@@ -368,24 +424,55 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
 
-def time_ms(fn: Callable[[], None], warmup: int = 3, batches: int = 5,
-            per_batch: int = 8) -> float:
-    """Milliseconds per call of ``fn``: the median over ``batches`` of ``per_batch``
-    back-to-back calls between one CUDA event pair (batching keeps launch gaps and event
-    jitter from deciding between candidates that differ by a few microseconds)."""
+def time_costs(fn: Callable[[], None], warmup: int = 3, batches: int = 5,
+               per_batch: int = 8) -> tuple[float, float]:
+    """``(GPU ms, host ms)`` per call of ``fn``: medians over ``batches`` of ``per_batch``
+    back-to-back calls. Each batch is queued behind a spinning kernel (``torch.cuda._sleep``)
+    that outlasts the host's work, so the CUDA events around it time the GPU alone, and the
+    wall clock of the calls is the host's time alone (it never waits for the GPU, unless
+    ``fn`` synchronises: then its host time includes the wait, as it would in a program)."""
     for _ in range(warmup):
         fn()
-    times = []
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(per_batch):  # (the host runs ahead of the GPU, or the GPU waits for it)
+        fn()
+    host_guess = (time.perf_counter() - start) * 1e3 / per_batch
+    torch.cuda.synchronize()
+    gpu, host = [], []
     for _ in range(batches):
-        start = torch.cuda.Event(enable_timing=True)
+        begin = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        start.record()
+        torch.cuda._sleep(int((2 * per_batch * host_guess + 0.05) * _cycles_per_ms()))
+        begin.record()
+        start = time.perf_counter()
         for _ in range(per_batch):
             fn()
+        host.append((time.perf_counter() - start) * 1e3 / per_batch)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / per_batch)
-    return statistics.median(times)
+        gpu.append(begin.elapsed_time(end) / per_batch)
+        host_guess = max(host_guess, host[-1])
+    return statistics.median(gpu), statistics.median(host)
+
+
+_CYCLES_PER_MS: float | None = None
+
+
+def _cycles_per_ms() -> float:
+    """GPU clock cycles per millisecond of ``torch.cuda._sleep`` (measured once)."""
+    global _CYCLES_PER_MS
+    if _CYCLES_PER_MS is None:
+        cycles = 2_000_000
+        begin = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        begin.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_MS = cycles / max(begin.elapsed_time(end), 1e-3)
+    return _CYCLES_PER_MS
 
 
 # ------------------------------------------------------------------------------- explain
@@ -396,14 +483,17 @@ class Explanation:
     op: str
     rows: list[Row]
     choice: Choice
+    graph: bool = False  # ranked by GPU time (a CUDA graph) instead of GPU + host time
 
     def __str__(self) -> str:
+        ranked = "GPU time (CUDA graph)" if self.graph else "GPU + host time (eager)"
         lines = [f"{self.op} of {self.problem.describe()} [{self.problem.key()}]",
-                 f"mode {self.mode}; choice: {self.choice.name()}"]
+                 f"mode {self.mode}; ranked by {ranked}; choice: {self.choice.name()}"]
         width = max(len(r.name()) for r in self.rows)
         for r in self.rows:
             mark = "*" if r.chosen else " "
-            what = f"{r.ms * 1000:9.1f} us" if r.ms is not None else (r.note or "not timed")
+            what = (f"gpu {r.gpu_ms * 1000:8.1f} us  host {r.host_ms * 1000:8.1f} us"
+                    if r.timed else (r.note or "not timed"))
             lines.append(f" {mark} {r.name():<{width}}  {what}")
         return "\n".join(lines)
 
@@ -414,7 +504,7 @@ def explain(problem: ConvProblem, backend: str = "auto", *, mode: str | None = N
     ``mode`` is benchmark and ``run`` executes a candidate), and the choice. Does not
     change the cache."""
     mode = mode or default_mode(problem)
-    _, det = current()
+    _, det, graph = current()
     refusals = supported(problem, det) if backend == "auto" else \
         {backend: backends.get(backend).not_supported_reasons(problem)}
     names = [n for n, r in refusals.items() if not r]
@@ -424,18 +514,16 @@ def explain(problem: ConvProblem, backend: str = "auto", *, mode: str | None = N
     else:
         for n in names:
             try:
-                rows += [Row(n, c, None, "not timed") for c in
+                rows += [Row(n, c, note="not timed") for c in
                          backends.REGISTRY[n].candidates(problem, op)]
             except Exception as exc:
-                rows.append(Row(n, None, None, f"no candidates: {_short(exc)}"))
-    rows += [Row(n, None, None, "; ".join(r)) for n, r in refusals.items() if r]
-    hit = CACHE.get(_cache_key(problem, backend, mode, op, det))
+                rows.append(Row(n, note=f"no candidates: {_short(exc)}"))
+    rows += [Row(n, note="; ".join(r)) for n, r in refusals.items() if r]
+    hit = CACHE.get(_cache_key(problem, backend, mode, op, det, _cost(graph, False)))
     choice = _decode(hit, problem, op, names) if hit is not None else None
     if choice is None:
-        timed = [r for r in rows if r.ms is not None]
-        if timed:
-            best = min(timed, key=lambda r: r.ms)
-            choice = Choice(best.backend, best.config, best.ms)
+        if any(r.timed for r in rows):
+            choice = _best(rows, graph)
         elif names:
             choice, _ = _decide(problem, backend, mode if mode != "benchmark" else "heuristic",
                                 op, det, None)
@@ -443,4 +531,4 @@ def explain(problem: ConvProblem, backend: str = "auto", *, mode: str | None = N
             choice = Choice("none", None)
     for r in rows:
         r.chosen = r.backend == choice.backend and r.config == choice.config
-    return Explanation(problem, mode, op, rows, choice)
+    return Explanation(problem, mode, op, rows, choice, graph)

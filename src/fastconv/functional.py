@@ -182,13 +182,13 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
         plan = None if compiling else forward_plan(
             rank, transposed, input, weight, bias, stride, padding, dilation, groups,
             output_padding, activation, negative_slope, residual, scale, shift, None, backend,
-            precision)
+            precision, grad=needs_grad)
         if plan is not None and plan.native_grad:
             # The forward runs on torch's own differentiable ops: torch's autograd gives the
             # backward (cuDNN's dgrad and wgrad in one call) at torch's host cost.
             result = plan.run(input, weight, bias, scale, shift, residual, None)
         else:
-            result = _through_op(rank, transposed, input, weight, bias, stride, padding,
+            result = _through_op(plan, rank, transposed, input, weight, bias, stride, padding,
                                  dilation, groups, output_padding, activation, negative_slope,
                                  residual, scale, shift, backend, precision)
         if out_b is not None:
@@ -217,9 +217,12 @@ def autocast_casts(t, dtype: torch.dtype) -> bool:
             and t.dtype not in (torch.float64, dtype))
 
 
-def _through_op(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                output_padding, activation, negative_slope, residual, scale, shift, backend,
-                precision):
+def _through_op(plan, rank, transposed, input, weight, bias, stride, padding, dilation,
+                groups, output_padding, activation, negative_slope, residual, scale, shift,
+                backend, precision):
+    """The autograd path: the ``fastconv::conv`` op under torch.compile, else
+    ``ops.ConvFunction`` running ``plan`` (the forward dispatch chose for a call with a
+    backward)."""
     from . import ops  # registers the custom ops on first use
 
     if not isinstance(weight, torch.Tensor):
@@ -246,7 +249,7 @@ def _through_op(rank, transposed, input, weight, bias, stride, padding, dilation
             backend, prec)
     if torch.compiler.is_compiling():
         return ops.conv(*args)
-    return ops.ConvFunction.apply(*args)
+    return ops.ConvFunction.apply(plan, *args)
 
 
 def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
@@ -261,8 +264,10 @@ def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation
 
 def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
                  output_padding, activation, negative_slope, residual, scale, shift, out,
-                 backend, precision) -> _Plan:
-    """The cached plan of a forward call (validated and dispatched on first sight)."""
+                 backend, precision, grad: bool = False) -> _Plan:
+    """The cached plan of a forward call (validated and dispatched on first sight);
+    ``grad``: a call whose backward follows (dispatch prices the backward of each
+    candidate's path too)."""
     # Fast path: a call whose every validated property (shapes, strides, dtypes, devices,
     # arguments, global precision flag) was seen before reuses its plan; only the checks
     # that depend on the data pointers run again.
@@ -276,7 +281,7 @@ def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilatio
                None if scale is None else _sig(scale), None if shift is None else _sig(shift),
                None if out is None else _sig(out), stride, padding, dilation, groups,
                output_padding, activation, negative_slope, backend, precision,
-               torch._C._get_cudnn_allow_tf32(), dispatch.current(),
+               torch._C._get_cudnn_allow_tf32(), dispatch.current(), grad,
                _kinds(stride, padding, dilation, groups, output_padding, slope=negative_slope))
         plan = _PLANS.get(sig)
     except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
@@ -284,7 +289,7 @@ def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilatio
     if plan is None:
         plan = _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
                      output_padding, activation, negative_slope, residual, scale, shift, out,
-                     backend, precision)
+                     backend, precision, grad)
         _remember(sig, plan)
     elif out is not None:
         plan.problem._check_overlap(out, input, weight, bias, residual, scale, shift)
@@ -429,35 +434,57 @@ def _bound(problem: ConvProblem, cls, config):
     return run_folded
 
 
-def _trial(problem, input, weight, bias, scale, shift, residual, out):
-    """Dispatch's ``run(cls, config)``: one candidate on the call's own tensors."""
+def _trial(problem, input, weight, bias, scale, shift, residual, out, backend="auto",
+           grad=False):
+    """Dispatch's ``run(cls, config)``: one candidate on the call's own tensors; with
+    ``grad`` (a non-transposed problem) followed by the data and weight gradients its path
+    computes: torch's ``convolution_backward`` after a native plan (torch's autograd), else
+    ``run_grads`` (``ops.ConvFunction``'s backward), so each candidate carries the host and
+    GPU cost of its backward."""
     scratch: list[torch.Tensor] = []  # allocated only if dispatch times candidates
+    grad = grad and not problem.transposed
+    geo = (list(problem.stride), list(problem.pad_pre), list(problem.pad_post),
+           list(problem.dilation), problem.groups, backend, problem.precision.value)
 
     def trial(cls, config):
         if not scratch:
             scratch.append(out if out is not None else problem.new_output(input.device))
         _bound(problem, cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
+        if not grad:
+            return
+        dy = scratch[0]  # (values of the right scale; what the kernels compute is unused)
+        if _native(cls, config, problem) and problem.pad_pre == problem.pad_post:
+            conv_backward_both(problem, dy, input, weight)
+        else:
+            run_grads(dy, input, weight, *geo, True, True)
     return trial
+
+
+def _native(cls, config, problem: ConvProblem) -> bool:
+    """Whether a plan of ``cls`` and ``config`` runs on torch's differentiable ops, so that
+    torch's autograd gives its backward. aten's plain configuration is F.conv + torch
+    epilogue ops (its fused cuDNN relu is not); for float32, torch's backward must compute
+    in the problem's precision (``_flags_match``)."""
+    return cls.NAME == "aten" and config is None and _flags_match(problem)
 
 
 def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
           output_padding, activation, negative_slope, residual, scale, shift, out, backend,
-          precision):
+          precision, grad=False):
     problem = _forward_problem(rank, transposed, input, weight, bias, stride, padding,
                                dilation, groups, output_padding, activation, negative_slope,
                                residual, scale, shift, out, backend, precision)
     if problem.n == 0:  # empty batch: empty output, nothing to launch
         return _Plan(problem, lambda *a: problem.new_output(input.device) if a[-1] is None
                      else a[-1])
-    trial = _trial(problem, input, weight, bias, scale, shift, residual, out)
-    choice = dispatch.choose(problem, backend, run=trial)
-    # aten's plain configuration is F.conv + torch epilogue ops, all differentiable (its
-    # fused cuDNN relu is not). When dispatch found cuDNN fastest for the forward, the
-    # gradients are left to torch's autograd (cuDNN as well): fastconv's Triton dgrad and
-    # wgrad measure below cuDNN's (benchmarks/NOTES.md), and this costs torch's host time.
-    native = choice.backend == "aten" and choice.config is None and _flags_match(problem)
-    return _Plan(problem, _bound(problem, backends.REGISTRY[choice.backend], choice.config),
-                 choice.backend, native_grad=native)
+    trial = _trial(problem, input, weight, bias, scale, shift, residual, out, backend, grad)
+    choice = dispatch.choose(problem, backend, run=trial, grad=grad)
+    # A native plan's gradients are torch's autograd's (cuDNN's dgrad and wgrad at torch's
+    # host cost); the others' go through ops.ConvFunction. With grad, dispatch timed each
+    # candidate with its own backward.
+    cls = backends.REGISTRY[choice.backend]
+    return _Plan(problem, _bound(problem, cls, choice.config), choice.backend,
+                 native_grad=_native(cls, choice.config, problem))
 
 
 def explain(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -146,28 +146,34 @@ class ConvFunction(torch.autograd.Function):
     """The same forward and backward as the ``fastconv::conv`` op, for eager autograd
     without the custom-op machinery (measured: about 0.6 ms of host time per training step
     of one convolution went into torch.library's dispatch wrappers). Under torch.compile the
-    functional API uses the op, which the compiler can trace."""
+    functional API uses the op, which the compiler can trace.
+
+    ``apply(plan, *op_args)``: ``plan`` is the forward plan dispatch chose for the call
+    (``functional.forward_plan(..., grad=True)``), run as it is; the other arguments are
+    ``fastconv::conv``'s."""
 
     @staticmethod
-    def forward(ctx, *args):
-        y = conv_impl(*args)
+    def forward(ctx, plan, *args):
+        y = plan.run(*args[:6], None)  # input, weight, bias, scale, shift, residual, out
         _setup_context(ctx, args, y)
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        return backward_formula(ctx, grad, conv_impl, functional.run_grads)
+        return (None,) + backward_formula(ctx, grad, conv_impl, functional.run_grads,
+                                          ctx.needs_input_grad[1:])
 
 
-def backward_formula(ctx, grad, conv, conv_grads):
+def backward_formula(ctx, grad, conv, conv_grads, need=None):
     """The gradients of every ``fastconv::conv`` input (see the module docstring), with the
     convolutions run by the given callables — the ops (traceable) or their implementations:
     ``conv`` as ``fastconv::conv`` and ``conv_grads(dy, x, w, stride, pad_pre, pad_post,
-    dilation, groups, backend, precision, need_input, need_weight) -> (dx, dw)``."""
+    dilation, groups, backend, precision, need_input, need_weight) -> (dx, dw)``. ``need``:
+    which of the op's inputs need a gradient (default ``ctx.needs_input_grad``)."""
     input, weight, bias, scale, shift, residual, y = ctx.saved_tensors
     (stride, pre, post, dilation, groups, transposed, opad, activation, slope, backend,
      precision) = ctx.args
-    need = ctx.needs_input_grad
+    need = ctx.needs_input_grad if need is None else need
     geo = (stride, pre, post, dilation, groups, transposed, opad)
 
     def pre_activation():

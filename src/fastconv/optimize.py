@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import dispatch
 from .errors import ConvError
 from .nn import convert
 from .nn.fused import ConvBNAct1d, ConvBNAct2d, _activation_of, _torch_activation
@@ -166,9 +167,10 @@ class OptimizedModel(nn.Module):
         saved = [b.clone() for b in buffers]
         graphed = None
         try:
-            graphed = torch.cuda.make_graphed_callables(
-                _Step(self), tuple(a.detach().clone().requires_grad_(a.requires_grad)
-                                   for a in args))
+            with dispatch.settings(graph=True):  # plans ranked by GPU time
+                graphed = torch.cuda.make_graphed_callables(
+                    _Step(self), tuple(a.detach().clone().requires_grad_(a.requires_grad)
+                                       for a in args))
         except Exception as exc:  # reported; the model runs eagerly for this signature
             self.report.notes.append(
                 f"cuda_graph: training capture failed for input shapes "
@@ -199,12 +201,12 @@ class OptimizedModel(nn.Module):
             static = tuple(a.clone() for a in args)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), torch.no_grad():
+            with torch.cuda.stream(side), torch.no_grad(), dispatch.settings(graph=True):
                 for _ in range(3):  # dispatch, compilation and allocations happen here
                     self._run(*static)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), torch.no_grad():
+            with torch.cuda.graph(graph), torch.no_grad(), dispatch.settings(graph=True):
                 out = self._run(*static)
             hit = self._graphs[key] = (graph, static, out, self._versions())
         graph, static, out, _ = hit

@@ -136,8 +136,9 @@ class GpuTimer:
         return time_calls(fns, reps)
 
     def graph(self, fns: list[Callable[[], object]]) -> list[float] | None:
-        try:
-            return time_graph(fns)
+        try:  # (fastconv's dispatch ranks by GPU time alone for a graph)
+            with dispatch.settings(graph=True):
+                return time_graph(fns)
         except Exception:  # not capturable: eager timings only
             return None
 
@@ -403,9 +404,16 @@ def _mode_cost(problem: ConvProblem, mode: str) -> tuple[int, int]:
 
 
 def _choices(problem: ConvProblem, backend: str, mode: str) -> str:
-    """What dispatch picked for each operation the mode ran."""
-    hit = dispatch.cached(problem, backend)
-    parts = [hit.name() if hit else "?"] if mode in ("fwd", "train", "eval") else []
+    """What dispatch picked for each operation the mode ran (eagerly; ``graph:`` the forward
+    chosen for a CUDA graph where that differs)."""
+    parts = []
+    if mode in ("fwd", "train", "eval"):
+        hit = dispatch.cached(problem, backend, grad=mode == "train")
+        parts.append(hit.name() if hit else "?")
+        with dispatch.settings(graph=True):
+            graphed = dispatch.cached(problem, backend, grad=mode == "train")
+        if graphed is not None and (hit is None or graphed.name() != hit.name()):
+            parts.append(f"graph:{graphed.name()}")
     if mode not in ("fwd", "eval"):
         bare = dataclasses.replace(problem.conv_equivalent(), epilogue=Epilogue())
         dgrad_op = "fprop" if problem.transposed else "dgrad"
