@@ -414,7 +414,9 @@ def _choices(problem: ConvProblem, backend: str, mode: str) -> str:
             graphed = dispatch.cached(problem, backend, grad=mode == "train")
         if graphed is not None and (hit is None or graphed.name() != hit.name()):
             parts.append(f"graph:{graphed.name()}")
-    if mode not in ("fwd", "eval"):
+    if mode == "train" and hit is not None and hit.backend == "aten" and hit.config is None:
+        parts.append("backward=torch-autograd")  # a native plan (functional._native)
+    elif mode not in ("fwd", "eval"):
         bare = dataclasses.replace(problem.conv_equivalent(), epilogue=Epilogue())
         dgrad_op = "fprop" if problem.transposed else "dgrad"
         ops = (("dgrad", dgrad_op), ("wgrad", "wgrad"))
