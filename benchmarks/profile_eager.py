@@ -2,8 +2,10 @@
 fastconv.optimize(model), bf16 autocast, channels-last, as the models suite runs them.
 Per variant: the step's wall time (synchronised, median of 20), the host time to issue it
 (wall clock until the last launch returns, GPU kept busy ahead by a spinning kernel), the
-GPU kernel time of one step and its kernels grouped by name, and the host's own time by
-Python function (cProfile, one step: shares, not absolutes).
+GPU kernel time of one step and its kernels grouped by name, the host's time by operator
+(torch.profiler, every thread: the backward runs on autograd's device thread) and by Python
+function of the calling thread (cProfile: shares, not absolutes). Variant fastconv_aten is
+fastconv with every layer's backend forced to aten.
 
     python benchmarks/profile_eager.py [timm model name] [batch] [--eval] [--top N]
 
@@ -39,9 +41,13 @@ x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torc
 def build(variant: str):
     net = timm.create_model(name, pretrained=False).cuda().train(TRAIN)
     net = net.to(memory_format=torch.channels_last)
-    if variant == "fastconv":
+    if variant.startswith("fastconv"):
         net = fastconv.optimize(net, mode="training" if TRAIN else "inference",
                                 precision="bf16")
+        if variant == "fastconv_aten":
+            for m in net.modules():
+                if hasattr(m, "backend"):
+                    m.backend = "aten"
 
     def step():
         with torch.set_grad_enabled(TRAIN), torch.autocast("cuda", torch.bfloat16):
@@ -66,7 +72,7 @@ def host_ms(step) -> float:
     return statistics.median(times)
 
 
-for variant in ("torch", "fastconv"):
+for variant in ("torch", "fastconv", "fastconv_aten"):
     step = build(variant)
     for _ in range(5):
         step()
@@ -91,11 +97,16 @@ for variant in ("torch", "fastconv"):
     print(f"== {variant} {name} b{batch} {'train' if TRAIN else 'eval'}: wall "
           f"{statistics.median(walls):.2f} ms per step, host issue {host:.2f} ms, kernels "
           f"{sum(v[0] for v in kernels.values())} taking {total / 1000:.2f} ms")
-    for kname, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:12]:
+    for kname, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:8]:
         print(f"  {n:4d} x {us:8.1f} us  {kname}")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22,
+                                    max_name_column_width=50))
     profile = cProfile.Profile()
     profile.enable()
     step()
     profile.disable()
     torch.cuda.synchronize()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(18)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(10)

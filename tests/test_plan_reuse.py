@@ -102,3 +102,49 @@ def test_requires_grad_switches_to_the_autograd_path(backend):
     xr = x.double().requires_grad_()
     (want,) = torch.autograd.grad(F.conv2d(xr, w.double(), padding=1), xr, g.double())
     assert relative_error(dx, want) < 1e-5
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+def test_grad_trial_runs_the_candidates_forward_and_backward_without_side_effects(
+        backend, monkeypatch):
+    """Dispatch times a call that needs gradients by the candidate's own forward and
+    backward through autograd: torch's for aten's native plan, ops.ConvFunction's (the
+    data and weight gradients through run_grads) for the others. The caller's tensors get
+    no .grad and no graph."""
+    from fastconv import backends
+
+    x = torch.randn(2, 3, 7, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    b = torch.randn(4, requires_grad=True)
+    problem = functional._forward_problem(2, False, x, w, b, 1, 1, 1, 1, 0, "relu", 0.01,
+                                          None, None, None, None, backend, None)
+    grads = []
+    real = functional.run_grads
+    monkeypatch.setattr(functional, "run_grads", lambda *a: grads.append(a) or real(*a))
+    trial = functional._trial(problem, x, w, b, None, None, None, None, backend, grad=True)
+    cls = backends.REGISTRY[backend]
+    config = None if backend == "aten" else cls.candidates(problem, "fprop")[0]
+    trial(cls, config)
+    native = functional._native(cls, config, problem)
+    assert native == (backend == "aten")
+    assert len(grads) == (0 if native else 1)  # torch's autograd computed the native one's
+    assert x.grad is None and w.grad is None and b.grad is None
+
+
+def test_a_call_needing_gradients_runs_the_plan_dispatch_chose_for_it(monkeypatch):
+    """The autograd path reuses the forward plan chosen with grad=True (no second dispatch
+    inside ops.ConvFunction), a plan of its own beside the no-grad one."""
+    x, w = torch.randn(2, 3, 6, 5), torch.randn(4, 3, 3, 3)
+    fastconv.conv2d(x, w, padding=1, backend="triton", precision="ieee")
+    seen = []
+    real = functional._plan
+    monkeypatch.setattr(functional, "_plan", lambda *a: seen.append(a[-1]) or real(*a))
+    xg = x.clone().requires_grad_()
+    for _ in range(2):
+        y = fastconv.conv2d(xg, w, padding=1, backend="triton", precision="ieee")
+        (dx,) = torch.autograd.grad(y, xg, torch.ones_like(y))
+    assert seen == [True]  # planned once, for a call with a backward
+    xr = x.double().requires_grad_()
+    (want,) = torch.autograd.grad(F.conv2d(xr, w.double(), padding=1), xr,
+                                  torch.ones_like(y).double())
+    assert relative_error(dx, want) < 1e-5

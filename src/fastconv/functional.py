@@ -436,27 +436,43 @@ def _bound(problem: ConvProblem, cls, config):
 
 def _trial(problem, input, weight, bias, scale, shift, residual, out, backend="auto",
            grad=False):
-    """Dispatch's ``run(cls, config)``: one candidate on the call's own tensors; with
-    ``grad`` (a non-transposed problem) followed by the data and weight gradients its path
-    computes: torch's ``convolution_backward`` after a native plan (torch's autograd), else
-    ``run_grads`` (``ops.ConvFunction``'s backward), so each candidate carries the host and
-    GPU cost of its backward."""
+    """Dispatch's ``run(cls, config)``: one candidate on the call's own tensors. With
+    ``grad`` the candidate runs as a call that needs gradients runs it, forward and backward
+    through autograd (``torch.autograd.grad`` of detached copies of the operands): torch's
+    autograd for a native plan, ``ops.ConvFunction`` for the others, so that each carries
+    the host and GPU cost of its own backward, the autograd engine's included."""
+    if grad:
+        return _grad_trial(problem, (input, weight, bias, scale, shift, residual), backend)
     scratch: list[torch.Tensor] = []  # allocated only if dispatch times candidates
-    grad = grad and not problem.transposed
-    geo = (list(problem.stride), list(problem.pad_pre), list(problem.pad_post),
-           list(problem.dilation), problem.groups, backend, problem.precision.value)
 
     def trial(cls, config):
         if not scratch:
             scratch.append(out if out is not None else problem.new_output(input.device))
         _bound(problem, cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
-        if not grad:
-            return
-        dy = scratch[0]  # (values of the right scale; what the kernels compute is unused)
-        if _native(cls, config, problem) and problem.pad_pre == problem.pad_post:
-            conv_backward_both(problem, dy, input, weight)
-        else:
-            run_grads(dy, input, weight, *geo, True, True)
+    return trial
+
+
+def _grad_trial(problem: ConvProblem, operands: tuple, backend: str):
+    from . import ops
+
+    leaves = tuple(t.detach().requires_grad_(t.requires_grad)
+                   if isinstance(t, torch.Tensor) else t for t in operands)
+    wrt = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    geometry = (list(problem.stride), list(problem.pad_pre), list(problem.pad_post),
+                list(problem.dilation), problem.groups, problem.transposed,
+                list(problem.output_padding), problem.epilogue.activation,
+                problem.epilogue.negative_slope, backend, problem.precision.value)
+    scratch: list[torch.Tensor] = []  # the output gradient (random, the output's layout)
+
+    def trial(cls, config):
+        if not scratch:
+            scratch.append(problem.new_output(operands[0].device).normal_())
+        plan = _Plan(problem, _bound(problem, cls, config), cls.NAME,
+                     native_grad=_native(cls, config, problem))
+        with torch.enable_grad():
+            y = plan.run(*leaves, None) if plan.native_grad else \
+                ops.ConvFunction.apply(plan, *leaves, *geometry)
+            torch.autograd.grad(y, wrt, scratch[0])
     return trial
 
 
