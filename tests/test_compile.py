@@ -130,3 +130,34 @@ def test_fastconv_compile_entry_point(training):
         y.square().mean().backward()
         assert all(p.grad is not None for p in compiled.parameters())
     torch._dynamo.reset()
+
+
+def test_compiled_training_takes_torchs_convolution_where_it_computes_alike():
+    """Under torch.compile a convolution that needs gradients is torch's own op (Inductor
+    lowers and differentiates it; the custom op's host cost per step exceeded its gain),
+    except on float32 data (torch's precision there follows cuDNN's TF32 flag, which the
+    trace cannot read: fastconv's op keeps the call's precision). Inference keeps the
+    fastconv::conv op. (float64 stands for bf16 / fp16 here: any dtype but float32.)"""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    for training, dtype, want_op in ((True, torch.float64, False), (True, torch.float32, True),
+                                     (False, torch.float64, True)):
+        graphs.clear()
+        net = _net().to(dtype).train(training)
+        ref = copy.deepcopy(net)
+        opt = fastconv.optimize(net, mode="training" if training else "inference",
+                                precision="ieee", channels_last=False)
+        compiled = torch.compile(opt, backend=record, fullgraph=True)
+        x = torch.randn(4, 3, 9, 8, dtype=dtype)
+        with torch.set_grad_enabled(training):
+            y, r = compiled(x), ref(x)
+        assert relative_error(y.detach(), r.detach().double()) < 1e-5
+        assert ("fastconv.conv" in graphs[0]) == want_op, (training, dtype)
+        if training:
+            y.square().mean().backward()
+            assert all(p.grad is not None for p in opt.parameters())
+        torch._dynamo.reset()

@@ -39,10 +39,10 @@ def real_number(name: str, value, *, positive: bool = False) -> float:
     """``value`` as a finite float, or ConvTypeError / ConvError naming ``name``. While
     torch.compile traces, ``value`` passes as it is (with dynamic=True a module's float
     attribute is symbolic there; modules check theirs when they are built)."""
-    if type(value) is float and math.isfinite(value) and (value > 0 or not positive):
-        return value  # the common case, without the ABC check (runs on every layer call)
     if torch.compiler.is_compiling():
         return value
+    if type(value) is float and math.isfinite(value) and (value > 0 or not positive):
+        return value  # the common case, without the ABC check (runs on every layer call)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConvTypeError(f"{name}: expected a real number, got {type(value).__name__} "
                             f"{value!r}")

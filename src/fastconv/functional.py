@@ -179,6 +179,12 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
         if needs_grad and out is not None:
             raise ConvError("out: cannot be used when an input requires grad (as in torch, "
                             "out= does not support automatic differentiation)")
+        if compiling and needs_grad and backend == "auto":
+            result = _traced_with_grad(rank, transposed, input, weight, bias, stride, padding,
+                                       dilation, groups, output_padding, activation,
+                                       negative_slope, residual, scale, shift, precision)
+            if result is not None:
+                return result.squeeze(0) if unbatched else result
         plan = None if compiling else forward_plan(
             rank, transposed, input, weight, bias, stride, padding, dilation, groups,
             output_padding, activation, negative_slope, residual, scale, shift, None, backend,
@@ -201,6 +207,27 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
     if out is not None:
         return out
     return result.squeeze(0) if unbatched else result
+
+
+def _traced_with_grad(rank, transposed, input, weight, bias, stride, padding, dilation,
+                      groups, output_padding, activation, negative_slope, residual, scale,
+                      shift, precision):
+    """Under torch.compile, a call that needs gradients as torch's own differentiable ops
+    (aten's native plan: the convolution and the epilogue), which Inductor lowers, fuses and
+    differentiates itself; None for float32 data (whether torch's ops compute in the call's
+    precision depends on cuDNN's TF32 flag, which a traced function cannot read) and where
+    aten cannot run the problem. Measured: the ``fastconv::conv`` op and its gradient ops
+    cost more host time per training step than their kernels gain (benchmarks/NOTES.md,
+    compile(optimize(model)))."""
+    if input.dtype == torch.float32:
+        return None
+    problem = _forward_problem(rank, transposed, input, weight, bias, stride, padding,
+                               dilation, groups, output_padding, activation, negative_slope,
+                               residual, scale, shift, None, "auto", precision)
+    aten = backends.REGISTRY["aten"]
+    if aten.not_supported_reasons(problem):
+        return None
+    return aten.bind(problem, None)(input, weight, bias, scale, shift, residual, None)
 
 
 def _autocast(device_type, *tensors):
