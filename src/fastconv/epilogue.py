@@ -63,14 +63,22 @@ class Epilogue:
 
         Used by the aten backend and, on float64 tensors, as the reference in tests.
         """
-        view = (1, -1) + (1,) * (y.dim() - 2)
-        if scale is not None:
-            y = y * scale.to(y.dtype).view(view)
-        if shift is not None:
-            y = y + shift.to(y.dtype).view(view)
-        if residual is not None:
-            y = y + residual.to(y.dtype)
-        return activate(y, self.activation, self.negative_slope)
+        return apply(y, scale, shift, residual, self.activation, self.negative_slope)
+
+
+def apply(y: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None,
+          residual: torch.Tensor | None, activation: str,
+          negative_slope: float = 0.01) -> torch.Tensor:
+    """:meth:`Epilogue.apply` without an Epilogue (what torch.compile traces: dynamo on torch
+    2.11 cannot build the dataclass in a traced function)."""
+    view = (1, -1) + (1,) * (y.dim() - 2)
+    if scale is not None:
+        y = y * scale.to(y.dtype).view(view)
+    if shift is not None:
+        y = y + shift.to(y.dtype).view(view)
+    if residual is not None:
+        y = y + residual.to(y.dtype)
+    return activate(y, activation, negative_slope)
 
 
 def activate(y: torch.Tensor, activation: str, negative_slope: float = 0.01) -> torch.Tensor:

@@ -19,11 +19,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from . import backends, dispatch
 from . import dispatch as _dispatch  # the module, where an argument is called dispatch
-from .backends.aten import conv_backward_both
+from .backends.aten import _flat_pad, conv_backward_both
 from .epilogue import Epilogue, fold_bias
+from .epilogue import apply as apply_epilogue
 from .errors import ConvError, ConvTypeError, real_number
 from .precision import Precision, resolve
 from .problem import ConvProblem, normalize_geometry
@@ -213,21 +215,30 @@ def _traced_with_grad(rank, transposed, input, weight, bias, stride, padding, di
                       groups, output_padding, activation, negative_slope, residual, scale,
                       shift, precision):
     """Under torch.compile, a call that needs gradients as torch's own differentiable ops
-    (aten's native plan: the convolution and the epilogue), which Inductor lowers, fuses and
-    differentiates itself; None for float32 data (whether torch's ops compute in the call's
-    precision depends on cuDNN's TF32 flag, which a traced function cannot read) and where
-    aten cannot run the problem. Measured: the ``fastconv::conv`` op and its gradient ops
-    cost more host time per training step than their kernels gain (benchmarks/NOTES.md,
-    compile(optimize(model)))."""
-    if input.dtype == torch.float32:
+    (what aten's native plan runs: the convolution, then the epilogue), which Inductor
+    lowers, fuses and differentiates itself; torch's ops check the operands. None for
+    float32 data (whether torch's ops compute in the call's precision depends on cuDNN's
+    TF32 flag, which a traced function cannot read) and for what aten does not run
+    (asymmetric padding of a transposed convolution): fastconv's op then. Measured: the
+    ``fastconv::conv`` op and its gradient ops cost more host time per training step than
+    their kernels gain (benchmarks/NOTES.md, compile(optimize(model)))."""
+    if input.dtype == torch.float32 or not isinstance(weight, torch.Tensor) \
+            or weight.dim() != rank + 2:
         return None
-    problem = _forward_problem(rank, transposed, input, weight, bias, stride, padding,
-                               dilation, groups, output_padding, activation, negative_slope,
-                               residual, scale, shift, None, "auto", precision)
-    aten = backends.REGISTRY["aten"]
-    if aten.not_supported_reasons(problem):
-        return None
-    return aten.bind(problem, None)(input, weight, bias, scale, shift, residual, None)
+    resolve(precision, input.dtype)  # a precision the dtype cannot run is refused
+    stride, pre, post, dilation, opad = normalize_geometry(
+        rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed)
+    if transposed:
+        if pre != post:
+            return None
+        fn = F.conv_transpose1d if rank == 1 else F.conv_transpose2d
+        y = fn(input, weight, bias, stride, pre, opad, groups, dilation)
+    else:
+        fn = F.conv1d if rank == 1 else F.conv2d
+        if pre != post:
+            input = F.pad(input, _flat_pad(pre, post))
+        y = fn(input, weight, bias, stride, pre if pre == post else 0, dilation, groups)
+    return apply_epilogue(y, scale, shift, residual, activation, negative_slope)
 
 
 def _autocast(device_type, *tensors):
