@@ -114,3 +114,34 @@ def test_nan_float_argument_still_hits(kernel):
     for _ in range(3):
         launch_mod.launch(kernel, (1,), *_tensors(), 3, float("nan"))
     assert len(kernel.compiles) == 1 and len(kernel.launches) == 2
+
+
+def test_a_prepared_launch_takes_new_tensors_and_refuses_another_alignment(kernel):
+    """prepare() launches now and returns a launch for later calls with new leading tensors
+    (the rest as prepared); a tensor whose address differs in its low 4 bits is refused
+    (nothing launched: the caller decides again), and so is every call once a launch hook
+    is installed."""
+    x, y = _tensors()
+    prepared = launch_mod.prepare(kernel, (3, 2), 2, x, y, 5, 0.5, BLOCK=8)
+    assert len(kernel.compiles) == 1 and not kernel.launches
+    x2, y2 = _tensors()
+    assert prepared(x2, y2)
+    (got,) = kernel.launches
+    assert got[:6] == (3, 2, 1, 1234, "function", "packed")
+    assert got[9:] == (x2, y2, 5, 0.5, 8, 0)  # tensors, the prepared rest, BLOCK, ACT default
+    shifted, _ = _tensors(offset=1)  # 4 bytes off: another alignment
+    assert not prepared(shifted, y2) and len(kernel.launches) == 1
+    hooks = launch_mod.knobs.runtime
+    saved = hooks.launch_enter_hook
+    hooks.launch_enter_hook = lambda *a: None
+    try:
+        assert not prepared(x2, y2) and len(kernel.launches) == 1
+    finally:
+        hooks.launch_enter_hook = saved
+
+
+def test_prepare_is_none_where_only_tritons_path_runs(kernel, monkeypatch):
+    monkeypatch.setattr(launch_mod, "INTERPRETED", True)
+    x, y = _tensors()
+    assert launch_mod.prepare(kernel, (3, 2), 2, x, y, 5, 0.5) is None
+    assert len(kernel.compiles) == 1

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .fprop import INTERPRETED, _activation
-from .launch import cdiv, launch
+from .launch import Prepared, cdiv, launch, prepare
 
 __all__ = ["DwConfig", "candidates", "launch_fprop", "launch_dgrad", "launch_wgrad"]
 
@@ -360,17 +360,20 @@ def _grid(channels_last: bool, n: int, k: int, p: int, q: int, config: DwConfig)
 
 
 def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act_code,
-                 negative_slope, channels_last, config: DwConfig, int64: bool):
+                 negative_slope, channels_last, config: DwConfig,
+                 int64: bool) -> Prepared | None:
     """Depthwise forward on 4-D (N, C, H, W)-indexed views (any strides); also any grouped
     convolution (``w4`` of shape (K, C/groups, R, S)): each output element reduces its
     group's C/groups input channels over the window, on CUDA cores (no tensor-core tile is
-    wasted on 4-32 channels per group; benchmarks/NOTES.md, issue 7)."""
+    wasted on 4-32 channels per group; benchmarks/NOTES.md, issue 7). Returns the launch
+    prepared for its six tensors (``x4, w4, out4`` and scale, shift, residual, ``out4``
+    where absent), see ``launch.prepare``."""
     n, c, h, w = x4.shape
     k, cg, r, s = w4.shape
     _, _, p, q = out4.shape
     dummy = out4  # never read: the matching HAS_* flag is False
     res_strides = _strides(res4) if res4 is not None else (0, 0, 0, 0)
-    launch(_dw_fprop_kernel, _grid(channels_last, n, k, p, q, config),
+    return prepare(_dw_fprop_kernel, _grid(channels_last, n, k, p, q, config), 6,
         x4, w4, out4, scale if scale is not None else dummy,
         shift if shift is not None else dummy, res4 if res4 is not None else dummy,
         n, h, w, k, p, q, k // (c // cg), stride[0], stride[1], pad[0], pad[1], dilation[0],

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .depthwise import _and_row, _any_nonfinite, _channels_by_columns, _tap
 from .fprop import _activation
-from .launch import cdiv, launch
+from .launch import Prepared, cdiv, prepare
 
 __all__ = ["eligible", "launch_fprop"]
 
@@ -153,9 +153,9 @@ def eligible(x4, out4, res4, stride_w: int) -> bool:
 
 
 def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act_code,
-                 negative_slope, channels_last: bool, config, int64: bool):
+                 negative_slope, channels_last: bool, config, int64: bool) -> Prepared | None:
     """The depthwise forward of depthwise.launch_fprop on ``eligible`` views: ``config``'s
-    ``block_a`` channels x ``block_b`` column pairs per program."""
+    ``block_a`` channels x ``block_b`` column pairs per program (prepared as there)."""
     n, c, h, w = x4.shape
     k, cg, r, s = w4.shape
     _, _, p, q = out4.shape
@@ -163,7 +163,7 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
     dummy = out4  # never read: the matching HAS_* flag is False
     res_words = tuple(st // 2 for st in res4.stride()[:3]) if res4 is not None else (0, 0, 0)
     grid = (n * p * cdiv(q // 2, config.block_b), cdiv(k, config.block_a))
-    launch(_dw_pairs_fprop_kernel, grid,
+    return prepare(_dw_pairs_fprop_kernel, grid, 6,
         x4, w4, out4, scale if scale is not None else dummy,
         shift if shift is not None else dummy, res4 if res4 is not None else dummy,
         h, w // 2, k, p, q // 2, k // c, stride[0], pad[0], dilation[0],

@@ -38,10 +38,52 @@ _COMPILED: dict = {}
 
 def launch(kernel, grid: tuple, *args, **meta) -> None:
     """``kernel[grid](*args, **meta)``, through the compiled kernel's launcher once cached."""
+    _launch(kernel, grid, args, meta)
+
+
+def prepare(kernel, grid: tuple, ntensors: int, *args, **meta) -> Prepared | None:
+    """``launch(kernel, grid, *args, **meta)`` now, and the same launch for later calls that
+    differ only in the first ``ntensors`` arguments (tensors of the same dtypes, shapes and
+    strides: a plan's operands), or None where only Triton's own path runs (interpreter,
+    launch hooks)."""
+    entry = _launch(kernel, grid, args, meta)
+    if entry is None:
+        return None
+    return Prepared(entry, args[:ntensors], args[ntensors:], torch.cuda.current_device())
+
+
+class Prepared:
+    """A cached launch whose arguments after the leading tensors are fixed. ``p(*tensors)``
+    launches it with new leading tensors and returns True, or returns False (launching
+    nothing) where the cached kernel may not apply: a tensor's address differs from the
+    first call's in its low 4 bits (Triton specialises on 16-byte alignment; callers may
+    have decided on 4-byte words), or a launch hook was installed since."""
+
+    __slots__ = ("entry", "low_bits", "rest", "device")
+
+    def __init__(self, entry: tuple, tensors: tuple, rest: tuple, device: int):
+        self.entry = entry
+        self.low_bits = tuple(t.data_ptr() & 15 for t in tensors)
+        self.rest = rest
+        self.device = device
+
+    def __call__(self, *tensors) -> bool:
+        if tuple(t.data_ptr() & 15 for t in tensors) != self.low_bits \
+                or _hooked(knobs.runtime.launch_enter_hook) \
+                or _hooked(knobs.runtime.launch_exit_hook):
+            return False
+        run, function, packed, g0, g1, g2, tail = self.entry
+        run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self.device), function, packed,
+            None, None, None, *tensors, *self.rest, *tail)
+        return True
+
+
+def _launch(kernel, grid: tuple, args: tuple, meta: dict) -> tuple | None:
+    """The launch; returns its cache entry (None on Triton's own path)."""
     hooks = knobs.runtime
     if INTERPRETED or _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
         kernel[grid](*args, **meta)
-        return
+        return None
     device = torch.cuda.current_device()
     key = [device, grid]
     for a in args:
@@ -58,10 +100,11 @@ def launch(kernel, grid: tuple, *args, **meta) -> None:
         compiled = kernel[grid](*args, **meta)
         entry = _entry(kernel, compiled, grid, len(args), meta)
         _COMPILED.setdefault(kernel, {})[key] = entry
-        return
+        return entry
     run, function, packed, g0, g1, g2, tail = entry
     run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), function, packed, None, None,
         None, *args, *tail)
+    return entry
 
 
 def cdiv(a: int, b: int) -> int:
