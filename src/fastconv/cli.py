@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -305,6 +306,30 @@ def cmd_plans(args) -> int:
 
     cache = dispatch.CACHE
     path = cache.path()
+    stores = (("dispatch choices", cache), ("serialized cuDNN plans", cudnn.PLANS))
+    if args.export:
+        document = {"fastconv_plans": 1, "stores": [store.export() for _, store in stores]}
+        with open(args.export, "w", encoding="utf-8") as f:
+            json.dump(document, f)
+        print(", ".join(f"{len(d['entries'])} {name}" for (name, _), d in
+                        zip(stores, document["stores"])) + f" written to {args.export}")
+        return 0
+    if args.import_:
+        with open(args.import_, encoding="utf-8") as f:
+            try:
+                document = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{args.import_} is not JSON ({exc})") from None
+        if not isinstance(document, dict) or document.get("fastconv_plans") != 1 \
+                or not isinstance(document.get("stores"), list) \
+                or len(document["stores"]) != len(stores):
+            raise ValueError(f"{args.import_} is not a `fastconv plans --export` file")
+        # every store's part checked before any is merged: all or nothing
+        parts = [store.importable(d) for (_, store), d in zip(stores, document["stores"])]
+        counts = [store.merge(entries) for (_, store), entries in zip(stores, parts)]
+        print(", ".join(f"{n} {name}" for (name, _), n in zip(stores, counts))
+              + f" merged into {os.path.dirname(path)}")
+        return 0
     if args.clear:
         cache.clear(disk=True)
         cudnn.clear(disk=True)
@@ -417,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("plans", help="show (or --clear) the dispatch caches and workspace")
     p.add_argument("--clear", action="store_true")
     p.add_argument("--limit", type=int, default=50, help="disk entries to list")
+    p.add_argument("--export", metavar="FILE", default=None,
+                   help="write the disk caches (choices and cuDNN plans) to FILE")
+    p.add_argument("--import", dest="import_", metavar="FILE", default=None,
+                   help="merge a file written by --export on a machine of the same "
+                        "environment into the disk caches")
     p.set_defaults(fn=cmd_plans)
     args = parser.parse_args(argv)
     if args.debug:

@@ -202,11 +202,50 @@ class PlanCache:
             self._disk = self._read_file()
         return self._disk
 
+    def export(self) -> dict:
+        """The disk store as a portable document (``fastconv plans --export``): its format,
+        the environment its entries were measured in, and the entries."""
+        with self._lock:
+            entries = self._read_file() if self.path() else {}
+        return {"format": FORMAT, "file": self.file_name, "environment": environment(),
+                "entries": entries}
+
+    def importable(self, data: Any) -> dict[str, dict]:
+        """The entries of a document written by :meth:`export`. ValueError for anything
+        else: another format, a document of another store, entries measured in another
+        environment (another GPU, driver or library versions, candidate list) or no disk
+        store here. Entries are still checked one by one when a call uses them (dispatch
+        decodes and validates each)."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT \
+                or data.get("file") != self.file_name or not isinstance(data.get("entries"), dict):
+            raise ValueError(f"not an export of fastconv's {self.file_name} (format {FORMAT})")
+        if data.get("environment") != environment():
+            theirs = data.get("environment") if isinstance(data.get("environment"), dict) else {}
+            differ = {k: (theirs.get(k), v) for k, v in environment().items()
+                      if theirs.get(k) != v}
+            raise ValueError(f"its {self.file_name} entries were measured in another "
+                             f"environment (exported, here): {differ}")
+        if not self.path():
+            raise ValueError("the disk cache is disabled (FASTCONV_CACHE_DIR)")
+        return {k: v for k, v in data["entries"].items()
+                if isinstance(k, str) and isinstance(v, dict)}
+
+    def merge(self, entries: dict[str, dict]) -> int:
+        """Write ``entries`` (from :meth:`importable`) into the disk store."""
+        with self._lock:
+            self._unsaved.update(entries)
+            self._save()
+        return len(entries)
+
     def _store(self, key: str, entry: dict) -> None:
-        path = self.path()
-        if not path:
+        if not self.path():
             return
         self._unsaved[key] = entry  # until a save succeeds: the next one retries it
+        self._save()
+
+    def _save(self) -> None:
+        """Merge the unsaved entries into the file (under its lock) and rewrite it."""
+        path = self.path()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with _file_lock(path + ".lock"):
             disk = self._load()
