@@ -353,3 +353,98 @@ def test_explain_and_plans_commands(monkeypatch, tmp_path, capsys):
     assert str(tmp_path) in out and "workspace limit" in out
     assert cli.main(["plans", "--clear"]) == 0
     assert "cleared" in capsys.readouterr().out
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake monotonic clock that each candidate run advances by 1 s."""
+    now = [0.0]
+    monkeypatch.setattr(dispatch, "_clock", lambda: now[0])
+    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget())
+    return now
+
+
+def _ticking(run, now):
+    def timed(cls, config):
+        now[0] += 1.0
+        return run(cls, config)
+    return timed
+
+
+def test_the_per_problem_budget_stops_timing_and_keeps_the_choice_in_memory(
+        fakes, clock, tmp_path):
+    run, calls = fakes
+    dispatch.tuning_budget(per_problem_s=2.5)
+    p = _problem(k=4)  # 6 candidates: fake a, b, c, refuses a, b, c
+    choice = dispatch.choose(p, run=_ticking(run, clock), mode="benchmark")
+    assert calls == [("fake", "a"), ("fake", "b"), ("fake", "c")]  # 0, 1, 2 s: then spent
+    assert choice.config == "b"  # the best of those timed
+    assert not (tmp_path / plancache.FILE_NAME).exists()  # partial: never on disk
+    rows = dispatch.explain(p, mode="benchmark", run=_ticking(run, clock)).rows
+    skipped = [r for r in rows if r.note.startswith(dispatch.BUDGET_NOTE)]
+    assert [r.name() for r in skipped] == ["refuses:a", "refuses:b", "refuses:c"]
+    assert "2.5 s per problem" in skipped[0].note
+
+
+def test_the_per_process_budget_leaves_one_candidate_per_new_problem(fakes, clock):
+    run, calls = fakes
+    dispatch.tuning_budget(per_process_s=2.5)
+    dispatch.choose(_problem(k=4), run=_ticking(run, clock), mode="benchmark")
+    assert len(calls) == 3 and dispatch.TUNING.spent_s == 3.0
+    calls.clear()
+    choice = dispatch.choose(_problem(k=6), run=_ticking(run, clock), mode="benchmark")
+    assert calls == [("fake", "a")] and choice.config == "a"  # the most promising, at once
+    dispatch.tuning_budget()  # exhaustive again
+    calls.clear()
+    dispatch.choose(_problem(k=8), run=_ticking(run, clock), mode="benchmark")
+    assert len(calls) == 6
+
+
+def test_the_heuristics_pick_and_aten_are_timed_first(fakes, clock, monkeypatch):
+    run, calls = fakes
+
+    class _Aten(_Fake):
+        NAME = "aten"
+    monkeypatch.setattr(backends, "REGISTRY", {c.NAME: c for c in (_Fake, _Refuses, _Aten)})
+    dispatch.tuning_budget(per_problem_s=0.5)
+    dispatch.choose(_problem(k=4), run=_ticking(run, clock), mode="benchmark")
+    assert calls == [("aten", "a")]  # the heuristic picks aten here: timed first, alone
+
+
+@pytest.mark.parametrize("tty,env,shown", [(True, None, True), (False, None, False),
+                                           (True, "0", False)])
+def test_a_progress_line_on_a_terminal_only(fakes, clock, monkeypatch, capsys, tty, env,
+                                            shown):
+    run, _ = fakes
+    monkeypatch.setattr("sys.stderr.isatty", lambda: tty)
+    if env is not None:
+        monkeypatch.setenv("FASTCONV_PROGRESS", env)
+    monkeypatch.setattr(dispatch, "PROGRESS_AFTER_S", 1.5)
+    dispatch.choose(_problem(k=4), run=_ticking(run, clock), mode="benchmark")
+    err = capsys.readouterr().err
+    if shown:  # from the third candidate (2 s in): which one, how many left
+        assert "fastconv: tuning fprop of" in err and "fake:c (3/6, 3 left, 2 s)" in err
+        assert "refuses:c (6/6, 0 left, 5 s)" in err and err.endswith("\n")
+    else:
+        assert err == ""
+
+
+@pytest.mark.parametrize("text,want", [("", None), ("exhaustive", None), ("2", (2.0, None)),
+                                       ("2.5,30", (2.5, 30.0))])
+def test_the_budget_from_the_environment(monkeypatch, text, want):
+    monkeypatch.setenv("FASTCONV_TUNE_BUDGET", text)
+    budget = dispatch._budget_from_environment()
+    if want is None:
+        assert budget.exhaustive
+    else:
+        assert budget.per_problem_s == want[0]
+        assert budget.per_process_s == (float("inf") if want[1] is None else want[1])
+
+
+@pytest.mark.parametrize("text", ["fast", "0", "-1,5", "1,2,3"])
+def test_a_bad_budget_is_a_clear_error(monkeypatch, text):
+    monkeypatch.setenv("FASTCONV_TUNE_BUDGET", text)
+    with pytest.raises(fastconv.ConvError, match="FASTCONV_TUNE_BUDGET"):
+        dispatch._budget_from_environment()
+    with pytest.raises(fastconv.ConvError, match="per_problem_s"):
+        dispatch.tuning_budget(per_problem_s=0)

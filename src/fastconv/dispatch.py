@@ -14,7 +14,12 @@ Modes:
   time, as replays cost no host time. Both choices are stored from one timing. The default
   on the GPU. aten is always a candidate, so this mode is not slower than PyTorch except
   for timing noise. A candidate that fails to build, needs more workspace than the cap or
-  runs out of memory is skipped and its reason recorded.
+  runs out of memory is skipped and its reason recorded. Candidates are timed in order of
+  promise (the heuristic's pick, then aten) and, with a tuning budget
+  (``tuning_budget(per_problem_s, per_process_s)`` or ``FASTCONV_TUNE_BUDGET``; default:
+  exhaustive), only until it is spent; such a choice is not stored on disk. Tuning one
+  problem for more than ``PROGRESS_AFTER_S`` shows a progress line on a terminal
+  (``FASTCONV_PROGRESS=0``: none).
 * ``pinned`` — what ``pin()`` fixed for a problem; nothing is timed (problems never pinned
   take the heuristic's choice).
 
@@ -36,6 +41,7 @@ import contextvars
 import dataclasses
 import os
 import statistics
+import sys
 import threading
 import time
 import warnings
@@ -292,11 +298,12 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
             choice, rows = _decide(problem, backend, mode, op, det, run)
             if rows is None:
                 CACHE.put(key, _entry(choice), persist=False)
-            else:  # one timing, both rankings stored
+            else:  # one timing, both rankings stored (on disk if every candidate was timed)
+                complete = not any(r.note.startswith(BUDGET_NOTE) for r in rows)
                 for g in (False, True):
                     best = _best(rows, g)
                     CACHE.put(_cache_key(problem, backend, mode, op, det, _cost(g, grad)),
-                              _entry(best), persist=True)
+                              _entry(best), persist=complete)
                     if g == graph:
                         choice = best
     return choice
@@ -398,25 +405,123 @@ def _benchmark(problem: ConvProblem, names: list[str], run, op: str) -> list[Row
 
 
 def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
-    rows = []
+    """Every candidate's row, timed in order of promise (the heuristic's pick, then aten,
+    then the rest) until the tuning budget is spent (``tuning_budget``); the rows left are
+    marked, not timed."""
+    rows, todo = [], []
     for name in names:
         cls = backends.REGISTRY[name]
         try:
-            configs = cls.candidates(problem, op)
+            todo += [(name, cls, config) for config in cls.candidates(problem, op)]
         except Exception as exc:  # e.g. a cuDNN graph that does not build here
             rows.append(Row(name, None, None, f"no candidates: {_short(exc)}"))
-            continue
-        for config in configs:
-            try:
-                gpu, host = time_costs(lambda cls=cls, config=config: run(cls, config))
-            except torch.OutOfMemoryError as exc:
-                torch.cuda.empty_cache()
-                rows.append(Row(name, config, note=f"out of memory: {_short(exc)}"))
-            except Exception as exc:  # cannot compile here, workspace over the cap, ...
-                rows.append(Row(name, config, note=_short(exc)))
-            else:
-                rows.append(Row(name, config, gpu, host))
+    first = _rule(problem, names, op)
+    todo.sort(key=lambda c: (c[0] != first, c[0] != "aten"))  # (stable: list order after)
+    progress = _Progress(problem, op, len(todo))
+    start = _clock()
+    for i, (name, cls, config) in enumerate(todo):
+        spent = _clock() - start
+        if any(r.timed for r in rows) and (spent >= TUNING.per_problem_s
+                                           or TUNING.spent_s + spent >= TUNING.per_process_s):
+            rows += [Row(n, c, note=f"{BUDGET_NOTE} ({TUNING.describe()})")
+                     for n, _, c in todo[i:]]
+            break
+        progress.show(i, name + _config_suffix(config), spent)
+        try:
+            gpu, host = time_costs(lambda cls=cls, config=config: run(cls, config))
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            rows.append(Row(name, config, note=f"out of memory: {_short(exc)}"))
+        except Exception as exc:  # cannot compile here, workspace over the cap, ...
+            rows.append(Row(name, config, note=_short(exc)))
+        else:
+            rows.append(Row(name, config, gpu, host))
+    TUNING.spent_s += _clock() - start
+    progress.done()
     return rows
+
+
+_clock = time.monotonic  # (tests replace it)
+BUDGET_NOTE = "not timed: tuning budget spent"
+
+
+@dataclasses.dataclass
+class TuningBudget:
+    """Seconds benchmark dispatch may spend timing the candidates of one problem, and of
+    every problem in this process; ``spent_s`` counts the latter. Each problem times at
+    least its most promising candidate. Default: no limit (exhaustive), or
+    ``FASTCONV_TUNE_BUDGET="<per problem s>[,<per process s>]"`` read at import."""
+    per_problem_s: float = float("inf")
+    per_process_s: float = float("inf")
+    spent_s: float = 0.0
+
+    def describe(self) -> str:
+        return f"{self.per_problem_s:g} s per problem, {self.per_process_s:g} s per process"
+
+    @property
+    def exhaustive(self) -> bool:
+        return self.per_problem_s == self.per_process_s == float("inf")
+
+
+def _budget_from_environment() -> TuningBudget:
+    text = os.environ.get("FASTCONV_TUNE_BUDGET", "").strip().lower()
+    if text in ("", "exhaustive", "inf", "none"):
+        return TuningBudget()
+    try:
+        values = [float(v) for v in text.split(",")]
+        if not 1 <= len(values) <= 2 or any(not v > 0 for v in values):
+            raise ValueError
+    except ValueError:
+        raise ConvError(f"FASTCONV_TUNE_BUDGET: got {text!r}; expected 'exhaustive' or "
+                        f"'<seconds per problem>[,<seconds per process>]', positive") from None
+    return TuningBudget(*values)
+
+
+TUNING = _budget_from_environment()
+
+
+def tuning_budget(per_problem_s: float = float("inf"),
+                  per_process_s: float = float("inf")) -> TuningBudget:
+    """Bound benchmark dispatch's timing: at most ``per_problem_s`` seconds per problem
+    (after its most promising candidate) and ``per_process_s`` in all (counted from this
+    call). Choices made with candidates left untimed stay in memory only: a later process
+    times them again. No arguments: exhaustive (the default)."""
+    global TUNING
+    for name, value in (("per_problem_s", per_problem_s), ("per_process_s", per_process_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConvError(f"{name}: got {value!r}; expected a positive number of seconds")
+    TUNING = TuningBudget(float(per_problem_s), float(per_process_s))
+    return TUNING
+
+
+#: Seconds of tuning one problem after which a progress line appears on a terminal.
+PROGRESS_AFTER_S = 2.0
+
+
+class _Progress:
+    """A progress line on stderr (a terminal only; ``FASTCONV_PROGRESS=0`` turns it off)
+    once one problem's tuning has run ``PROGRESS_AFTER_S``: the problem, the candidate being
+    timed and how many are left."""
+
+    def __init__(self, problem: ConvProblem, op: str, total: int):
+        self.what = f"{op} of {problem.describe()}"
+        self.total = total
+        self.shown = False
+        self.on = os.environ.get("FASTCONV_PROGRESS", "1").strip().lower() not in (
+            "0", "off", "false", "no") and sys.stderr.isatty()
+
+    def show(self, index: int, name: str, spent: float) -> None:
+        if self.on and spent >= PROGRESS_AFTER_S:
+            self.shown = True
+            sys.stderr.write(f"\rfastconv: tuning {self.what}: {name} ({index + 1}/"
+                             f"{self.total}, {self.total - index - 1} left, {spent:.0f} s)"
+                             "\x1b[K")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
 
 
 def _short(exc: BaseException) -> str:
