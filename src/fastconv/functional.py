@@ -6,12 +6,14 @@
 ``act(scale·(conv + bias) + shift + residual)``, an output buffer, a backend and a precision.
 
 Paths: a call that needs no gradient, outside torch.compile, runs a cached plan directly
-(the lowest host overhead). One that needs a gradient runs the same plan; if dispatch chose
-aten's plain configuration, whose ops torch differentiates, torch's autograd does the backward
-(cuDNN), otherwise the plan runs inside ``ops.ConvFunction``, whose backward runs the data and
-weight gradients through dispatch (fastconv's Triton kernels or aten). Under torch.compile the
-call is the ``fastconv::conv`` custom op (ops.py), with the same autograd formula, which the
-compiler traces as one node.
+(the lowest host overhead). One that needs a gradient runs a plan dispatched for a call with
+a backward (each candidate timed with its backward); if that is aten's plain configuration,
+whose ops torch differentiates, torch's autograd does the backward (cuDNN), otherwise the
+plan runs inside ``ops.ConvFunction``, whose backward runs the data and weight gradients
+through dispatch (fastconv's Triton kernels or aten). Under torch.compile the call is the
+``fastconv::conv`` custom op (ops.py), with the same autograd formula, which the compiler
+traces as one node; a call there that needs a gradient on data other than float32 is
+torch's own ops instead (``_traced_with_grad``).
 """
 
 from __future__ import annotations
