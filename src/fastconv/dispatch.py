@@ -282,8 +282,8 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
     mode = mode or default_mode(problem)
     if mode not in MODES:
         raise ConvError(f"mode: got {mode!r}; allowed: {', '.join(MODES)}")
+    # (a capture made without settings(graph=True) finds the choice its eager warm-up stored)
     _, det, graph = current()
-    graph = graph or _capturing()
     key = _cache_key(problem, backend, mode, op, det, _cost(graph, grad))
     hit = CACHE.get(key)
     if hit is not None:
