@@ -148,3 +148,28 @@ def test_a_call_needing_gradients_runs_the_plan_dispatch_chose_for_it(monkeypatc
     (want,) = torch.autograd.grad(F.conv2d(xr, w.double(), padding=1), xr,
                                   torch.ones_like(y).double())
     assert relative_error(dx, want) < 1e-5
+
+
+def test_the_backward_takes_the_dispatch_settings_of_its_forward(monkeypatch):
+    """ops.ConvFunction's backward dispatches its gradients with the settings of the forward
+    call, even when it runs in another thread (a CUDA backward runs on autograd's device
+    thread, where the caller's settings() context is not seen)."""
+    import threading
+
+    from fastconv import dispatch
+
+    seen = []
+    real = functional.run_grads
+    monkeypatch.setattr(functional, "run_grads",
+                        lambda *a: seen.append(dispatch.current()) or real(*a))
+    x = torch.randn(2, 3, 6, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3)
+    with dispatch.settings("heuristic", deterministic=True, graph=True):
+        y = fastconv.conv2d(x, w, padding=1, backend="triton", precision="ieee")
+    grads = []
+    thread = threading.Thread(target=lambda: grads.append(
+        torch.autograd.grad(y, x, torch.ones_like(y))))
+    thread.start()
+    thread.join()
+    assert seen == [("heuristic", True, True)] and len(grads) == 1
+    assert dispatch.current() == (None, False, False)

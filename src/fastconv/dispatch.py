@@ -24,10 +24,10 @@ Modes:
   take the heuristic's choice).
 
 The mode comes from, in order: ``dispatch=`` of a call, the innermost ``settings(...)``
-context (this thread's: a CUDA backward runs on torch's autograd device threads, which see
-the default settings), ``FASTCONV_DISPATCH``, the default above. ``deterministic=True``
-(or ``FASTCONV_DETERMINISTIC=1``) keeps only candidates that give bitwise-repeatable
-results.
+context (this thread's; the backward of a fastconv call takes its forward's settings, though
+a CUDA backward runs on torch's autograd device threads), ``FASTCONV_DISPATCH``, the
+default above. ``deterministic=True`` (or ``FASTCONV_DETERMINISTIC=1``) keeps only
+candidates that give bitwise-repeatable results.
 
 Choices live in ``plancache.PlanCache`` (memory LRU; benchmark choices and pins also on disk,
 so a new process skips the timing). Thread-safe: concurrent first calls of one key time it
@@ -114,6 +114,22 @@ def settings(mode: str | None = None, *, deterministic: bool | None = None,
                                    deterministic if deterministic is not None
                                    else outer.deterministic,
                                    graph if graph is not None else outer.graph))
+    try:
+        yield
+    finally:
+        _SETTINGS.reset(token)
+
+
+def captured() -> Settings:
+    """The settings in force (for :func:`restored` in another thread)."""
+    return _SETTINGS.get()
+
+
+@contextlib.contextmanager
+def restored(saved: Settings):
+    """Run with settings :func:`captured` elsewhere (the backward of a call, on autograd's
+    device thread, takes its forward's settings)."""
+    token = _SETTINGS.set(saved)
     try:
         yield
     finally:

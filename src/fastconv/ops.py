@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import functional
+from . import dispatch, functional
 from .epilogue import Epilogue
 from .precision import accumulate_dtype
 from .problem import ConvProblem, empty_in_layout, layout_of
@@ -156,12 +156,16 @@ class ConvFunction(torch.autograd.Function):
     def forward(ctx, plan, *args):
         y = plan.run(*args[:6], None)  # input, weight, bias, scale, shift, residual, out
         _setup_context(ctx, args, y)
+        ctx.settings = dispatch.captured()
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        return (None,) + backward_formula(ctx, grad, conv_impl, functional.run_grads,
-                                          ctx.needs_input_grad[1:])
+        # the dispatch settings of the forward call (a CUDA backward runs on autograd's
+        # device thread, which does not see the caller's settings() context)
+        with dispatch.restored(ctx.settings):
+            return (None,) + backward_formula(ctx, grad, conv_impl, functional.run_grads,
+                                              ctx.needs_input_grad[1:])
 
 
 def backward_formula(ctx, grad, conv, conv_grads, need=None):
