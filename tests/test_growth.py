@@ -275,3 +275,20 @@ def test_widen_batchnorm_and_single_layers():
         assert torch.equal(wide.weight[:, :3], tconv.weight)  # old channels untouched
     with pytest.raises(fastconv.ConvError, match="convolution module"):
         growth.widen_conv_out(nn.Linear(3, 3), 4)
+
+
+@pytest.mark.parametrize("arg,match", [
+    ({"0": 8, "nosuch": 4}, r"\['nosuch'\] name no layer grow_width can grow \(producers "
+                            r"found: 0"),
+    ({"0": 0}, "widths must be positive ints"),
+    ({"0": 8.0}, "widths must be positive ints"),
+    (0.5, "must be at least 1"),
+    ("2", "expected a real number"),
+])
+def test_a_bad_factor_or_mapping_is_an_error_and_changes_nothing(arg, match):
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1))
+    before = copy.deepcopy(net.state_dict())
+    with pytest.raises(fastconv.ConvError, match=match):
+        grow_width(net, arg)
+    after = net.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)

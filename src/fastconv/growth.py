@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 
-from .errors import ConvError
+from .errors import ConvError, real_number
 
 __all__ = ["GrowthError", "GrowthReport", "MultiBranch", "Widening", "carry_optimizer",
            "grow_width", "widen_batchnorm", "widen_conv_in", "widen_conv_out", "widen_pair"]
@@ -491,6 +491,26 @@ def _new_width(old: int, blocks: int, factor_or_mapping, name: str) -> int:
     return new
 
 
+def _check_growth(factor_or_mapping, pairs: list[_Pair]) -> None:
+    """A factor must be a real number ≥ 1; a mapping must name producers that ``pairs`` holds
+    (a name of no such layer is an error, not a silent no-op) and give each a positive int."""
+    if isinstance(factor_or_mapping, dict):
+        producers = sorted({p.producer for p in pairs})
+        unknown = [k for k in factor_or_mapping if k not in producers]
+        if unknown:
+            raise ConvError(f"factor_or_mapping: {unknown} name no layer grow_width can grow "
+                            f"(producers found: {', '.join(producers) or 'none'})")
+        bad = {k: v for k, v in factor_or_mapping.items()
+               if isinstance(v, bool) or not isinstance(v, int) or v < 1}
+        if bad:
+            raise ConvError(f"factor_or_mapping: widths must be positive ints, got {bad}")
+        return
+    factor = real_number("factor_or_mapping", factor_or_mapping, positive=True)
+    if factor < 1:
+        raise ConvError(f"factor_or_mapping: got {factor_or_mapping!r}; a factor grows, so it "
+                        f"must be at least 1")
+
+
 def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: str = "zero",
                noise: float = 0.0, on_error: str = "raise",
                generator: torch.Generator | None = None) -> GrowthReport:
@@ -503,6 +523,8 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
         raise ConvError(f"on_error: got {on_error!r}; allowed: 'raise', 'drop'")
     if init not in INITS:
         raise ConvError(f"init: got {init!r}; allowed: {', '.join(map(repr, INITS))}")
+    pairs = _find_pairs(module)
+    _check_growth(factor_or_mapping, pairs)
     report = GrowthReport()
     current: dict[str, nn.Module] = {}
     carries: dict[str, Carries] = {}
@@ -511,7 +533,7 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
     def get(path):
         return current[path] if path in current else module.get_submodule(path)
 
-    for pair in _find_pairs(module):
+    for pair in pairs:
         if pair.branch in failed_branches:
             continue
         try:
