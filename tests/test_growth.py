@@ -292,3 +292,64 @@ def test_a_bad_factor_or_mapping_is_an_error_and_changes_nothing(arg, match):
         grow_width(net, arg)
     after = net.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+class _IssueNet(nn.Module):
+    """The network of issue 24: a stem feeding two branches that meet through an identity
+    1x1 projection (the 12-wide branch) and an Identity (the 8-wide one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.block = MultiBranch([nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()),
+                                  nn.Sequential(nn.Conv2d(8, 12, 1), nn.BatchNorm2d(12),
+                                                nn.ReLU())], out_channels=8)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+
+    def forward(self, x):
+        return self.head(self.block(self.stem(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("training", [False, True])
+def test_a_branch_grows_into_its_projection(dtype, training):
+    """A branch's last conv (and its BatchNorm) feeding the MultiBranch projection is a
+    pair: the projection keeps the identity on the old channels and zero on the new, so the
+    function is preserved, in train and eval; gradients reach the new channels."""
+    torch.manual_seed(0)
+    net = _IssueNet().to(DEVICE, dtype).train(training)
+    with torch.no_grad():
+        bn = net.block.branches[1][1]
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(4, 3, 9, 7, device=DEVICE, dtype=dtype)
+    with torch.no_grad():
+        before = copy.deepcopy(net)(x)  # (a copy: training mode updates statistics)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    report = grow_width(net, 2.0, optimizer=opt)
+    assert report.grown == [("block.branches.1.0", 12, 24)]
+    proj = net.block.projections[1]
+    assert proj.in_channels == 24 and net.block.branches[1][1].num_features == 24
+    assert torch.equal(proj.weight[:, :8, 0, 0], torch.eye(8, device=DEVICE, dtype=dtype))
+    assert proj.weight[:, 12:].abs().sum() == 0
+    with torch.no_grad():
+        _close(net(x), before, dtype)
+    net(x).square().mean().backward()
+    assert proj.weight.grad[:, 12:].abs().sum() > 0  # the new channels learn
+    opt.step()
+
+
+def test_a_dropped_branch_takes_its_widened_projection_with_it():
+    good = nn.Sequential(nn.Conv2d(4, 6, 1), nn.ReLU())
+    bad = nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU(), nn.Conv2d(4, 6, 1, groups=2))
+    mb = MultiBranch([bad, good], out_channels=4)
+    opt = torch.optim.SGD(mb.parameters(), lr=0.1, momentum=0.9)
+    mb(torch.randn(1, 4, 3, 3)).sum().backward()
+    opt.step()
+    report = grow_width(mb, {"branches.0.0": 5, "branches.0.2": 8, "branches.1.0": 8},
+                        optimizer=opt, on_error="drop")
+    assert [b for b, _ in report.dropped] == ["branches.0"]
+    assert len(mb.branches) == 1 and mb.projections[0].in_channels == 8
+    held = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert {id(p) for p in mb.parameters()} <= held
+    mb(torch.randn(1, 4, 3, 3)).sum().backward()

@@ -449,9 +449,14 @@ def _find_pairs(module: nn.Module, prefix: str = "", branch: str | None = None
     def join(name: str) -> str:
         return f"{prefix}.{name}" if prefix else name
     if isinstance(module, MultiBranch):
-        for i, b in enumerate(module.branches):
+        for i, (b, proj) in enumerate(zip(module.branches, module.projections)):
             name = join(f"branches.{i}")
             pairs += _find_pairs(b, name, name)
+            tail = _tail(b)  # the branch's last conv feeds its 1x1 projection: a pair
+            if tail is not None and _is_conv(proj):
+                conv, bn = tail
+                pairs.append(_Pair(_under(name, conv), join(f"projections.{i}"),
+                                   _under(name, bn) if bn is not None else None, name))
         return pairs
     if all(hasattr(module, a) for a in ("conv1", "bn1", "conv2", "bn2")):  # residual block
         chain = [("conv1", "bn1", "conv2")]
@@ -479,8 +484,34 @@ def _find_pairs(module: nn.Module, prefix: str = "", branch: str | None = None
     return pairs
 
 
+def _tail(branch: nn.Module) -> tuple[str, str | None] | None:
+    """(path of the convolution whose output a branch returns, of the BatchNorm after it)
+    relative to the branch ("" for the branch itself), or None when something else ends
+    it."""
+    if _is_conv(branch):
+        return "", None
+    if not isinstance(branch, nn.Sequential):
+        return None
+    conv, bn = None, None
+    for name, child in branch.named_children():
+        if _is_conv(child):
+            conv, bn = name, None
+        elif isinstance(child, _BatchNorm) and conv is not None and bn is None:
+            bn = name
+        elif not isinstance(child, PASSTHROUGH):
+            conv, bn = None, None
+    return None if conv is None else (conv, bn)
+
+
+def _under(prefix: str, path: str) -> str:
+    return f"{prefix}.{path}" if path else prefix
+
+
 def _inside(path: str, branch: str) -> bool:
-    return path == branch or path.startswith(branch + ".")
+    """Whether ``path`` is part of MultiBranch branch ``branch`` (its projection included)."""
+    owner, _, index = branch.rpartition("branches.")
+    projection = f"{owner}projections.{index}"
+    return any(path == p or path.startswith(p + ".") for p in (branch, projection))
 
 
 def _new_width(old: int, blocks: int, factor_or_mapping, name: str) -> int:
