@@ -353,3 +353,21 @@ def test_a_dropped_branch_takes_its_widened_projection_with_it():
     held = {id(p) for g in opt.param_groups for p in g["params"]}
     assert {id(p) for p in mb.parameters()} <= held
     mb(torch.randn(1, 4, 3, 3)).sum().backward()
+
+
+@pytest.mark.filterwarnings("ignore:grow_width")
+def test_the_report_names_every_convolution_it_did_not_grow():
+    torch.manual_seed(0)
+    net = _IssueNet()
+    report = grow_width(net, {"block.branches.1.0": 16})
+    assert report.grown == [("block.branches.1.0", 12, 16)]
+    reasons = dict(report.not_grown)
+    # the stem has several consumers; branch 0 meets through an Identity; the projection
+    # feeds the block's output
+    assert set(reasons) == {"stem.0", "block.branches.0.0", "block.projections.1"}
+    assert reasons["stem.0"] == growth.NO_CONSUMER
+    assert "not grown stem.0: no consumer found" in str(report)
+    net2 = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1))
+    report = grow_width(net2, {"0": 4})  # the mapping keeps its width
+    assert report.grown == [] and dict(report.not_grown) == {"0": "its width stays 4",
+                                                              "1": growth.NO_CONSUMER}

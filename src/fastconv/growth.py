@@ -418,6 +418,8 @@ class MultiBranch(nn.Module):
 class GrowthReport:
     """What a :func:`grow_width` pass did (or would have done)."""
     grown: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+    #: every other convolution, with the reason it was not grown
+    not_grown: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     failed: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     dropped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     #: original parameter -> (its replacement, carry) for optimizer state
@@ -425,6 +427,7 @@ class GrowthReport:
 
     def __str__(self) -> str:
         lines = [f"  grown {p}: {a} -> {b} channels" for p, a, b in self.grown]
+        lines += [f"  not grown {p}: {why}" for p, why in self.not_grown]
         lines += [f"  FAILED {p}: {why}" for p, why in self.failed]
         lines += [f"  dropped branch {p}: {why}" for p, why in self.dropped]
         return "\n".join(lines) or "  nothing to grow"
@@ -436,6 +439,11 @@ class _Pair:
     consumer: str
     bn: str | None
     branch: str | None  # the MultiBranch branch it lies in ("path.branches.i"), if any
+
+
+#: Why a convolution that is no pair's producer is not grown.
+NO_CONSUMER = ("no consumer found (pairs are a convolution and the next one in a Sequential "
+               "or a residual block, and a MultiBranch branch's last one with its projection)")
 
 
 def _is_conv(m) -> bool:
@@ -575,6 +583,7 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
             old = producer.out_channels
             new = _new_width(old, blocks, factor_or_mapping, pair.producer)
             if new == old:
+                report.not_grown.append((pair.producer, f"its width stays {old}"))
                 continue
             w = Widening.plan(old, new, blocks, init, generator)
             grown = {pair.producer: _widen_conv_out(producer, w, init, noise, generator,
@@ -590,6 +599,9 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
             report.failed.append((pair.producer, why))
             if pair.branch is not None and on_error == "drop":
                 failed_branches[pair.branch] = why
+    paired = {p.producer for p in pairs}
+    report.not_grown += [(name, NO_CONSUMER) for name, m in module.named_modules()
+                         if _is_conv(m) and name not in paired]
     if report.failed and (on_error == "raise" or any(
             not any(_inside(p, b) for b in failed_branches) for p, _ in report.failed)):
         raise GrowthError("grow_width: nothing was changed", report)
