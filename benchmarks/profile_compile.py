@@ -14,7 +14,6 @@ BatchNorm folds of an optimized model, fused horizontally) for both variants.
 
 from __future__ import annotations
 
-import collections
 import sys
 import time
 
@@ -31,6 +30,7 @@ if "--combo" in flags:
 
     torch._inductor.config.combo_kernels = True
 import timm  # noqa: E402  (carried wheel on the device)
+from timm_steps import kernels_by_name  # noqa: E402
 
 torch.backends.cudnn.benchmark = True
 torch.manual_seed(0)
@@ -88,12 +88,7 @@ for label, build in VARIANTS:
         for _ in range(5):
             call()
         torch.cuda.synchronize()
-    kernels = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels[e.name[:90]]
-            k[0] += 1
-            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    kernels = kernels_by_name(prof)
     total = sum(v[1] for v in kernels.values()) / 5
     count = sum(v[0] for v in kernels.values()) / 5
     print(f"== {label} {name} b{batch}: {times[len(times) // 2]:.3f} ms per call (median of "

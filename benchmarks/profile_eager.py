@@ -15,7 +15,6 @@ time: then the host's microseconds per layer are what to cut.
 
 from __future__ import annotations
 
-import collections
 import cProfile
 import pstats
 import statistics
@@ -23,40 +22,16 @@ import sys
 import time
 
 import torch
-
-import fastconv
+from timm_steps import VARIANTS, eager_step, kernels_by_name
 
 flags = [a for a in sys.argv[1:] if a.startswith("--")]
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 name = args[0] if args else "resnet50"
 batch = int(args[1]) if len(args) > 1 else 32
 TRAIN = "--eval" not in flags
-import timm  # noqa: E402  (carried wheel on the device)
-
 torch.backends.cudnn.benchmark = True
 torch.manual_seed(0)
 x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
-
-
-def build(variant: str):
-    net = timm.create_model(name, pretrained=False).cuda().train(TRAIN)
-    net = net.to(memory_format=torch.channels_last)
-    if variant.startswith("fastconv"):
-        net = fastconv.optimize(net, mode="training" if TRAIN else "inference",
-                                precision="bf16")
-        if variant == "fastconv_aten":
-            for m in net.modules():
-                if hasattr(m, "backend"):
-                    m.backend = "aten"
-
-    def step():
-        with torch.set_grad_enabled(TRAIN), torch.autocast("cuda", torch.bfloat16):
-            y = net(x)
-        if TRAIN:
-            y.float().square().mean().backward()
-            for p in net.parameters():
-                p.grad = None
-    return step
 
 
 def host_ms(step) -> float:
@@ -72,8 +47,8 @@ def host_ms(step) -> float:
     return statistics.median(times)
 
 
-for variant in ("torch", "fastconv", "fastconv_aten"):
-    step = build(variant)
+for variant in VARIANTS:
+    step = eager_step(name, variant, x, TRAIN)
     for _ in range(5):
         step()
     torch.cuda.synchronize()
@@ -87,12 +62,7 @@ for variant in ("torch", "fastconv", "fastconv_aten"):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    kernels = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels[e.name[:90]]
-            k[0] += 1
-            k[1] += e.device_time_total
+    kernels = kernels_by_name(prof)
     total = sum(v[1] for v in kernels.values())
     print(f"== {variant} {name} b{batch} {'train' if TRAIN else 'eval'}: wall "
           f"{statistics.median(walls):.2f} ms per step, host issue {host:.2f} ms, kernels "

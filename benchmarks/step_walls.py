@@ -13,10 +13,8 @@ import statistics
 import sys
 import time
 
-import timm
 import torch
-
-import fastconv
+from timm_steps import VARIANTS, eager_step
 
 flags = [a for a in sys.argv[1:] if a.startswith("--")]
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -29,28 +27,7 @@ torch.backends.cudnn.benchmark = True
 x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
 
 
-def build(variant: str):
-    net = timm.create_model(name, pretrained=False).cuda().train(TRAIN)
-    net = net.to(memory_format=torch.channels_last)
-    if variant.startswith("fastconv"):
-        net = fastconv.optimize(net, mode="training" if TRAIN else "inference",
-                                precision="bf16")
-        if variant == "fastconv_aten":
-            for m in net.modules():
-                if hasattr(m, "backend"):
-                    m.backend = "aten"
-
-    def step():
-        with torch.set_grad_enabled(TRAIN), torch.autocast("cuda", torch.bfloat16):
-            y = net(x)
-        if TRAIN:
-            y.float().square().mean().backward()
-            for p in net.parameters():
-                p.grad = None
-    return step
-
-
-steps = {v: build(v) for v in ("torch", "fastconv", "fastconv_aten")}
+steps = {v: eager_step(name, v, x, TRAIN) for v in VARIANTS}
 for step in steps.values():
     for _ in range(5):
         step()
