@@ -173,3 +173,69 @@ def test_the_backward_takes_the_dispatch_settings_of_its_forward(monkeypatch):
     thread.join()
     assert seen == [("heuristic", True, True)] and len(grads) == 1
     assert dispatch.current() == (None, False, False)
+
+
+def _grads(module, x, g):
+    y = module(x)
+    return (y, *torch.autograd.grad(y, (x, *module.parameters()), g))
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+def test_a_module_call_with_autograd_reuses_its_native_plan_and_sees_every_change(
+        backend, monkeypatch):
+    """A module call that needs gradients runs the module's kept plan when dispatch chose a
+    native one (torch's autograd differentiates it); a plan with fastconv's backward takes
+    the general path each call. Either way, a new shape or layout, a ``.data`` swap (other
+    shape), an in-place update and the grad mode give results and gradients equal to torch's."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # strict fp32, as torch
+    conv = fastconv.nn.Conv2d(3, 4, 3, padding=1, backend=backend)  # (precision: torch's)
+    ref = torch.nn.Conv2d(3, 4, 3, padding=1).double()
+
+    def check(x):
+        ref.load_state_dict(conv.state_dict())
+        xg, xr = x.clone().requires_grad_(), x.double().requires_grad_()
+        y, *grads = _grads(conv, xg, g := torch.randn(conv(x).shape))
+        want = _grads(ref, xr, g.double())
+        for u, v in zip((y, *grads), want):
+            assert relative_error(u, v) < 1e-5
+    check(torch.randn(2, 3, 6, 7))
+    kept = conv.__dict__["_plan"]
+    assert (kept[1] is not None) == (backend == "aten")  # native: the module runs it
+    check(torch.randn(2, 3, 6, 7))
+    assert conv.__dict__["_plan"] is kept  # same signature: reused
+    check(torch.randn(1, 3, 5, 9).contiguous(memory_format=torch.channels_last))
+    with torch.no_grad():
+        conv.weight.mul_(-2.0)
+    check(torch.randn(2, 3, 6, 7))
+    conv.weight.data = torch.randn(4, 3, 1, 1)  # another kernel size behind the Parameter
+    conv.padding = (0, 0)
+    ref = torch.nn.Conv2d(3, 4, 1).double()
+    check(torch.randn(2, 3, 6, 7))
+    with torch.no_grad():  # and back without autograd: its own plan
+        x = torch.randn(2, 3, 6, 7)
+        assert relative_error(conv(x), ref(x.double())) < 1e-5
+
+
+def test_a_training_conv_bn_act_module_runs_torch_s_ops_through_its_plan():
+    """ConvBNAct2d in training: the convolution through the module's kept plan, the batch
+    norm as torch's; outputs, every gradient and the running statistics equal torch's
+    modules', under autocast too (the parameters stay float32, their gradients too), and a
+    residual of another dtype is the general path's clear error."""
+    from fastconv.nn import ConvBNAct2d
+
+    seq = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, padding=1, bias=True),
+                              torch.nn.BatchNorm2d(5), torch.nn.SiLU())
+    m = ConvBNAct2d.from_torch(seq)
+    for autocast in (False, True):
+        x = torch.randn(3, 3, 7, 6)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y, *grads = _grads(m, x.clone().requires_grad_(), g := torch.randn(3, 5, 7, 6))
+            want = _grads(seq, x.clone().requires_grad_(), g)
+        assert y.dtype == want[0].dtype == (torch.bfloat16 if autocast else torch.float32)
+        assert m.__dict__["_plan"][1] is not None  # the kept plan ran
+        for u, v in zip((y, *grads), want):
+            assert u.dtype == v.dtype and relative_error(u, v) < (2e-2 if autocast else 1e-5)
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            assert relative_error(getattr(m.bn, name), getattr(seq[1], name)) < 1e-5, name
+    with pytest.raises(fastconv.ConvError, match="residual: expected shape"):
+        m(torch.randn(3, 3, 7, 6), torch.randn(3, 5, 7, 6, dtype=torch.float64))

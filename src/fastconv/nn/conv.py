@@ -45,41 +45,60 @@ class _FastconvMixin:
                 s += f", {name}={value!r}"
         return s
 
-    def _inference(self, input: Tensor, weight: Tensor, bias: Tensor | None, padding,
-                   activation: str = "none", negative_slope: float = 0.01,
-                   residual: Tensor | None = None) -> Tensor | None:
-        """A call without autograd through the plan this module keeps for the input's
-        signature: the host cost of the general path (validation, plan lookup, autocast
-        casts of the weights) is paid once per signature. ``None`` when the call needs the
-        general path (autograd, unbatched input, first sight, or inside torch.compile, whose
-        graph must see the custom op, not this host-side cache)."""
+    def _planned(self, input: Tensor, weight: Tensor, bias: Tensor | None, padding,
+                 activation: str = "none", negative_slope: float = 0.01,
+                 residual: Tensor | None = None) -> Tensor | None:
+        """The call through the plan this module keeps for the input's signature, so that the
+        general path's host cost (validation, plan lookup, the signature of every argument)
+        is paid once per signature.
+
+        Without autograd the plan runs on the autocast casts of the parameters, kept between
+        calls. With autograd it runs when dispatch chose a native plan (torch's own
+        differentiable ops), on the parameters as they are: torch's autocast casts them and
+        torch's autograd differentiates the call, as in ``torch.nn.Conv2d``. ``None`` when the
+        call needs the general path: a plan whose backward is fastconv's, an unbatched input,
+        or inside torch.compile (whose graph must see the custom op, not this host cache)."""
         if torch.compiler.is_compiling() or not isinstance(input, Tensor) \
                 or input.dim() != len(self.kernel_size) + 2:
             return None
-        if torch.is_grad_enabled() and (
-                input.requires_grad or weight.requires_grad
-                or (bias is not None and bias.requires_grad)
-                or (residual is not None and residual.requires_grad)):
-            return None
+        grad = torch.is_grad_enabled() and (
+            input.requires_grad or weight.requires_grad
+            or (bias is not None and bias.requires_grad)
+            or (residual is not None and residual.requires_grad))
         device = input.device.type
+        cast = None
         if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(device):
+            cast = torch.get_autocast_dtype(device)
             input, residual = fc._autocast(device, input, residual)
-            dtype = torch.get_autocast_dtype(device)
-            weight, bias = self._cast_param(weight, dtype), self._cast_param(bias, dtype)
-        key = (input.shape, input.stride(), input.dtype, input.device, weight.dtype,
-               weight.stride(), None if bias is None else bias.dtype,
+            if not grad:
+                weight, bias = self._cast_param(weight, cast), self._cast_param(bias, cast)
+        key = (input.shape, input.stride(), input.dtype, input.device, weight.shape,
+               weight.stride(), weight.dtype, weight.device,
+               None if bias is None else (bias.shape, bias.dtype, bias.device),
                None if residual is None else (residual.shape, residual.stride(),
                                               residual.dtype, residual.device),
-               padding, activation, negative_slope, torch._C._get_cudnn_allow_tf32(),
-               dispatch.current())
+               padding, activation, negative_slope, self.backend, self.precision, grad, cast,
+               torch._C._get_cudnn_allow_tf32(), dispatch.current())
         cached = self.__dict__.get("_plan")
         if cached is None or cached[0] != key:
-            plan = fc.forward_plan(len(self.kernel_size), False, input, weight, bias,
-                                   self.stride, padding, self.dilation, self.groups, 0,
-                                   activation, negative_slope, residual, None, None, None,
-                                   self.backend, self.precision)
-            cached = self.__dict__["_plan"] = (key, plan)
-        return cached[1].run(input, weight, bias, None, None, residual, None)
+            cached = self.__dict__["_plan"] = (key, self._new_plan(
+                input, weight, bias, padding, activation, negative_slope, residual, grad,
+                cast))
+        plan = cached[1]
+        return None if plan is None else plan.run(input, weight, bias, None, None, residual,
+                                                  None)
+
+    def _new_plan(self, input, weight, bias, padding, activation, negative_slope, residual,
+                  grad, cast):
+        """The plan of :meth:`_planned` (validated and dispatched), or None where a call with
+        autograd must take the general path."""
+        if grad and cast is not None:  # planned for the dtypes autocast will give them
+            weight, bias = fc._autocast(input.device.type, weight, bias)
+        plan = fc.forward_plan(len(self.kernel_size), False, input, weight, bias, self.stride,
+                               padding, self.dilation, self.groups, 0, activation,
+                               negative_slope, residual, None, None, None, self.backend,
+                               self.precision, grad=grad)
+        return plan if not grad or plan.native_grad else None
 
     def _cast_param(self, t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
         """``t`` in the autocast dtype, kept between calls while ``t`` is the same tensor,
@@ -130,7 +149,7 @@ class Conv1d(_FastconvMixin, torch.nn.Conv1d):
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         input, padding = self._padded(input)
-        out = self._inference(input, weight, bias, padding)
+        out = self._planned(input, weight, bias, padding)
         if out is not None:
             return out
         return fc.conv1d(input, weight, bias, self.stride, padding, self.dilation, self.groups,
@@ -146,7 +165,7 @@ class Conv2d(_FastconvMixin, torch.nn.Conv2d):
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         input, padding = self._padded(input)
-        out = self._inference(input, weight, bias, padding)
+        out = self._planned(input, weight, bias, padding)
         if out is not None:
             return out
         return fc.conv2d(input, weight, bias, self.stride, padding, self.dilation, self.groups,

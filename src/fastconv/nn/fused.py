@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import functional as fc
+from ..batchnorm import bn_act
 from ..epilogue import Epilogue, activate
 from ..errors import ConvError, real_number
 from .conv import Conv1d, Conv2d, same_tensors, tensor_state
@@ -99,24 +100,41 @@ class _ConvBNActMixin:
         return shape
 
     def _forward(self, input: Tensor, residual: Tensor | None, activation: str) -> Tensor:
-        bn = self.bn
+        # (parameters, buffers and the BatchNorm read from their dicts: nn.Module's
+        # __getattr__ costs ~0.4 us a lookup, nine per call)
+        bn = self._modules["bn"]
+        buffers, params = bn._buffers, bn._parameters
+        running_mean, running_var = buffers.get("running_mean"), buffers.get("running_var")
         training = self.training and bn.training  # a BatchNorm that stays in eval: frozen
         factor = 0.0 if bn.momentum is None else bn.momentum
-        if training and bn.track_running_stats and bn.num_batches_tracked is not None:
-            bn.num_batches_tracked.add_(1)
+        tracked = buffers.get("num_batches_tracked")
+        if training and bn.track_running_stats and tracked is not None:
+            tracked.add_(1)
             if bn.momentum is None:  # cumulative moving average
-                factor = 1.0 / float(bn.num_batches_tracked)
-        batch_stats = training or (bn.running_mean is None and bn.running_var is None)
+                factor = 1.0 / float(tracked)
+        batch_stats = training or (running_mean is None and running_var is None)
         if not batch_stats and not (torch.is_grad_enabled() and self._needs_grad()):
             return self._folded_forward(input, residual, activation)
-        keep = not training or bn.track_running_stats
+        if training and not bn.track_running_stats:  # batch statistics, none updated
+            running_mean = running_var = None
         group = self.process_group
         if group is None and self.sync_stats:
             group = torch.distributed.group.WORLD
         input, padding = self._padded(input)
+        weight, bias = self._parameters["weight"], self._parameters["bias"]
+        if batch_stats and group is None:
+            # the convolution through the module's plan, then the batch norm: a call's
+            # least host work (the general path below checks the arguments and finds the
+            # plan again each call)
+            y = self._planned(input, weight, bias, padding)
+            if y is not None and (residual is None or (residual.dtype == y.dtype
+                                                       and residual.device == y.device)):
+                return bn_act(y, params.get("weight"), params.get("bias"), residual,
+                              running_mean, running_var, factor, bn.eps, activation,
+                              self.negative_slope, None)
         fn = fc.conv_bn_act1d if self._RANK == 1 else fc.conv_bn_act2d
-        return fn(input, self.weight, self.bias, bn.running_mean if keep else None,
-                  bn.running_var if keep else None, bn.weight, bn.bias, self.stride, padding,
+        return fn(input, weight, bias, running_mean, running_var, params.get("weight"),
+                  params.get("bias"), self.stride, padding,
                   self.dilation, self.groups, training=batch_stats, momentum=factor,
                   eps=bn.eps, activation=activation, negative_slope=self.negative_slope,
                   residual=residual, process_group=group, backend=self.backend,
@@ -147,7 +165,7 @@ class _ConvBNActMixin:
                 self.__dict__["_fold"] = cached
             weight, bias = cached[1], cached[2]
         input, padding = self._padded(input)
-        out = self._inference(input, weight, bias, padding, activation, self.negative_slope,
+        out = self._planned(input, weight, bias, padding, activation, self.negative_slope,
                               residual)
         if out is not None:
             return out

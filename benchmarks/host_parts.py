@@ -1,0 +1,77 @@
+"""Where a cached call's host microseconds go, layer by layer of fastconv's call path, on a
+problem whose kernel takes a few microseconds (1x16x8x8, 16 -> 16, 3x3): torch's F.conv2d
+and nn.Conv2d, then fastconv's plan alone (``plan.run``), the plan lookup alone
+(``forward_plan``), the functional call and the module (no grad; and a training step of
+a module with autograd against torch's module). Each row: min over 7 rounds of 300
+back-to-back calls, the device synchronised around each round; the rows alternate, so the
+host's drift hits them alike. Run on two source trees (PYTHONPATH) to compare them.
+
+Usage: PYTHONPATH=src python benchmarks/host_parts.py
+"""
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+import fastconv
+from fastconv import functional
+
+
+def per_call_us(fns: dict, calls: int = 300, rounds: int = 7) -> dict:
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def rows(dtype: torch.dtype, layout: torch.memory_format) -> dict:
+    x = torch.randn(1, 16, 8, 8, device="cuda", dtype=dtype).contiguous(memory_format=layout)
+    w = torch.randn(16, 16, 3, 3, device="cuda", dtype=dtype).contiguous(
+        memory_format=layout)
+    tmod = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False, device="cuda", dtype=dtype)
+    fmod = fastconv.nn.Conv2d(16, 16, 3, padding=1, bias=False, device="cuda", dtype=dtype)
+    for m in (tmod, fmod):
+        m.to(memory_format=layout)
+    args = (2, False, x, w, None, 1, 1, 1, 1, 0, "none", 0.01, None, None, None, None,
+            "auto", None)
+    with torch.no_grad():
+        fastconv.conv2d(x, w, None, 1, 1)
+        plan = functional.forward_plan(*args)
+        fns = {
+            "torch F.conv2d": lambda: F.conv2d(x, w, None, 1, 1),
+            "torch nn.Conv2d": lambda: tmod(x),
+            f"fastconv plan.run ({plan.backend})": lambda: plan.run(x, w, None, None, None,
+                                                                    None, None),
+            "fastconv forward_plan (lookup only)": lambda: functional.forward_plan(*args),
+            "fastconv.conv2d": lambda: fastconv.conv2d(x, w, None, 1, 1),
+            "fastconv.nn.Conv2d": lambda: fmod(x),
+        }
+        out = per_call_us(fns)
+    xg = x.clone().requires_grad_()
+
+    def step(m):
+        return lambda: m(xg).sum().backward()
+    out.update(per_call_us({"torch nn.Conv2d train step": step(tmod),
+                            "fastconv.nn.Conv2d train step": step(fmod)}))
+    return out
+
+
+if __name__ == "__main__":
+    print(torch.__version__, torch.cuda.get_device_name(), "fastconv", fastconv.__file__)
+    for dtype, layout, name in ((torch.bfloat16, torch.channels_last, "bf16 channels-last"),
+                                (torch.float32, torch.contiguous_format, "fp32 (tf32) NCHW")):
+        result = rows(dtype, layout)
+        base = result["torch F.conv2d"]
+        print(f"\n{name}: host us per call (min of 7 x 300), and over torch's F.conv2d")
+        for row, us in result.items():
+            print(f"  {row:40s} {us:7.1f}  {us - base:+6.1f}")
