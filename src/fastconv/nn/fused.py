@@ -49,6 +49,14 @@ def _torch_activation(name: str, negative_slope: float) -> torch.nn.Module:
     return next(cls for cls, n in _TORCH_ACTIVATIONS.items() if n == name)()
 
 
+def _affine(bn: torch.nn.Module) -> tuple[Tensor | None, Tensor | None]:
+    """A BatchNorm's γ and β from its module dicts (nn.Module's __getattr__ costs ~0.4 us a
+    lookup): parameters, or buffers where a frozen norm keeps them."""
+    params, buffers = bn._parameters, bn._buffers
+    return (params["weight"] if "weight" in params else buffers.get("weight"),
+            params["bias"] if "bias" in params else buffers.get("bias"))
+
+
 class _ConvBNActMixin:
     _RANK: int
     _TORCH_CONV: type
@@ -103,7 +111,7 @@ class _ConvBNActMixin:
         # (parameters, buffers and the BatchNorm read from their dicts: nn.Module's
         # __getattr__ costs ~0.4 us a lookup, nine per call)
         bn = self._modules["bn"]
-        buffers, params = bn._buffers, bn._parameters
+        buffers = bn._buffers
         running_mean, running_var = buffers.get("running_mean"), buffers.get("running_var")
         training = self.training and bn.training  # a BatchNorm that stays in eval: frozen
         factor = 0.0 if bn.momentum is None else bn.momentum
@@ -129,13 +137,12 @@ class _ConvBNActMixin:
             y = self._planned(input, weight, bias, padding)
             if y is not None and (residual is None or (residual.dtype == y.dtype
                                                        and residual.device == y.device)):
-                return bn_act(y, params.get("weight"), params.get("bias"), residual,
+                return bn_act(y, *_affine(bn), residual,
                               running_mean, running_var, factor, bn.eps, activation,
                               self.negative_slope, None)
         fn = fc.conv_bn_act1d if self._RANK == 1 else fc.conv_bn_act2d
-        return fn(input, weight, bias, running_mean, running_var, params.get("weight"),
-                  params.get("bias"), self.stride, padding,
-                  self.dilation, self.groups, training=batch_stats, momentum=factor,
+        return fn(input, weight, bias, running_mean, running_var, *_affine(bn), self.stride,
+                  padding, self.dilation, self.groups, training=batch_stats, momentum=factor,
                   eps=bn.eps, activation=activation, negative_slope=self.negative_slope,
                   residual=residual, process_group=group, backend=self.backend,
                   precision=self.precision)
@@ -153,8 +160,7 @@ class _ConvBNActMixin:
 
         bn = self.bn
         sources = (self._parameters["weight"], self._parameters["bias"],
-                   bn._buffers["running_mean"], bn._buffers["running_var"],
-                   bn._parameters["weight"], bn._parameters["bias"])
+                   bn._buffers["running_mean"], bn._buffers["running_var"], *_affine(bn))
         if torch.compiler.is_compiling():  # a traced graph folds each call: no host cache
             weight, bias = fold(*sources, bn.eps)
         else:
