@@ -371,7 +371,7 @@ def _ticking(run, now):
     return timed
 
 
-def test_the_per_problem_budget_stops_timing_and_keeps_the_choice_in_memory(
+def test_the_per_problem_budget_stops_timing_and_stores_a_partial_choice(
         fakes, clock, tmp_path):
     run, calls = fakes
     dispatch.tuning_budget(per_problem_s=2.5)
@@ -379,14 +379,23 @@ def test_the_per_problem_budget_stops_timing_and_keeps_the_choice_in_memory(
     choice = dispatch.choose(p, run=_ticking(run, clock), mode="benchmark")
     assert calls == [("fake", "a"), ("fake", "b"), ("fake", "c")]  # 0, 1, 2 s: then spent
     assert choice.config == "b"  # the best of those timed
-    assert not (tmp_path / plancache.FILE_NAME).exists()  # partial: never on disk
+    stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]
+    assert stored and all(e["partial"] for e in stored.values())  # on disk, marked partial
     rows = dispatch.explain(p, mode="benchmark", run=_ticking(run, clock)).rows
     skipped = [r for r in rows if r.note.startswith(dispatch.BUDGET_NOTE)]
     assert [r.name() for r in skipped] == ["refuses:a", "refuses:b", "refuses:c"]
     assert "2.5 s per problem" in skipped[0].note
+    calls.clear()
+    dispatch.choose(p, run=_ticking(run, clock), mode="benchmark")
+    assert calls == []  # a budgeted process uses the partial choice
+    dispatch.tuning_budget()  # exhaustive: the partial choice is timed again, in full
+    dispatch.choose(p, run=_ticking(run, clock), mode="benchmark")
+    assert len(calls) == 6
+    stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]
+    assert not any(e.get("partial") for e in stored.values())
 
 
-def test_the_per_process_budget_leaves_one_candidate_per_new_problem(fakes, clock):
+def test_the_per_process_budget_leaves_one_candidate_per_new_problem(fakes, clock, tmp_path):
     run, calls = fakes
     dispatch.tuning_budget(per_process_s=2.5)
     dispatch.choose(_problem(k=4), run=_ticking(run, clock), mode="benchmark")
@@ -394,21 +403,34 @@ def test_the_per_process_budget_leaves_one_candidate_per_new_problem(fakes, cloc
     calls.clear()
     choice = dispatch.choose(_problem(k=6), run=_ticking(run, clock), mode="benchmark")
     assert calls == [("fake", "a")] and choice.config == "a"  # the most promising, at once
+    # tuned with none of its own budget: memory only, so a later process tunes it
+    stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]
+    assert len(stored) == 2 and all(e["partial"] for e in stored.values())  # k=4's two
     dispatch.tuning_budget()  # exhaustive again
     calls.clear()
     dispatch.choose(_problem(k=8), run=_ticking(run, clock), mode="benchmark")
     assert len(calls) == 6
 
 
-def test_the_heuristics_pick_and_aten_are_timed_first(fakes, clock, monkeypatch):
+def test_aten_then_the_heuristics_pick_are_timed_first(fakes, clock, monkeypatch):
+    """aten first (it compiles nothing), then the heuristic's pick, then the rest."""
     run, calls = fakes
 
     class _Aten(_Fake):
         NAME = "aten"
+        TIMES = {"a": 2.0}
     monkeypatch.setattr(backends, "REGISTRY", {c.NAME: c for c in (_Fake, _Refuses, _Aten)})
-    dispatch.tuning_budget(per_problem_s=0.5)
+    monkeypatch.setattr(dispatch, "_rule", lambda problem, names, op: "refuses")
+    dispatch.tuning_budget(per_problem_s=1.5)
     dispatch.choose(_problem(k=4), run=_ticking(run, clock), mode="benchmark")
-    assert calls == [("aten", "a")]  # the heuristic picks aten here: timed first, alone
+    assert calls == [("aten", "a"), ("refuses", "a")]
+
+
+def test_the_default_budget_bounds_a_first_call(monkeypatch):
+    monkeypatch.delenv("FASTCONV_TUNE_BUDGET", raising=False)
+    budget = dispatch._budget_from_environment()
+    assert (budget.per_problem_s, budget.per_process_s) == dispatch.DEFAULT_BUDGET
+    assert not budget.exhaustive
 
 
 @pytest.mark.parametrize("tty,env,shown", [(True, None, True), (False, None, False),
@@ -429,7 +451,8 @@ def test_a_progress_line_on_a_terminal_only(fakes, clock, monkeypatch, capsys, t
         assert err == ""
 
 
-@pytest.mark.parametrize("text,want", [("", None), ("exhaustive", None), ("2", (2.0, None)),
+@pytest.mark.parametrize("text,want", [("", dispatch.DEFAULT_BUDGET), ("exhaustive", None),
+                                       ("2", (2.0, None)),
                                        ("2.5,30", (2.5, 30.0))])
 def test_the_budget_from_the_environment(monkeypatch, text, want):
     monkeypatch.setenv("FASTCONV_TUNE_BUDGET", text)

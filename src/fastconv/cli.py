@@ -77,8 +77,20 @@ def cmd_check(args) -> int:
 
 def cmd_bench(args) -> int:
     has_gpu = _prepare_cpu()
+    from fastconv import dispatch
     from fastconv.bench import compare, report, runner, suites
+    from fastconv.errors import ConvError
     from fastconv.precision import Precision
+
+    if args.tune_budget == "exhaustive":
+        dispatch.tuning_budget()
+    elif args.tune_budget != "default":
+        try:
+            dispatch.tuning_budget(*(float(v) for v in args.tune_budget.split(",")))
+        except (ValueError, TypeError, ConvError) as exc:
+            print(f"--tune-budget: got {args.tune_budget!r}; expected exhaustive, default or "
+                  f"'<seconds per problem>[,<seconds per process>]' ({exc})")
+            return 2
 
     if args.list:
         for name, cases in suites.SUITES.items():
@@ -402,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated case names: run only these cases of the suites")
     p.add_argument("--cpu-cases", type=int, default=3,
                    help="without a GPU: how many cases of each suite to check (shrunk)")
+    p.add_argument("--tune-budget", default="exhaustive",
+                   help="dispatch's tuning budget: exhaustive (default: steady state after "
+                        "full tuning, what `FASTCONV_TUNE_BUDGET=exhaustive` gives), default "
+                        "(the library's default budget, what a first run gets) or "
+                        "'<seconds per problem>[,<seconds per process>]'")
     p.set_defaults(fn=cmd_bench)
     p = sub.add_parser("compare", help="per-case deltas between two bench result files")
     p.add_argument("old")

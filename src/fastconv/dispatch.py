@@ -15,10 +15,14 @@ Modes:
   on the GPU. aten is always a candidate, so this mode is not slower than PyTorch except
   for timing noise. A candidate that fails to build, needs more workspace than the cap or
   runs out of memory is skipped and its reason recorded. Candidates are timed in order of
-  promise (the heuristic's pick, then aten) and, with a tuning budget
-  (``tuning_budget(per_problem_s, per_process_s)`` or ``FASTCONV_TUNE_BUDGET``; default:
-  exhaustive), only until it is spent; such a choice is not stored on disk. Tuning one
-  problem for more than ``PROGRESS_AFTER_S`` shows a progress line on a terminal
+  promise (aten, which needs no compilation, then the heuristic's pick, then the rest)
+  within a tuning budget (``tuning_budget(per_problem_s, per_process_s)`` or
+  ``FASTCONV_TUNE_BUDGET``; default ``DEFAULT_BUDGET``: a first call never waits minutes for
+  exhaustive tuning; ``"exhaustive"`` times every candidate). A choice the per-problem
+  budget cut short is stored on disk marked partial (a later process uses it; exhaustive
+  tuning redoes it); one made after the per-process budget was spent (only the first
+  candidate timed) stays in memory, so a later process tunes it with its own budget. Tuning
+  one problem for more than ``PROGRESS_AFTER_S`` shows a progress line on a terminal
   (``FASTCONV_PROGRESS=0``: none).
 * ``pinned`` — what ``pin()`` fixed for a problem; nothing is timed (problems never pinned
   take the heuristic's choice).
@@ -227,10 +231,13 @@ def _float(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _entry(choice: Choice) -> dict:
+def _entry(choice: Choice, partial: bool = False) -> dict:
     cls = backends.REGISTRY[choice.backend]
-    return {"backend": choice.backend, "config": cls.encode_config(choice.config),
-            "ms": choice.ms, "gpu_ms": choice.gpu_ms, "host_ms": choice.host_ms}
+    entry = {"backend": choice.backend, "config": cls.encode_config(choice.config),
+             "ms": choice.ms, "gpu_ms": choice.gpu_ms, "host_ms": choice.host_ms}
+    if partial:  # some candidates left untimed by the tuning budget
+        entry["partial"] = True
+    return entry
 
 
 def pin(problem: ConvProblem, backend: str, config: Any = None, *, op: str = "fprop") -> None:
@@ -302,24 +309,27 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
     _, det, graph = current()
     key = _cache_key(problem, backend, mode, op, det, _cost(graph, grad))
     hit = CACHE.get(key)
-    if hit is not None:
+    if hit is not None and not (TUNING.exhaustive and hit.get("partial")):
         choice = _decode(hit, problem, op, _names(problem, backend, det), key)
         if choice is not None:
             return choice
     with _key_lock(key):
         hit = CACHE.get(key)  # another thread may have decided while we waited
+        if hit is not None and TUNING.exhaustive and hit.get("partial"):
+            hit = None  # tuned within a budget: exhaustive tuning times it again
         choice = _decode(hit, problem, op, _names(problem, backend, det), key) \
             if hit is not None else None
         if choice is None:
+            starved = TUNING.spent_s >= TUNING.per_process_s  # before this problem's timing
             choice, rows = _decide(problem, backend, mode, op, det, run)
             if rows is None:
                 CACHE.put(key, _entry(choice), persist=False)
-            else:  # one timing, both rankings stored (on disk if every candidate was timed)
-                complete = not any(r.note.startswith(BUDGET_NOTE) for r in rows)
+            else:  # one timing, both rankings stored (see the module docstring)
+                untimed = any(r.note.startswith(BUDGET_NOTE) for r in rows)
                 for g in (False, True):
                     best = _best(rows, g)
                     CACHE.put(_cache_key(problem, backend, mode, op, det, _cost(g, grad)),
-                              _entry(best), persist=complete)
+                              _entry(best, partial=untimed), persist=not (untimed and starved))
                     if g == graph:
                         choice = best
     return choice
@@ -432,7 +442,7 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
         except Exception as exc:  # e.g. a cuDNN graph that does not build here
             rows.append(Row(name, None, None, f"no candidates: {_short(exc)}"))
     first = _rule(problem, names, op)
-    todo.sort(key=lambda c: (c[0] != first, c[0] != "aten"))  # (stable: list order after)
+    todo.sort(key=lambda c: (c[0] != "aten", c[0] != first))  # (stable: list order after)
     progress = _Progress(problem, op, len(todo))
     start = _clock()
     for i, (name, cls, config) in enumerate(todo):
@@ -465,8 +475,7 @@ BUDGET_NOTE = "not timed: tuning budget spent"
 class TuningBudget:
     """Seconds benchmark dispatch may spend timing the candidates of one problem, and of
     every problem in this process; ``spent_s`` counts the latter. Each problem times at
-    least its most promising candidate. Default: no limit (exhaustive), or
-    ``FASTCONV_TUNE_BUDGET="<per problem s>[,<per process s>]"`` read at import."""
+    least its most promising candidate. No arguments: no limit (exhaustive)."""
     per_problem_s: float = float("inf")
     per_process_s: float = float("inf")
     spent_s: float = 0.0
@@ -479,9 +488,21 @@ class TuningBudget:
         return self.per_problem_s == self.per_process_s == float("inf")
 
 
+#: The tuning budget when neither ``tuning_budget`` nor ``FASTCONV_TUNE_BUDGET`` sets one:
+#: (seconds per problem, seconds per process). Timing aten costs milliseconds; a Triton or
+#: cuDNN candidate seconds of compilation the first time, so a new problem times aten and
+#: about one more candidate, and a process spends at most ~8 s (plus the last candidate
+#: started) before every further new problem takes its first candidate, aten.
+DEFAULT_BUDGET = (1.0, 8.0)
+
+
 def _budget_from_environment() -> TuningBudget:
+    """``FASTCONV_TUNE_BUDGET``: ``"<per problem s>[,<per process s>]"``, ``"exhaustive"``,
+    or unset / empty for ``DEFAULT_BUDGET``."""
     text = os.environ.get("FASTCONV_TUNE_BUDGET", "").strip().lower()
-    if text in ("", "exhaustive", "inf", "none"):
+    if text == "":
+        return TuningBudget(*DEFAULT_BUDGET)
+    if text in ("exhaustive", "inf", "none"):
         return TuningBudget()
     try:
         values = [float(v) for v in text.split(",")]
@@ -500,8 +521,8 @@ def tuning_budget(per_problem_s: float = float("inf"),
                   per_process_s: float = float("inf")) -> TuningBudget:
     """Bound benchmark dispatch's timing: at most ``per_problem_s`` seconds per problem
     (after its most promising candidate) and ``per_process_s`` in all (counted from this
-    call). Choices made with candidates left untimed stay in memory only: a later process
-    times them again. No arguments: exhaustive (the default)."""
+    call); see the module docstring for what is stored. No arguments: exhaustive. The
+    default is ``DEFAULT_BUDGET`` (or ``FASTCONV_TUNE_BUDGET``)."""
     global TUNING
     for name, value in (("per_problem_s", per_problem_s), ("per_process_s", per_process_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

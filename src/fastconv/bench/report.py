@@ -18,6 +18,7 @@ import torch
 def environment(ceilings: dict[str, float], suite: str) -> dict:
     """The ``meta`` block: what was measured, on what, with which versions."""
     import fastconv
+    from fastconv import dispatch
 
     try:
         import triton
@@ -32,6 +33,8 @@ def environment(ceilings: dict[str, float], suite: str) -> dict:
         "python": platform.python_version(), "git_sha": git_sha(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ceilings": ceilings,
+        "tuning_budget": "exhaustive" if dispatch.TUNING.exhaustive
+        else dispatch.TUNING.describe(),
     }
 
 
