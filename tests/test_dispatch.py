@@ -383,8 +383,8 @@ def test_the_per_problem_budget_stops_timing_and_stores_a_partial_choice(
     assert stored and all(e["partial"] for e in stored.values())  # on disk, marked partial
     rows = dispatch.explain(p, mode="benchmark", run=_ticking(run, clock)).rows
     skipped = [r for r in rows if r.note.startswith(dispatch.BUDGET_NOTE)]
-    assert [r.name() for r in skipped] == ["refuses:a", "refuses:b", "refuses:c"]
-    assert "2.5 s per problem" in skipped[0].note
+    assert [r.name() for r in skipped] == ["refuses"]  # its candidates were not even listed
+    assert "2.5 s per problem" in skipped[0].note and "not listed" in skipped[0].note
     calls.clear()
     dispatch.choose(p, run=_ticking(run, clock), mode="benchmark")
     assert calls == []  # a budgeted process uses the partial choice
@@ -410,6 +410,30 @@ def test_the_per_process_budget_leaves_one_candidate_per_new_problem(fakes, cloc
     calls.clear()
     dispatch.choose(_problem(k=8), run=_ticking(run, clock), mode="benchmark")
     assert len(calls) == 6
+
+
+def test_a_backend_s_candidates_are_listed_inside_the_budget(fakes, clock, monkeypatch):
+    """Listing candidates can cost seconds (cuDNN builds graphs): a backend whose turn comes
+    after the budget is spent is not asked for them, and the listing counts as tuning."""
+    run, calls = fakes
+    listed = []
+
+    class _Slow(_Refuses):
+        @classmethod
+        def candidates(cls, problem, op="fprop"):
+            listed.append(problem.k)
+            clock[0] += 10.0  # a slow listing
+            return super().candidates(problem, op)
+    monkeypatch.setitem(backends.REGISTRY, "refuses", _Slow)
+    dispatch.tuning_budget(per_problem_s=100, per_process_s=20)
+    dispatch.choose(_problem(k=4), run=_ticking(run, clock), mode="benchmark")
+    assert listed == [4] and len(calls) == 6 and dispatch.TUNING.spent_s == 16.0
+    dispatch.choose(_problem(k=6), run=_ticking(run, clock), mode="benchmark")
+    assert listed == [4, 6]  # 16 + 3 s < 20: listed; 29 s after it: none of them timed
+    assert calls[6:] == [("fake", "a"), ("fake", "b"), ("fake", "c")]
+    calls.clear()
+    dispatch.choose(_problem(k=8), run=_ticking(run, clock), mode="benchmark")
+    assert listed == [4, 6] and calls == [("fake", "a")]  # spent: "refuses" never listed
 
 
 def test_aten_then_the_heuristics_pick_are_timed_first(fakes, clock, monkeypatch):
@@ -445,8 +469,9 @@ def test_a_progress_line_on_a_terminal_only(fakes, clock, monkeypatch, capsys, t
     dispatch.choose(_problem(k=4), run=_ticking(run, clock), mode="benchmark")
     err = capsys.readouterr().err
     if shown:  # from the third candidate (2 s in): which one, how many left
-        assert "fastconv: tuning fprop of" in err and "fake:c (3/6, 3 left, 2 s)" in err
-        assert "refuses:c (6/6, 0 left, 5 s)" in err and err.endswith("\n")
+        assert "fastconv: tuning fprop of" in err
+        assert "fake:c (0 more of its backend, then refuses; 2 s)" in err
+        assert "refuses:c (0 more of its backend; 5 s)" in err and err.endswith("\n")
     else:
         assert err == ""
 

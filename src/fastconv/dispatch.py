@@ -431,37 +431,48 @@ def _benchmark(problem: ConvProblem, names: list[str], run, op: str) -> list[Row
 
 
 def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
-    """Every candidate's row, timed in order of promise (the heuristic's pick, then aten,
-    then the rest) until the tuning budget is spent (``tuning_budget``); the rows left are
-    marked, not timed."""
-    rows, todo = [], []
-    for name in names:
+    """Every candidate's row, timed in order of promise (aten, the heuristic's pick, then
+    the rest) until the tuning budget is spent (``tuning_budget``); the rows left are
+    marked, not timed. A backend's candidates are listed only when its turn comes, inside
+    the budget: listing cuDNN's plans builds graphs and queries its heuristics (seconds for
+    some problems)."""
+    first = _rule(problem, names, op)
+    order = sorted(names, key=lambda n: (n != "aten", n != first))  # (stable after)
+    rows: list[Row] = []
+    progress = _Progress(problem, op)
+    start = _clock()
+
+    def spent_all() -> bool:
+        spent = _clock() - start
+        return any(r.timed for r in rows) and (
+            spent >= TUNING.per_problem_s or TUNING.spent_s + spent >= TUNING.per_process_s)
+
+    skipped = f"{BUDGET_NOTE} ({TUNING.describe()})"
+    for b, name in enumerate(order):
+        if spent_all():
+            rows.append(Row(name, note=f"{skipped}; candidates not listed"))
+            continue
         cls = backends.REGISTRY[name]
         try:
-            todo += [(name, cls, config) for config in cls.candidates(problem, op)]
+            configs = cls.candidates(problem, op)
         except Exception as exc:  # e.g. a cuDNN graph that does not build here
             rows.append(Row(name, None, None, f"no candidates: {_short(exc)}"))
-    first = _rule(problem, names, op)
-    todo.sort(key=lambda c: (c[0] != "aten", c[0] != first))  # (stable: list order after)
-    progress = _Progress(problem, op, len(todo))
-    start = _clock()
-    for i, (name, cls, config) in enumerate(todo):
-        spent = _clock() - start
-        if any(r.timed for r in rows) and (spent >= TUNING.per_problem_s
-                                           or TUNING.spent_s + spent >= TUNING.per_process_s):
-            rows += [Row(n, c, note=f"{BUDGET_NOTE} ({TUNING.describe()})")
-                     for n, _, c in todo[i:]]
-            break
-        progress.show(i, name + _config_suffix(config), spent)
-        try:
-            gpu, host = time_costs(lambda cls=cls, config=config: run(cls, config))
-        except torch.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            rows.append(Row(name, config, note=f"out of memory: {_short(exc)}"))
-        except Exception as exc:  # cannot compile here, workspace over the cap, ...
-            rows.append(Row(name, config, note=_short(exc)))
-        else:
-            rows.append(Row(name, config, gpu, host))
+            continue
+        for i, config in enumerate(configs):
+            if spent_all():
+                rows += [Row(name, c, note=skipped) for c in configs[i:]]
+                break
+            progress.show(name + _config_suffix(config), len(configs) - i - 1,
+                          order[b + 1:], _clock() - start)
+            try:
+                gpu, host = time_costs(lambda cls=cls, config=config: run(cls, config))
+            except torch.OutOfMemoryError as exc:
+                torch.cuda.empty_cache()
+                rows.append(Row(name, config, note=f"out of memory: {_short(exc)}"))
+            except Exception as exc:  # cannot compile here, workspace over the cap, ...
+                rows.append(Row(name, config, note=_short(exc)))
+            else:
+                rows.append(Row(name, config, gpu, host))
     TUNING.spent_s += _clock() - start
     progress.done()
     return rows
@@ -538,21 +549,20 @@ PROGRESS_AFTER_S = 2.0
 class _Progress:
     """A progress line on stderr (a terminal only; ``FASTCONV_PROGRESS=0`` turns it off)
     once one problem's tuning has run ``PROGRESS_AFTER_S``: the problem, the candidate being
-    timed and how many are left."""
+    timed, how many of its backend's are left and the backends still to come."""
 
-    def __init__(self, problem: ConvProblem, op: str, total: int):
+    def __init__(self, problem: ConvProblem, op: str):
         self.what = f"{op} of {problem.describe()}"
-        self.total = total
         self.shown = False
         self.on = os.environ.get("FASTCONV_PROGRESS", "1").strip().lower() not in (
             "0", "off", "false", "no") and sys.stderr.isatty()
 
-    def show(self, index: int, name: str, spent: float) -> None:
+    def show(self, name: str, left: int, later: list[str], spent: float) -> None:
         if self.on and spent >= PROGRESS_AFTER_S:
             self.shown = True
-            sys.stderr.write(f"\rfastconv: tuning {self.what}: {name} ({index + 1}/"
-                             f"{self.total}, {self.total - index - 1} left, {spent:.0f} s)"
-                             "\x1b[K")
+            then = f", then {', '.join(later)}" if later else ""
+            sys.stderr.write(f"\rfastconv: tuning {self.what}: {name} ({left} more of its "
+                             f"backend{then}; {spent:.0f} s)\x1b[K")
             sys.stderr.flush()
 
     def done(self) -> None:
