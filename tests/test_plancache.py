@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +14,9 @@ import time
 import warnings
 
 import pytest
+import torch
 
+import fastconv
 from fastconv import plancache
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock")
@@ -104,3 +108,106 @@ def test_the_cache_dir_expands_the_home_directory(monkeypatch, tmp_path):
     assert plancache.cache_dir() == str(tmp_path / "fc")
     plancache.PlanCache().put("k", {"i": 1}, persist=True)
     assert (tmp_path / "fc" / plancache.FILE_NAME).exists()
+
+
+# ---------------------------------------------------------------- the shipped tuning database
+_DB_KEY = {"gpu": "NVIDIA Test GPU", "capability": "(9, 0)", "candidates": "6",
+           "triton": "3.6", "cudnn": "919"}
+
+
+@pytest.fixture
+def database(monkeypatch, tmp_path):
+    """A database file for a fake GPU, found through FASTCONV_TUNING_DB; this machine
+    claims to be that GPU."""
+    monkeypatch.setattr(plancache, "database_key", lambda: dict(_DB_KEY))
+    path = tmp_path / "db.json"
+    monkeypatch.setenv("FASTCONV_TUNING_DB", str(path))
+    monkeypatch.setenv("FASTCONV_CACHE_DIR", str(tmp_path / "user"))
+
+    def write(key=_DB_KEY, entries=None, text=None):
+        path.write_text(text if text is not None else json.dumps(
+            {"format": plancache.FORMAT, "key": key,
+             "entries": entries if entries is not None else {"k|eager": {"backend": "aten"}}}))
+    return write
+
+
+def test_the_database_answers_below_the_user_store_marked_partial(database):
+    database()
+    cache = plancache.PlanCache(database=True)
+    assert cache.get("k|eager") == {"backend": "aten", "partial": True, "source": "database"}
+    assert plancache.PlanCache().get("k|eager") is None  # only where asked for (choices)
+    cache.put("k|eager", {"backend": "triton"}, persist=True)  # the user's own: overrides
+    again = plancache.PlanCache(database=True)
+    assert again.get("k|eager") == {"backend": "triton", "used": again._load()["k|eager"]["used"]}
+
+
+@pytest.mark.parametrize("field,value", [("gpu", "NVIDIA Other"), ("candidates", "5"),
+                                         ("triton", "3.5"), ("capability", "(8, 0)")])
+def test_a_database_for_another_gpu_or_versions_is_ignored_with_one_warning(database, field,
+                                                                            value):
+    database(key=dict(_DB_KEY, **{field: value}))
+    cache = plancache.PlanCache(database=True)
+    match = f"ignoring the tuning database .*{field} {re.escape(value)}"
+    with pytest.warns(RuntimeWarning, match=match):
+        assert cache.get("k|eager") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning, not one per lookup
+        assert cache.get("k|other") is None
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"format": 1, "entries": {}}'])
+def test_a_corrupt_database_is_ignored_with_one_warning(database, text):
+    database(text=text)
+    with pytest.warns(RuntimeWarning, match="ignoring the tuning database"):
+        assert plancache.PlanCache(database=True).get("k|eager") is None
+
+
+def test_the_database_can_be_turned_off(database, monkeypatch):
+    database()
+    monkeypatch.setenv("FASTCONV_TUNING_DB", "off")
+    assert plancache.PlanCache(database=True).get("k|eager") is None
+
+
+def test_dispatch_uses_a_database_choice_within_a_budget_and_retimes_it_exhaustively(
+        database, monkeypatch):
+    """A budgeted call takes the database's choice without timing anything; exhaustive
+    tuning times the problem and stores its own choice, which then wins."""
+    from fastconv import dispatch
+
+    x, w = torch.randn(2, 3, 9, 7), torch.randn(4, 3, 3, 3)
+    problem = dataclasses.replace(
+        fastconv.ConvProblem.from_tensors(x, w, None, padding=1, rank=2), device="cuda")
+    key = dispatch._cache_key(problem, "auto", "benchmark", "fprop", False,
+                              dispatch._cost(False, False))
+    database(entries={key: {"backend": "aten", "config": None, "ms": 7.0}})
+    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": []})
+    timed = []
+
+    def fake_costs(fn):  # (GPU ms, host ms)
+        fn()
+        timed.append(fn)
+        return 0.5, 0.25
+    monkeypatch.setattr(dispatch, "time_costs", fake_costs)
+    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 8.0))
+    choice = dispatch.choose(problem, run=lambda cls, config: None, mode="benchmark")
+    assert (choice.backend, choice.ms, timed) == ("aten", 7.0, [])  # no timing at all
+    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget())  # exhaustive
+    choice = dispatch.choose(problem, run=lambda cls, config: None, mode="benchmark")
+    assert len(timed) == 1 and choice.ms == 0.75  # timed: its own choice now
+    assert "source" not in dispatch.CACHE.get(key)
+
+
+def test_the_shipped_databases_are_well_formed():
+    """Every file in the package's database directory parses, names its key fields and holds
+    current-format choices only."""
+    files = [f for f in os.listdir(plancache.DATABASE_DIR) if f.endswith(".json")]
+    assert files
+    for name in files:
+        with open(os.path.join(plancache.DATABASE_DIR, name), encoding="utf-8") as f:
+            data = json.load(f)
+        assert data["format"] == plancache.FORMAT and set(data["key"]) == set(_DB_KEY)
+        assert data["key"]["candidates"] == str(plancache.CANDIDATES_REVISION), name
+        assert data["entries"] and all(k.rsplit("|", 1)[1] in ("eager", "graph", "eager+grad",
+                                                                "graph+grad")
+                                       for k in data["entries"])

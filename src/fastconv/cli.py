@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 
 def _prepare_cpu() -> bool:
@@ -352,6 +353,15 @@ def cmd_plans(args) -> int:
     print(f"disk cache: {path or 'disabled (FASTCONV_CACHE_DIR)'}"
           + (f" ({cache.disk_entries()} entries)" if path else ""))
     print(f"environment: {plancache.environment()}")
+    db = plancache.database_file()
+    if db and os.path.exists(db):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            n = len(plancache.PlanCache(database=True)._database())
+        print(f"tuning database: {db} ({n} entries"
+              + (f"; {caught[0].message}" if caught else "") + ")")
+    else:
+        print(f"tuning database: none for this GPU ({db or 'no GPU, or FASTCONV_TUNING_DB=off'})")
     entries = cache._load() if path else {}
     for key, entry in list(entries.items())[:args.limit]:
         ms = entry.get("ms")

@@ -181,7 +181,7 @@ def default_mode(problem: ConvProblem) -> str:
 
 
 # --------------------------------------------------------------------------------- cache
-CACHE = plancache.PlanCache()
+CACHE = plancache.PlanCache(database=True)
 _KEY_LOCKS: dict[str, threading.Lock] = {}
 _KEY_LOCKS_GUARD = threading.Lock()
 

@@ -15,6 +15,16 @@ stores are bounded (least recently used entries go first).
 
 PyTorch keeps ``cudnn.benchmark`` choices only for the life of a process (pytorch issue 4392
 asked for a persistent cache and was declined); this is that cache.
+
+Below the user's store lies a tuning database shipped with the package (``database=True``:
+dispatch's choices): ``fastconv/data/tuning/<gpu>.json``, choices measured by exhaustive
+tuning on that GPU for the layers of the bench suites and models (the idea of MIOpen's
+find-db and TensorRT's timing caches). It is used for the GPU it was measured on, with the
+same candidate list and the same Triton and cuDNN versions (major.minor); another is
+ignored with one warning. Its entries come back marked ``partial``: a budgeted call uses
+them, exhaustive tuning times the problem again, the user's own store overrides them, and
+dispatch validates each before use. ``FASTCONV_TUNING_DB``: another database file, or
+``off``.
 """
 
 from __future__ import annotations
@@ -97,12 +107,48 @@ def _driver_version() -> str:
     return "none"
 
 
-class PlanCache:
-    """Thread-safe LRU of JSON-serialisable entries, mirrored to disk on ``store``."""
+#: The package's tuning databases, one file per GPU (see the module docstring).
+DATABASE_DIR = os.path.join(os.path.dirname(__file__), "data", "tuning")
 
-    def __init__(self, max_entries: int = MEMORY_ENTRIES, file_name: str = FILE_NAME):
+
+def database_file() -> str | None:
+    """The tuning database for this machine's GPU (``FASTCONV_TUNING_DB`` overrides; None:
+    none, or turned off)."""
+    env = os.environ.get("FASTCONV_TUNING_DB")
+    if env is not None:
+        return None if env.strip().lower() in OFF_WORDS else os.path.expanduser(env)
+    gpu = environment()["gpu"]
+    if gpu == "none":
+        return None
+    slug = "".join(c if c.isalnum() else "-" for c in gpu.lower()).strip("-")
+    return os.path.join(DATABASE_DIR, f"{slug}.json")
+
+
+def database_key() -> dict[str, str]:
+    """What a database entry depends on (see the module docstring)."""
+    import torch
+
+    env = environment()
+    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    return {"gpu": env["gpu"], "capability": str(cap), "candidates": env["candidates"],
+            "triton": _major_minor(env["triton"]),
+            "cudnn": env["cudnn"][:-2] if env["cudnn"].isdigit() else env["cudnn"]}
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+class PlanCache:
+    """Thread-safe LRU of JSON-serialisable entries, mirrored to disk on ``store``; with
+    ``database`` the package's tuning database answers what the disk store does not."""
+
+    def __init__(self, max_entries: int = MEMORY_ENTRIES, file_name: str = FILE_NAME,
+                 database: bool = False):
         self.max_entries = max_entries
         self.file_name = file_name
+        self.database = database
+        self._db: dict[str, dict] | None = None  # loaded lazily, once
         self._mem: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self._lock = threading.RLock()
         self._disk: dict[str, dict] | None = None  # loaded lazily, once
@@ -116,6 +162,8 @@ class PlanCache:
             entry = self._mem.get(key)
             if entry is None:
                 entry = self._load().get(key)
+                if entry is None and self.database:
+                    entry = self._database().get(key)
                 if entry is not None:
                     self._put(key, entry)
             if entry is None:
@@ -161,7 +209,7 @@ class PlanCache:
         with self._lock:
             self._mem.clear()
             self.hits = self.misses = self.evictions = 0
-            self._disk = None
+            self._disk = self._db = None
             self._unsaved.clear()
             path = self.path()
             if disk and path and os.path.exists(path):
@@ -196,6 +244,38 @@ class PlanCache:
                        f"environment ({data.get('environment')}); it will be rebuilt")
             return {}
         return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
+
+    def _database(self) -> dict[str, dict]:
+        if self._db is None:
+            self._db = self._read_database()
+        return self._db
+
+    def _read_database(self) -> dict[str, dict]:
+        """The entries of the tuning database for this GPU, each marked partial (used by
+        budgeted tuning, timed again by exhaustive tuning), or {} (one warning when it
+        exists but does not apply or does not parse)."""
+        path = database_file()
+        if not path or not os.path.exists(path):
+            return {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if not isinstance(data, dict) or data.get("format") != FORMAT \
+                    or not isinstance(data.get("entries"), dict) \
+                    or not isinstance(data.get("key"), dict):
+                raise ValueError("not a fastconv tuning database")
+        except Exception as exc:
+            self._warn(f"fastconv: ignoring the tuning database {path} ({type(exc).__name__}: "
+                       f"{exc})")
+            return {}
+        here = database_key()
+        differ = {k: (data["key"].get(k), v) for k, v in here.items() if data["key"].get(k) != v}
+        if differ:
+            self._warn(f"fastconv: ignoring the tuning database {path}: measured for "
+                       + ", ".join(f"{k} {a} (here {b})" for k, (a, b) in differ.items()))
+            return {}
+        return {k: dict(v, partial=True, source="database")
+                for k, v in data["entries"].items() if isinstance(v, dict)}
 
     def _load(self) -> dict[str, dict]:
         if self._disk is None:
