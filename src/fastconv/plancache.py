@@ -227,23 +227,32 @@ class PlanCache:
     def _read_file(self) -> dict[str, dict]:
         """Entries of the file on disk if it is ours and from this environment, else {}."""
         path = self.path()
-        if not path or not os.path.exists(path):
-            return {}
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-            if not isinstance(data, dict) or data.get("format") != FORMAT \
-                    or not isinstance(data.get("entries"), dict):
-                raise ValueError("not a fastconv plan cache")
-        except Exception as exc:  # unreadable for any reason: rebuilt, never fatal
-            self._warn(f"fastconv: ignoring the plan cache {path} ({type(exc).__name__}: "
-                       f"{exc}); it will be rebuilt")
+        data = self._document(path, "plan cache", "environment", "; it will be rebuilt")
+        if data is None:
             return {}
         if data.get("environment") != environment():
             self._warn(f"fastconv: ignoring the plan cache {path}: it was measured in another "
                        f"environment ({data.get('environment')}); it will be rebuilt")
             return {}
         return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
+
+    def _document(self, path: str | None, what: str, header: str, then: str = "") -> dict | None:
+        """The JSON document at ``path`` if it is a fastconv ``what`` of this format (its
+        ``entries`` and ``header`` present), else None: absent, or unreadable for any reason
+        (one warning; never fatal)."""
+        if not path or not os.path.exists(path):
+            return None
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if not isinstance(data, dict) or data.get("format") != FORMAT \
+                    or not isinstance(data.get("entries"), dict) or header not in data:
+                raise ValueError(f"not a fastconv {what}")
+        except Exception as exc:
+            self._warn(f"fastconv: ignoring the {what} {path} ({type(exc).__name__}: "
+                       f"{exc}){then}")
+            return None
+        return data
 
     def _database(self) -> dict[str, dict]:
         if self._db is None:
@@ -255,19 +264,11 @@ class PlanCache:
         budgeted tuning, timed again by exhaustive tuning), or {} (one warning when it
         exists but does not apply or does not parse)."""
         path = database_file()
-        if not path or not os.path.exists(path):
+        data = self._document(path, "tuning database", "key")
+        if data is None:
             return {}
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-            if not isinstance(data, dict) or data.get("format") != FORMAT \
-                    or not isinstance(data.get("entries"), dict) \
-                    or not isinstance(data.get("key"), dict):
-                raise ValueError("not a fastconv tuning database")
-        except Exception as exc:
-            self._warn(f"fastconv: ignoring the tuning database {path} ({type(exc).__name__}: "
-                       f"{exc})")
-            return {}
+        if not isinstance(data["key"], dict):
+            data["key"] = {}
         here = database_key()
         differ = {k: (data["key"].get(k), v) for k, v in here.items() if data["key"].get(k) != v}
         if differ:
