@@ -211,3 +211,46 @@ def test_the_shipped_databases_are_well_formed():
         assert data["entries"] and all(k.rsplit("|", 1)[1] in ("eager", "graph", "eager+grad",
                                                                 "graph+grad")
                                        for k in data["entries"])
+
+
+def test_a_database_choice_runs_once_inside_the_budget_or_gives_way_to_aten(database,
+                                                                            monkeypatch):
+    """The first use of a database choice runs it once (compiling it) and charges that to
+    the tuning budget; once the process's budget is spent, a choice that needs more than
+    aten is not taken (the new-problem rule applies: aten, timed alone)."""
+    from fastconv import backends, dispatch
+    from fastconv.backends.base import Backend
+
+    class _Tile(Backend):
+        NAME = "tile"
+        SUPPORTED_DTYPES = frozenset({torch.float32})
+        SUPPORTED_DEVICES = frozenset({"cpu", "cuda"})
+
+        @classmethod
+        def candidates(cls, problem, op="fprop"):
+            return ["t"]
+    monkeypatch.setitem(backends.REGISTRY, "tile", _Tile)
+    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": [], "tile": []})
+    now = [0.0]
+    monkeypatch.setattr(dispatch, "_clock", lambda: now[0])
+    ran = []
+
+    def run(cls, config):
+        ran.append(cls.NAME)
+        now[0] += 3.0  # a compilation
+    monkeypatch.setattr(dispatch, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
+    problems = [dataclasses.replace(fastconv.ConvProblem.from_tensors(
+        torch.randn(2, 3, 9, 7), torch.randn(k, 3, 3, 3), None, padding=1, rank=2),
+        device="cuda") for k in (4, 6, 8)]
+    keys = [dispatch._cache_key(p, "auto", "benchmark", "fprop", False, "eager")
+            for p in problems]
+    database(entries={k: {"backend": "tile", "config": "t", "ms": 0.1} for k in keys})
+    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
+    got = [dispatch.choose(p, run=run, mode="benchmark").backend for p in problems]
+    # 0 -> 3 s, 3 -> 6 s: both adopted (run once each); then spent: aten for the third
+    assert got == ["tile", "tile", "aten"] and ran == ["tile", "tile", "aten"]
+    assert dispatch.TUNING.spent_s == 9.0
+    ran.clear()
+    assert dispatch.choose(problems[0], run=run, mode="benchmark").backend == "tile"
+    assert ran == []  # adopted once: no second run
