@@ -3,26 +3,32 @@
 # empty Triton kernel cache: torch (cudnn.benchmark=True) and fastconv.optimize in separate
 # processes, through the models suite (its rows carry first_call_s and the steady state).
 # Usage (device machine, repository root): bash benchmarks/firstcall.sh CASE... ; env:
-# BUDGET (--tune-budget, default "default"), MODE (default eval), PRECISION (bf16), OUT.
+# BUDGET (--tune-budget, default "default"), MODE (default eval), PRECISION (bf16), OUT,
+# RUNS (default 1): with 2, fastconv runs a second process that keeps the first's plan and
+# Triton caches (a user's second run; results under CASE-fastconv-run2).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT/firstcall"
 for case in "$@"; do
-  for provider in torch fastconv; do
-    rm -rf /tmp/fc-plans /tmp/fc-triton
+  runs="torch fastconv"
+  [ "${RUNS:-1}" = 2 ] && runs="$runs fastconv-run2"
+  for run in $runs; do
+    provider=${run%-run2}
+    [ "$run" = "$provider" ] && rm -rf /tmp/fc-plans /tmp/fc-triton
     FASTCONV_CACHE_DIR=/tmp/fc-plans TRITON_CACHE_DIR=/tmp/fc-triton timeout ${CASE_TIMEOUT:-150} \
       python3 -m fastconv.cli bench --suite models --cases "$case" --mode "${MODE:-eval}" \
       --precision "${PRECISION:-bf16}" --provider "$provider" --tune-budget "${BUDGET:-default}" \
-      --reps 20 --out "$OUT/firstcall/$case-$provider" > "$OUT/firstcall/$case-$provider.log" 2>&1 \
-      || echo "$case $provider: exit $?"
+      --reps 20 --out "$OUT/firstcall/$case-$run" > "$OUT/firstcall/$case-$run.log" 2>&1 \
+      || echo "$case $run: exit $?"
   done
 done
 python3 - "$OUT/firstcall" <<'PY'
 import glob, json, sys
-print(f"{'case':34s} {'provider':9s} {'first call s':>12s} {'eager ms':>9s} {'graph ms':>9s}")
+print(f"{'case':34s} {'provider':14s} {'first call s':>12s} {'eager ms':>9s} {'graph ms':>9s}")
 for f in sorted(glob.glob(sys.argv[1] + "/*/*.json")):
     doc = json.load(open(f))
+    run = "-run2" if f.split("/")[-2].endswith("-run2") else ""
     for r in doc["rows"]:
-        print(f"{r['case']:34s} {r['provider']:9s} {r.get('first_call_s') or float('nan'):12.1f} "
+        print(f"{r['case']:34s} {r['provider'] + run:14s} {r.get('first_call_s') or float('nan'):12.1f} "
               f"{r.get('ms_p50') or float('nan'):9.3f} {r.get('graph_ms_p50') or float('nan'):9.3f}")
 PY
