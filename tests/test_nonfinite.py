@@ -130,25 +130,28 @@ def _depthwise_valid_taps(x, w, pad):
     return out
 
 
-def test_depthwise_padded_taps_add_nothing(device):
+@pytest.mark.parametrize("k", [3, 7])  # 7x7: the forward loops over kernel rows
+def test_depthwise_padded_taps_add_nothing(device, k):
     """Depthwise forward and dgrad skip padded taps, as torch's depthwise kernels do: an
     infinite weight meets only real inputs (and real output gradients)."""
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(2, 3, 5, 6, generator=gen)
-    w = torch.randn(3, 1, 3, 3, generator=gen)
+    w = torch.randn(3, 1, k, k, generator=gen)
     w[0, 0, 0, 0] = float("inf")
     w[1, 0, 2, 1] = float("nan")
-    want = _depthwise_valid_taps(x, w, 1)
-    assert want[0, 0].isfinite().sum() > 0 and not want[0, 0, 1:, 1:].isfinite().any()
+    pad = k // 2
+    want = _depthwise_valid_taps(x, w, pad)
+    assert want[0, 0].isfinite().sum() > 0 and not want[0, 0, pad:, pad:].isfinite().any()
     xd = x.detach().to(device).requires_grad_()
-    y = fastconv.conv2d(xd, w.to(device), None, 1, 1, 1, 3, backend="triton", precision="ieee")
+    y = fastconv.conv2d(xd, w.to(device), None, 1, pad, 1, 3, backend="triton",
+                        precision="ieee")
     ok, detail = _same_nonfinite(y.detach().cpu().double(), want)
     assert ok, detail
     # dgrad: dx[h, w] = sum over taps of dy[h + 1 - i, w + 1 - j] · w[i, j] where that dy exists
     dy = torch.randn(y.shape, generator=gen)
     (dx,) = torch.autograd.grad(y, xd, dy.to(device))
     dx = dx.cpu()
-    want_dx = _depthwise_valid_taps(dy, w.flip(2, 3), 1)
+    want_dx = _depthwise_valid_taps(dy, w.flip(2, 3), pad)
     ok, detail = _same_nonfinite(dx.double(), want_dx)
     assert ok, f"dgrad: {detail}"
     assert torch.allclose(dx.double()[want_dx.isfinite()], want_dx[want_dx.isfinite()],

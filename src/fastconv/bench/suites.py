@@ -98,8 +98,9 @@ def _seed002(name, c, k, ks=3, stride=1, groups=1):
     return BenchCase(f"seed002_{name}", 128, c, k, (448,), (ks,), stride, 1, groups=groups)
 
 
-def _dw(name, c, hw, ks, stride=1):
-    return BenchCase(f"dw_{name}", 64, c, c, (hw, hw), (ks, ks), stride, ks // 2, groups=c)
+def _dw(name, c, hw, ks, stride=1, batch=64, prefix="dw"):
+    return BenchCase(f"{prefix}_{name}", batch, c, c, (hw, hw), (ks, ks), stride, ks // 2,
+                     groups=c)
 
 
 def _rx(name, c, hw, stride=1):
@@ -128,6 +129,21 @@ SUITES.update({
         _dw("576_14_k3", 576, 14, 3), _dw("960_7_k3", 960, 7, 3),
         _dw("240_28_k5", 240, 28, 5), _dw("672_14_k5", 672, 14, 5),
     ],
+    # Every distinct depthwise layer of timm convnext_tiny (7x7), mobilenetv3_large_100 and
+    # efficientnet_b0 and torchvision mobilenet_v2 at 224x224, batch 32 (channels, input
+    # size, kernel, stride; listed from the models by forward hooks), issue 23.
+    "depthwise_models": [
+        _dw(f"{c}_{hw}_k{ks}" + (f"_s{st}" if st > 1 else ""), c, hw, ks, st, batch=32,
+            prefix="dwm")
+        for c, hw, ks, st in (
+            (16, 112, 3, 1), (32, 112, 3, 1), (64, 112, 3, 2), (72, 56, 3, 1), (72, 56, 5, 2),
+            (96, 56, 7, 1), (96, 112, 3, 2), (120, 28, 5, 1), (144, 56, 3, 1),
+            (144, 56, 3, 2), (144, 56, 5, 2), (184, 14, 3, 1), (192, 28, 3, 1),
+            (192, 28, 3, 2), (192, 28, 7, 1), (200, 14, 3, 1), (240, 28, 3, 2),
+            (240, 28, 5, 1), (384, 14, 3, 1), (384, 14, 7, 1), (480, 14, 3, 1),
+            (480, 14, 5, 1), (576, 14, 3, 1), (576, 14, 3, 2), (672, 14, 3, 1),
+            (672, 14, 5, 1), (672, 14, 5, 2), (768, 7, 7, 1), (960, 7, 3, 1),
+            (960, 7, 5, 1), (1152, 7, 3, 1), (1152, 7, 5, 1))],
     # ResNeXt-50 32x4d's grouped 3x3 convolutions (32 groups) at batch 64.
     "grouped": [
         _rx("128_56", 128, 56), _rx("256_56_s2", 256, 56, 2), _rx("256_28", 256, 28),

@@ -130,18 +130,30 @@ def _and_row(mask, row_ok):
 
 @triton.jit
 def _any_nonfinite(w_ptr, base, s_outer, swr, sws, wmask, OUTER, R: tl.constexpr,
-                   S: tl.constexpr, ACC: tl.constexpr):
+                   S: tl.constexpr, ACC: tl.constexpr, UNROLL_ROWS: tl.constexpr = True):
     """Whether any of the weights ``w_ptr[base + o·s_outer + r·swr + s·sws]`` (o < OUTER,
     where ``wmask``) is ±inf or NaN (``v·0`` is NaN exactly there): a scalar. A pass over
-    the tile's weight vectors only (cached; R·S·OUTER small loads), before the main loop."""
+    the tile's weight vectors only (cached; R·S·OUTER small loads), before the main loop.
+    ``UNROLL_ROWS``: the kernel rows unrolled too (see ``UNROLLED_TAPS``)."""
     bad = wmask & False
     for o in range(OUTER):
-        for r in tl.static_range(R):
-            for s in tl.static_range(S):
-                v = tl.load(w_ptr + base + o * s_outer + r * swr + s * sws, mask=wmask,
-                            other=0.0)
-                bad = bad | (v.to(ACC) * 0.0 != 0.0)
+        if UNROLL_ROWS:
+            for r in tl.static_range(R):
+                bad = _nonfinite_row(bad, w_ptr, base + o * s_outer + r * swr, sws, wmask, S,
+                                     ACC)
+        else:
+            for r in range(R):
+                bad = _nonfinite_row(bad, w_ptr, base + o * s_outer + r * swr, sws, wmask, S,
+                                     ACC)
     return tl.max(bad.to(tl.int32)) > 0
+
+
+@triton.jit
+def _nonfinite_row(bad, w_ptr, base, sws, wmask, S: tl.constexpr, ACC: tl.constexpr):
+    for s in tl.static_range(S):
+        v = tl.load(w_ptr + base + s * sws, mask=wmask, other=0.0)
+        bad = bad | (v.to(ACC) * 0.0 != 0.0)
+    return bad
 
 
 @triton.jit
@@ -156,24 +168,42 @@ def _tap(acc, v, wv, ok, SKIP_PADDED: tl.constexpr):
 def _fprop_taps(x_base, w_ptr, k, kmask, mask, ih0, iw0, H, W, dil_h, dil_w,
                 sxc, sxh, sxw, swk, swc, swr, sws,
                 CG: tl.constexpr, R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr,
-                SKIP_PADDED: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+                SKIP_PADDED: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+                UNROLL_ROWS: tl.constexpr):
     """The forward's sum over taps. A padded tap multiplies the zero padding by the weight:
     exact for finite weights, so the fast loop (``SKIP_PADDED`` off) is one FMA per tap and
     element; the kernel runs the loop with ``SKIP_PADDED`` (a select per tap, 1.3-1.5x
     slower on an H100) only when one of its weights is non-finite, so that padded taps add
-    nothing, as in torch's native depthwise kernels, never 0·inf = NaN."""
+    nothing, as in torch's native depthwise kernels, never 0·inf = NaN. The kernel's
+    columns are unrolled, its rows too where ``UNROLL_ROWS`` (see ``UNROLLED_TAPS``)."""
     acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
     for c in range(CG):
-        for r in tl.static_range(R):
-            ih = ih0 + r * dil_h
-            row_ok = (ih >= 0) & (ih < H)
-            for s in tl.static_range(S):
-                iw = iw0 + s * dil_w
-                ok = _and_row(mask & (iw >= 0) & (iw < W), row_ok)
-                xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=ok, other=0.0)
-                wv = tl.load(w_ptr + k * swk + c * swc + r * swr + s * sws, mask=kmask,
-                             other=0.0)
-                acc = _tap(acc, xv.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
+        if UNROLL_ROWS:
+            for r in tl.static_range(R):
+                acc = _fprop_row(acc, x_base, w_ptr, k, kmask, mask, c, r, ih0, iw0, H, W,
+                                 dil_h, dil_w, sxc, sxh, sxw, swk, swc, swr, sws, S, ACC,
+                                 SKIP_PADDED)
+        else:
+            for r in range(R):
+                acc = _fprop_row(acc, x_base, w_ptr, k, kmask, mask, c, r, ih0, iw0, H, W,
+                                 dil_h, dil_w, sxc, sxh, sxw, swk, swc, swr, sws, S, ACC,
+                                 SKIP_PADDED)
+    return acc
+
+
+@triton.jit
+def _fprop_row(acc, x_base, w_ptr, k, kmask, mask, c, r, ih0, iw0, H, W, dil_h, dil_w,
+               sxc, sxh, sxw, swk, swc, swr, sws, S: tl.constexpr, ACC: tl.constexpr,
+               SKIP_PADDED: tl.constexpr):
+    """One kernel row's taps of :func:`_fprop_taps`."""
+    ih = ih0 + r * dil_h
+    row_ok = (ih >= 0) & (ih < H)
+    for s in tl.static_range(S):
+        iw = iw0 + s * dil_w
+        ok = _and_row(mask & (iw >= 0) & (iw < W), row_ok)
+        xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=ok, other=0.0)
+        wv = tl.load(w_ptr + k * swk + c * swc + r * swr + s * sws, mask=kmask, other=0.0)
+        acc = _tap(acc, xv.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
     return acc
 
 
@@ -188,6 +218,7 @@ def _dw_fprop_kernel(
     HAS_SHIFT: tl.constexpr,
     HAS_RES: tl.constexpr, ACT: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
     CL: tl.constexpr, PLANE: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+    UNROLL_ROWS: tl.constexpr,
 ):
     if CL:  # a compile-time branch: only one helper is compiled
         n, k, p, q, mask = _positions_by_channels(tl.program_id(0), tl.program_id(1), N, K, P,
@@ -205,14 +236,14 @@ def _dw_fprop_kernel(
     iw0 = q * stride_w - pad_w
     # output channel k reads input channels (k // KG)·CG + c, c < CG (CG = 1: depthwise)
     x_base = x_ptr + n * sxn + ((k // KG) * CG) * sxc
-    if _any_nonfinite(w_ptr, k * swk, swc, swr, sws, kmask, CG, R, S, ACC):
+    if _any_nonfinite(w_ptr, k * swk, swc, swr, sws, kmask, CG, R, S, ACC, UNROLL_ROWS):
         acc = _fprop_taps(x_base, w_ptr, k, kmask, mask, ih0, iw0, H, W, dil_h, dil_w,
                           sxc, sxh, sxw, swk, swc, swr, sws, CG, R, S, ACC, True,
-                          BLOCK_A, BLOCK_B)
+                          BLOCK_A, BLOCK_B, UNROLL_ROWS)
     else:
         acc = _fprop_taps(x_base, w_ptr, k, kmask, mask, ih0, iw0, H, W, dil_h, dil_w,
                           sxc, sxh, sxw, swk, swc, swr, sws, CG, R, S, ACC, False,
-                          BLOCK_A, BLOCK_B)
+                          BLOCK_A, BLOCK_B, UNROLL_ROWS)
     if HAS_SCALE:
         acc = acc * tl.load(scale_ptr + k, mask=kmask, other=0.0).to(ACC)
     if HAS_SHIFT:
@@ -382,7 +413,14 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
         HAS_SHIFT=shift is not None,
         HAS_RES=res4 is not None, ACT=act_code, ACC=_acc(x4.dtype), INT64=int64,
         CL=channels_last, PLANE=config.plane and not channels_last, BLOCK_A=config.block_a,
-        BLOCK_B=config.block_b, num_warps=config.num_warps)
+        BLOCK_B=config.block_b, UNROLL_ROWS=r * s <= UNROLLED_TAPS, num_warps=config.num_warps)
+
+
+#: Kernels of at most this many taps run their forward's tap loop fully unrolled; larger
+#: ones (7x7 and up) loop over kernel rows at run time, unrolling only the columns: a
+#: fully unrolled 7x7 bf16 forward took ~30 s to compile on the H100 machine (Triton 3.6:
+#: make_ttgir and make_llir), which a first call would wait for.
+UNROLLED_TAPS = 25
 
 
 def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: DwConfig,
