@@ -313,6 +313,31 @@ def cmd_demo(args) -> int:
                     reps=args.reps)
 
 
+def cmd_tune(args) -> int:
+    from fastconv import tune
+
+    if (args.model is None) == (args.suite is None):
+        print("tune: give --model NAME or --suite NAME (one of them)")
+        return 2
+    if not torch_cuda_available():
+        print("No CUDA GPU found: tuning times the candidates on a GPU; nothing to do here "
+              "(the CPU runs every convolution through aten).")
+        return 1
+    if args.model is not None:
+        done = tune.tune_model(args.model, args.batch, args.size, args.precision, args.train)
+    else:
+        done = tune.tune_suite(args.suite, args.precision, tuple(args.mode.split(",")))
+    print(f"tuned {done['what']}: {done['choices']} choices in {done['seconds']:.1f} s, "
+          f"stored in {done['cache'] or 'memory only (FASTCONV_CACHE_DIR is off)'}")
+    return 0
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def cmd_plans(args) -> int:
     from fastconv import dispatch, plancache, workspace
     from fastconv.backends import cudnn
@@ -475,6 +500,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="merge a file written by --export on a machine of the same "
                         "environment into the disk caches")
     p.set_defaults(fn=cmd_plans)
+    p = sub.add_parser("tune", help="fill the plan cache ahead of time: every convolution of "
+                                    "a model or a bench suite, tuned exhaustively")
+    p.add_argument("--model", default=None,
+                   help="a models-suite name (timm_resnet50, tv_convnext_tiny, resnet50, "
+                        "deeplabv3_r50) or timm:<name> / torchvision:<name>")
+    p.add_argument("--suite", default=None, help="a bench suite (fastconv bench --list)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--size", type=int, default=224, help="input height and width (model)")
+    p.add_argument("--precision", default="bf16", help="ieee, tf32, bf16 or fp16")
+    p.add_argument("--train", action="store_true", help="a training step (model)")
+    p.add_argument("--mode", default="fwd", help="suite modes, comma-separated (bench's)")
+    p.set_defaults(fn=cmd_tune)
     args = parser.parse_args(argv)
     if args.debug:
         return args.fn(args)
