@@ -14,6 +14,9 @@ from fastconv.precision import TOLERANCE, Precision, relative_error
 pytestmark = pytest.mark.gpu
 
 CASES = [c for c in suites.get("depthwise") + suites.get("conv1d_short") if c.groups == c.c]
+# 7x7 (convnext): the forward loops over kernel rows at run time (depthwise.UNROLLED_TAPS)
+CASES += [c for c in suites.get("depthwise_models") if c.name in ("dwm_384_14_k7",
+                                                                   "dwm_768_7_k7")]
 PRECISIONS = {torch.float32: Precision.IEEE, torch.bfloat16: Precision.BF16,
               torch.float16: Precision.FP16}
 
