@@ -216,10 +216,10 @@ def test_failures_leave_everything_unchanged():
 @pytest.mark.filterwarnings("ignore:grow_width")
 def test_on_error_drop_removes_failing_branches_after_the_pass():
     good = nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1))
-    bad = nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1, groups=4))
-    also_bad = nn.Sequential(nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1, groups=4))
-    mb = MultiBranch([bad, good, also_bad])
-    report = grow_width(mb, {"branches.0.0": 6, "branches.1.0": 8, "branches.2.0": 5},
+    bad = nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1, groups=2))
+    also_bad = nn.Sequential(nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1, groups=2))
+    mb = MultiBranch([bad, good, also_bad])  # odd widths cannot split into 2 groups
+    report = grow_width(mb, {"branches.0.0": 5, "branches.1.0": 8, "branches.2.0": 7},
                         on_error="drop")
     assert [b for b, _ in report.dropped] == ["branches.0", "branches.2"]
     assert len(mb.branches) == 1 and mb.branches[0][0].out_channels == 8
@@ -327,7 +327,11 @@ def test_a_branch_grows_into_its_projection(dtype, training):
         before = copy.deepcopy(net)(x)  # (a copy: training mode updates statistics)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     report = grow_width(net, 2.0, optimizer=opt)
-    assert report.grown == [("block.branches.1.0", 12, 24)]
+    # the stem feeds both branches' first convolutions: one producer, two consumers (the
+    # dataflow of a torch.fx trace); branch 0's conv reaches the MultiBranch mean itself
+    assert report.grown == [("stem.0", 8, 16), ("block.branches.1.0", 12, 24)]
+    assert [b[0].in_channels for b in net.block.branches] == [16, 16]
+    assert net.stem[1].num_features == 16
     proj = net.block.projections[1]
     assert proj.in_channels == 24 and net.block.branches[1][1].num_features == 24
     assert torch.equal(proj.weight[:, :8, 0, 0], torch.eye(8, device=DEVICE, dtype=dtype))
@@ -362,12 +366,124 @@ def test_the_report_names_every_convolution_it_did_not_grow():
     report = grow_width(net, {"block.branches.1.0": 16})
     assert report.grown == [("block.branches.1.0", 12, 16)]
     reasons = dict(report.not_grown)
-    # the stem has several consumers; branch 0 meets through an Identity; the projection
-    # feeds the block's output
+    # the stem (a producer: the mapping keeps it); branch 0 meets the others in the
+    # MultiBranch mean through an Identity; the projection feeds it too
     assert set(reasons) == {"stem.0", "block.branches.0.0", "block.projections.1"}
-    assert reasons["stem.0"] == growth.NO_CONSUMER
-    assert "not grown stem.0: no consumer found" in str(report)
+    assert reasons["stem.0"] == "its width stays 8"
+    assert reasons["block.branches.0.0"].startswith("stacked (stack) with other tensors")
+    assert "not grown block.projections.1: stacked" in str(report)
     net2 = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1))
     report = grow_width(net2, {"0": 4})  # the mapping keeps its width
-    assert report.grown == [] and dict(report.not_grown) == {"0": "its width stays 4",
-                                                              "1": growth.NO_CONSUMER}
+    assert report.grown == [] and dict(report.not_grown) == {
+        "0": "its width stays 4",
+        "1": "its output is the model's output: growing it would change that width"}
+
+
+# ------------------------------------------------------ pairs from the dataflow (torch.fx)
+def _random_norms(net):
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return net
+
+
+def _convs(net):
+    return {n for n, m in net.named_modules() if isinstance(m, nn.modules.conv._ConvNd)}
+
+
+@pytest.mark.filterwarnings("ignore:grow_width")
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("name,grown", [("resnet18", 8), ("resnet50", 33),
+                                        ("mobilenet_v2", 20)])
+def test_torchvision_models_grow_and_compute_what_they_did(name, grown, training):
+    """The dataflow finds the producers of real models: a block's inner convolutions (with
+    torchvision's one ReLU module called three times), MobileNetV2's expansions through
+    their depthwise convolutions, the last convolution into the classifier's Linear. Every
+    convolution is reported; residual adds are refused with their reason; the function is
+    kept in float64 within 1e-10, in train and eval; the consumers' new weights learn."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    net = _random_norms(getattr(torchvision.models, name)(num_classes=10)).double()
+    for m in net.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0  # (a mask over a widened vector is another random draw)
+    net.train(training)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        before = copy.deepcopy(net)(x)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    report = grow_width(net, 1.5, optimizer=opt)
+    assert len(report.grown) == grown and not report.notes
+    assert {p for p, *_ in report.grown} | {p for p, _ in report.not_grown} == _convs(net)
+    assert any("residual add" in why for _, why in report.not_grown)
+    with torch.no_grad():
+        _close(net(x), before, torch.float64)
+    net(x).square().mean().backward()
+    opt.step()
+    if name == "mobilenet_v2":  # expansion -> depthwise -> projection: all three grew
+        block = net.features[2].conv
+        assert block[0][0].out_channels == block[1][0].groups == block[2].in_channels == 144
+        assert net.classifier[1].in_features == 1920
+        assert net.classifier[1].weight.grad[:, 1280:].abs().sum() > 0
+
+
+def test_a_concatenation_is_reported_not_grown():
+    class Inception(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 6, 1)
+            self.a = nn.Conv2d(6, 4, 1)
+            self.b = nn.Sequential(nn.Conv2d(6, 4, 1), nn.ReLU(), nn.Conv2d(4, 5, 3, padding=1))
+            self.head = nn.Conv2d(9, 2, 1)
+
+        def forward(self, x):
+            s = torch.relu(self.stem(x))
+            return self.head(torch.cat([self.a(s), self.b(s)], 1))
+
+    net = Inception().double()
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    before = net(x).detach()
+    with pytest.warns(UserWarning, match="rebuild the optimizer"):
+        report = grow_width(net, 2.0)
+    assert [p for p, *_ in report.grown] == ["stem", "b.0"]  # stem feeds a and b.0
+    assert net.a.in_channels == net.b[0].in_channels == 12
+    reasons = dict(report.not_grown)
+    assert reasons["a"].startswith("concatenated") and reasons["b.2"].startswith("concatenated")
+    _close(net(x), before, torch.float64)
+
+
+def test_a_fused_conv_bn_act_chain_grows_through_the_dataflow():
+    torch.manual_seed(0)
+    net = nn.Sequential(ConvBNAct2d(3, 4, 3, padding=1, activation="relu"),
+                        ConvBNAct2d(4, 6, 1, activation="silu"), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(6, 3)).double()
+    _random_norms(net).eval()
+    x = torch.randn(2, 3, 6, 5, dtype=torch.float64)
+    with torch.no_grad():
+        before = net(x)
+    with pytest.warns(UserWarning, match="rebuild the optimizer"):
+        report = grow_width(net, 2.0)
+    assert report.grown == [("0", 4, 8), ("1", 6, 12)]  # the second into the Linear
+    assert net[0].bn.num_features == 8 and net[4].in_features == 12
+    with torch.no_grad():
+        _close(net(x), before, torch.float64)
+
+
+def test_a_model_fx_cannot_trace_falls_back_to_the_module_walk():
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+
+        def forward(self, x):
+            return self.body(x) if x.sum() > 0 else -self.body(x)
+
+    net = DataDependent()
+    with pytest.warns(UserWarning, match="rebuild the optimizer"):
+        report = grow_width(net, 2.0)
+    assert report.grown == [("body.0", 4, 8)]
+    assert "torch.fx could not trace the model" in report.notes[0] and "module walk" in str(report)

@@ -18,11 +18,17 @@ precision) is kept. With groups, channels stay in their group: old channel ``c``
 group. ``noise`` (a fraction of the old weights' standard deviation) perturbs the new filters
 and breaks exact preservation.
 
-:func:`grow_width` walks a model, widens every producer/consumer pair it can prove safe
-(chains inside ``nn.Sequential``, the inner convolutions of residual blocks, each
-:class:`MultiBranch` branch) and either succeeds as a whole or leaves model and optimizer
-exactly as they were (raising :class:`GrowthError` with a per-layer report). Optimizer state
-(SGD momentum, Adam/AdamW moments, step counts) moves to the new parameters.
+:func:`grow_width` finds the producers from the model's dataflow (a torch.fx trace): a
+convolution whose output reaches, through BatchNorms, per-channel activations, pooling,
+dropout, flatten and depthwise convolutions (which widen with it), only convolutions and
+Linear layers (after global pooling) — any number of them, all widened in one step. A
+residual add, a concatenation, a stack (MultiBranch's mean) or the model's output ends the
+search with a reason in the report. Where fx cannot trace the model, a module walk finds
+pairs (chains inside ``nn.Sequential``, the inner convolutions of residual blocks, each
+:class:`MultiBranch` branch) and the report says so. It either succeeds as a whole or
+leaves model and optimizer exactly as they were (raising :class:`GrowthError` with a
+per-layer report). Optimizer state (SGD momentum, Adam/AdamW moments, step counts) moves to
+the new parameters.
 """
 
 from __future__ import annotations
@@ -234,10 +240,31 @@ def _widen_conv_out(conv, w: Widening, init: str, noise: float, generator,
     return new
 
 
-def _widen_conv_in(conv, w: Widening, init: str, carries: Carries, prefix: str = ""):
-    _check_conv(conv, "conv")
-    axis = 0 if conv.transposed else 1  # the input-channel axis of the weight
-    groups = conv.groups
+def _widen_in(module, w: Widening, init: str, carries: Carries, prefix: str = ""):
+    """A consumer taking ``w.new`` channels: a convolution, or a Linear reading them as
+    features (after global pooling and flatten)."""
+    if isinstance(module, nn.Linear):
+        new = _widen_conv_in(module, w, init, carries, prefix, axis=1, groups=1)
+        new.in_features = w.new
+        return new
+    return _widen_conv_in(module, w, init, carries, prefix)
+
+
+def _widen_depthwise(conv, w: Widening, init: str, noise: float, generator,
+                     carries: Carries):
+    """A depthwise convolution between a producer and its consumers widened with them: one
+    filter per channel (new ones as a producer's new filters), groups = channels."""
+    new = _widen_conv_out(conv, w, init, noise, generator, carries)
+    new.in_channels = new.groups = w.new
+    return new
+
+
+def _widen_conv_in(conv, w: Widening, init: str, carries: Carries, prefix: str = "",
+                   axis: int | None = None, groups: int | None = None):
+    if axis is None:
+        _check_conv(conv, "conv")
+        axis = 0 if conv.transposed else 1  # the input-channel axis of the weight
+        groups = conv.groups
     new = copy.deepcopy(conv)
     weight = conv.weight.detach()
     if init == "net2net":
@@ -255,7 +282,8 @@ def _widen_conv_in(conv, w: Widening, init: str, carries: Carries, prefix: str =
         nw = _place(weight, w, axis, groups)
     _set(new, "weight", nw, conv.weight, carries,
          lambda s: _place(s, w, axis, groups), prefix)
-    new.in_channels = w.new
+    if isinstance(new, _ConvNd):
+        new.in_channels = w.new
     return new
 
 
@@ -314,7 +342,7 @@ def widen_batchnorm(bn, new_features: int, *, widening: Widening | None = None):
 def _blocks(producer, consumer) -> int:
     """Channel blocks that keep both layers' groups: lcm of their groups (each group of
     either layer is a run of whole blocks, before and after growth)."""
-    gp, gc = producer.groups, consumer.groups
+    gp, gc = producer.groups, getattr(consumer, "groups", 1)
     blocks = math.lcm(gp, gc)
     if producer.out_channels % blocks:
         raise ConvError(f"groups: the producer has {gp} and the consumer {gc}; their "
@@ -341,9 +369,11 @@ def widen_pair(producer, consumer, new_width: int, bn=None, init: str = "zero",
 
 
 def _pair_sizes(producer, consumer, bn) -> None:
-    if producer.out_channels != consumer.in_channels:
-        raise ConvError(f"consumer: takes {consumer.in_channels} channels but the producer "
-                        f"gives {producer.out_channels}")
+    taken = None if consumer is None else getattr(consumer, "in_channels",
+                                                   getattr(consumer, "in_features", None))
+    if consumer is not None and producer.out_channels != taken:
+        raise ConvError(f"consumer: takes {taken} channels but the producer gives "
+                        f"{producer.out_channels}")
     if bn is not None and bn.num_features != producer.out_channels:
         raise ConvError(f"bn: has {bn.num_features} features, the producer gives "
                         f"{producer.out_channels}")
@@ -424,9 +454,12 @@ class GrowthReport:
     dropped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     #: original parameter -> (its replacement, carry) for optimizer state
     mapping: dict = dataclasses.field(default_factory=dict)
+    #: how the pairs were found (the fx trace, or the module walk and why)
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"  grown {p}: {a} -> {b} channels" for p, a, b in self.grown]
+        lines = [f"  note: {n}" for n in self.notes]
+        lines += [f"  grown {p}: {a} -> {b} channels" for p, a, b in self.grown]
         lines += [f"  not grown {p}: {why}" for p, why in self.not_grown]
         lines += [f"  FAILED {p}: {why}" for p, why in self.failed]
         lines += [f"  dropped branch {p}: {why}" for p, why in self.dropped]
@@ -435,10 +468,14 @@ class GrowthReport:
 
 @dataclasses.dataclass
 class _Pair:
+    """A producer and every layer its widening reaches: the convolutions and Linear layers
+    that consume its channels, the BatchNorms and depthwise convolutions in between (which
+    widen with it)."""
     producer: str
-    consumer: str
-    bn: str | None
-    branch: str | None  # the MultiBranch branch it lies in ("path.branches.i"), if any
+    consumers: tuple[str, ...]
+    bns: tuple[str, ...] = ()
+    depthwise: tuple[str, ...] = ()
+    branch: str | None = None  # the MultiBranch branch it lies in ("path.branches.i"), if any
 
 
 #: Why a convolution that is no pair's producer is not grown.
@@ -463,21 +500,21 @@ def _find_pairs(module: nn.Module, prefix: str = "", branch: str | None = None
             tail = _tail(b)  # the branch's last conv feeds its 1x1 projection: a pair
             if tail is not None and _is_conv(proj):
                 conv, bn = tail
-                pairs.append(_Pair(_under(name, conv), join(f"projections.{i}"),
-                                   _under(name, bn) if bn is not None else None, name))
+                pairs.append(_Pair(_under(name, conv), (join(f"projections.{i}"),),
+                                   (_under(name, bn),) if bn is not None else (), (), name))
         return pairs
     if all(hasattr(module, a) for a in ("conv1", "bn1", "conv2", "bn2")):  # residual block
         chain = [("conv1", "bn1", "conv2")]
         if hasattr(module, "conv3"):
             chain.append(("conv2", "bn2", "conv3"))
-        return [_Pair(join(p), join(c), join(b), branch) for p, b, c in chain]
+        return [_Pair(join(p), (join(c),), (join(b),), (), branch) for p, b, c in chain]
     if isinstance(module, nn.Sequential):
         producer, bn = None, None
         for name, child in module.named_children():
             if _is_conv(child):
                 if producer is not None:
-                    pairs.append(_Pair(join(producer), join(name),
-                                       join(bn) if bn else None, branch))
+                    pairs.append(_Pair(join(producer), (join(name),),
+                                       (join(bn),) if bn else (), (), branch))
                 producer, bn = name, None
             elif isinstance(child, _BatchNorm) and producer is not None and bn is None:
                 bn = name
@@ -490,6 +527,132 @@ def _find_pairs(module: nn.Module, prefix: str = "", branch: str | None = None
     for name, child in module.named_children():
         pairs += _find_pairs(child, join(name), branch)
     return pairs
+
+
+def _find_groups(module: nn.Module) -> tuple[list[_Pair], dict[str, str], str]:
+    """The producers of ``module`` with everything each one's widening reaches, from the
+    dataflow of a torch.fx trace; where the model does not trace, the module walk
+    (:func:`_find_pairs`) and a note saying so. Also the reason each other convolution is
+    not a producer (fx only)."""
+    try:
+        pairs, reasons = _dataflow(module)
+    except Exception as exc:  # data-dependent control flow, unsupported ops, ...
+        return _find_pairs(module), {}, (
+            f"torch.fx could not trace the model ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); pairs were found by the "
+            f"module walk: a convolution and the next one in a Sequential or a residual "
+            f"block, and a MultiBranch branch's last one with its projection")
+    return pairs, reasons, ""
+
+
+class _Tracer(torch.fx.Tracer):
+    """Convolutions (fastconv's fused ones included), norms and Linear layers stay whole;
+    everything else (MultiBranch, blocks) is traced through."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, (_ConvNd, _BatchNorm, nn.Linear)) \
+            or super().is_leaf_module(m, qualname)
+
+
+#: functions and methods that act per channel (or per element), like PASSTHROUGH modules
+_PASS_FUNCTIONS = {
+    torch.relu, torch.sigmoid, torch.tanh, torch.nn.functional.relu,
+    torch.nn.functional.relu6, torch.nn.functional.leaky_relu, torch.nn.functional.silu,
+    torch.nn.functional.gelu, torch.nn.functional.hardswish, torch.nn.functional.dropout,
+    torch.nn.functional.max_pool2d, torch.nn.functional.avg_pool2d,
+    torch.nn.functional.adaptive_avg_pool2d, torch.nn.functional.adaptive_max_pool2d,
+}
+_PASS_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous", "clone"}
+_POOLS = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d,
+          nn.AdaptiveMaxPool2d, nn.Flatten)
+
+
+def _dataflow(module: nn.Module) -> tuple[list[_Pair], dict[str, str]]:
+    graph = _Tracer().trace(module)
+    modules = dict(module.named_modules())
+    calls: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    pairs, reasons = [], {}
+    for node in graph.nodes:
+        if node.op != "call_module" or not _is_conv(modules[node.target]):
+            continue
+        name, conv = node.target, modules[node.target]
+        if calls[name] > 1:
+            reasons[name] = f"called {calls[name]} times in the forward (a shared module)"
+        elif _depthwise(conv):
+            reasons[name] = "depthwise: its width is its input's, it grows with that producer"
+        else:
+            found = _reach(node, modules, calls)
+            if isinstance(found, str):
+                reasons[name] = found
+            else:
+                pairs.append(_Pair(name, *found, branch=_branch_of(name, modules)))
+    return pairs, reasons
+
+
+def _depthwise(conv) -> bool:
+    return conv.groups > 1 and conv.groups == conv.in_channels == conv.out_channels
+
+
+def _reach(start, modules: dict, calls: dict) -> tuple | str:
+    """(consumers, BatchNorms, depthwise convolutions) reached by ``start``'s output through
+    layers that act per channel, or why it cannot grow (a str)."""
+    consumers, bns, dws = [], [], []
+    todo, seen = list(start.users), set()
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        where = f"({node.target})" if node.op == "call_module" else f"({node.name})"
+        if node.op == "output":
+            return "its output is the model's output: growing it would change that width"
+        if node.op == "call_module":
+            m = modules[node.target]
+            if calls[node.target] > 1 and not isinstance(m, PASSTHROUGH + _POOLS):
+                return f"reaches {node.target}, a module called more than once"
+            if _is_conv(m) and _depthwise(m):
+                dws.append(node.target)
+            elif _is_conv(m) or isinstance(m, nn.Linear):
+                consumers.append(node.target)
+                continue
+            elif isinstance(m, _BatchNorm):
+                bns.append(node.target)
+            elif not isinstance(m, PASSTHROUGH + _POOLS):
+                return f"reaches {type(m).__name__} {where}, which grow_width cannot widen"
+        elif node.op == "call_function" and node.target in _PASS_FUNCTIONS:
+            pass
+        elif node.op == "call_method" and node.target in _PASS_METHODS:
+            pass
+        elif node.target in (torch.flatten,) or node.target == "flatten":
+            pass
+        elif node.target in (torch.add, torch.Tensor.add, torch.sub) \
+                or getattr(node.target, "__name__", "") in ("add", "iadd", "sub"):
+            return (f"a residual add {where} ties its width to the other operand's: they "
+                    f"would have to grow together (not supported yet)")
+        elif node.target in (torch.cat, torch.concat):
+            return f"concatenated {where}: channel offsets are not supported yet"
+        elif node.target is torch.stack:
+            return (f"stacked {where} with other tensors (a MultiBranch mean): its width is "
+                    f"tied to theirs")
+        else:
+            return f"reaches {getattr(node.target, '__name__', node.target)} {where}"
+        todo += list(node.users)
+    if not consumers:
+        return NO_CONSUMER
+    return tuple(consumers), tuple(bns), tuple(dws)
+
+
+def _branch_of(path: str, modules: dict) -> str | None:
+    """The innermost MultiBranch branch ("owner.branches.i") that ``path`` lies in."""
+    parts = path.split(".")
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] == "branches" and isinstance(modules.get(".".join(parts[:i])),
+                                                  MultiBranch):
+            return ".".join(parts[:i + 2])
+    return None
 
 
 def _tail(branch: nn.Module) -> tuple[str, str | None] | None:
@@ -562,9 +725,9 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
         raise ConvError(f"on_error: got {on_error!r}; allowed: 'raise', 'drop'")
     if init not in INITS:
         raise ConvError(f"init: got {init!r}; allowed: {', '.join(map(repr, INITS))}")
-    pairs = _find_pairs(module)
+    pairs, reasons, note = _find_groups(module)
     _check_growth(factor_or_mapping, pairs)
-    report = GrowthReport()
+    report = GrowthReport(notes=[note] if note else [])
     current: dict[str, nn.Module] = {}
     carries: dict[str, Carries] = {}
     failed_branches: dict[str, str] = {}
@@ -576,10 +739,13 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
         if pair.branch in failed_branches:
             continue
         try:
-            producer, consumer = get(pair.producer), get(pair.consumer)
-            bn = get(pair.bn) if pair.bn else None
-            _pair_sizes(producer, consumer, bn)
-            blocks = _blocks(producer, consumer)
+            producer = get(pair.producer)
+            consumers = [get(c) for c in pair.consumers]
+            for c in consumers:
+                _pair_sizes(producer, c, None)
+            for b in pair.bns:
+                _pair_sizes(producer, None, get(b))
+            blocks = math.lcm(*(_blocks(producer, c) for c in consumers))
             old = producer.out_channels
             new = _new_width(old, blocks, factor_or_mapping, pair.producer)
             if new == old:
@@ -587,11 +753,14 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
                 continue
             w = Widening.plan(old, new, blocks, init, generator)
             grown = {pair.producer: _widen_conv_out(producer, w, init, noise, generator,
-                                                    carries.setdefault(pair.producer, {})),
-                     pair.consumer: _widen_conv_in(consumer, w, init,
-                                                   carries.setdefault(pair.consumer, {}))}
-            if bn is not None:
-                grown[pair.bn] = _widen_batchnorm(bn, w, carries.setdefault(pair.bn, {}))
+                                                    carries.setdefault(pair.producer, {}))}
+            for path in pair.consumers:
+                grown[path] = _widen_in(get(path), w, init, carries.setdefault(path, {}))
+            for path in pair.depthwise:
+                grown[path] = _widen_depthwise(get(path), w, init, noise, generator,
+                                               carries.setdefault(path, {}))
+            for path in pair.bns:
+                grown[path] = _widen_batchnorm(get(path), w, carries.setdefault(path, {}))
             current.update(grown)
             report.grown.append((pair.producer, old, new))
         except Exception as exc:  # collected: the model is not touched until all succeed
@@ -600,7 +769,8 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
             if pair.branch is not None and on_error == "drop":
                 failed_branches[pair.branch] = why
     paired = {p.producer for p in pairs}
-    report.not_grown += [(name, NO_CONSUMER) for name, m in module.named_modules()
+    report.not_grown += [(name, reasons.get(name, NO_CONSUMER))
+                         for name, m in module.named_modules()
                          if _is_conv(m) and name not in paired]
     if report.failed and (on_error == "raise" or any(
             not any(_inside(p, b) for b in failed_branches) for p, _ in report.failed)):
