@@ -473,6 +473,12 @@ def test_a_fused_conv_bn_act_chain_grows_through_the_dataflow():
         _close(net(x), before, torch.float64)
 
 
+def test_a_linear_reading_a_flattened_map_is_not_a_consumer():
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 9, 2))
+    report = grow_width(net, 2.0)
+    assert report.grown == [] and "36 features from 4 channels" in dict(report.not_grown)["0"]
+
+
 def test_a_model_fx_cannot_trace_falls_back_to_the_module_walk():
     class DataDependent(nn.Module):
         def __init__(self):

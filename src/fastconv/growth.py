@@ -584,7 +584,7 @@ def _dataflow(module: nn.Module) -> tuple[list[_Pair], dict[str, str]]:
         elif _depthwise(conv):
             reasons[name] = "depthwise: its width is its input's, it grows with that producer"
         else:
-            found = _reach(node, modules, calls)
+            found = _reach(node, conv.out_channels, modules, calls)
             if isinstance(found, str):
                 reasons[name] = found
             else:
@@ -596,9 +596,10 @@ def _depthwise(conv) -> bool:
     return conv.groups > 1 and conv.groups == conv.in_channels == conv.out_channels
 
 
-def _reach(start, modules: dict, calls: dict) -> tuple | str:
-    """(consumers, BatchNorms, depthwise convolutions) reached by ``start``'s output through
-    layers that act per channel, or why it cannot grow (a str)."""
+def _reach(start, width: int, modules: dict, calls: dict) -> tuple | str:
+    """(consumers, BatchNorms, depthwise convolutions) reached by ``start``'s output (of
+    ``width`` channels) through layers that act per channel, or why it cannot grow (a
+    str)."""
     consumers, bns, dws = [], [], []
     todo, seen = list(start.users), set()
     while todo:
@@ -615,6 +616,9 @@ def _reach(start, modules: dict, calls: dict) -> tuple | str:
                 return f"reaches {node.target}, a module called more than once"
             if _is_conv(m) and _depthwise(m):
                 dws.append(node.target)
+            elif isinstance(m, nn.Linear) and m.in_features != width:
+                return (f"reaches Linear {where} with {m.in_features} features from "
+                        f"{width} channels: not one feature per channel")
             elif _is_conv(m) or isinstance(m, nn.Linear):
                 consumers.append(node.target)
                 continue
