@@ -468,6 +468,7 @@ def test_a_fused_conv_bn_act_chain_grows_through_the_dataflow():
     with pytest.warns(UserWarning, match="rebuild the optimizer"):
         report = grow_width(net, 2.0)
     assert report.grown == [("0", 4, 8), ("1", 6, 12)]  # the second into the Linear
+    assert "grown 1: 6 -> 12 channels, with 4" in str(report)
     assert net[0].bn.num_features == 8 and net[4].in_features == 12
     with torch.no_grad():
         _close(net(x), before, torch.float64)
@@ -493,3 +494,22 @@ def test_a_model_fx_cannot_trace_falls_back_to_the_module_walk():
         report = grow_width(net, 2.0)
     assert report.grown == [("body.0", 4, 8)]
     assert "torch.fx could not trace the model" in report.notes[0] and "module walk" in str(report)
+
+
+@pytest.mark.filterwarnings("ignore:grow_width")
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_an_optimized_model_grows_like_the_original(mode):
+    """fastconv.optimize's fused layers (a residual passed into a fused layer ties its
+    width, as an add does): the same producers grow as in torchvision's resnet18."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    net = _random_norms(torchvision.models.resnet18(num_classes=10)).double()
+    opt = fastconv.optimize(net.train(mode == "training"), mode, "ieee")
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        before = copy.deepcopy(opt)(x)
+    report = grow_width(opt, 1.5)
+    assert len(report.grown) == 8 and not report.notes
+    assert any("fused add" in why for _, why in report.not_grown)
+    with torch.no_grad():
+        _close(opt(x), before, torch.float64)

@@ -456,10 +456,13 @@ class GrowthReport:
     mapping: dict = dataclasses.field(default_factory=dict)
     #: how the pairs were found (the fx trace, or the module walk and why)
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: grown producer -> the layers that grew with it (consumers, norms, depthwise)
+    widened: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"  note: {n}" for n in self.notes]
-        lines += [f"  grown {p}: {a} -> {b} channels" for p, a, b in self.grown]
+        lines += [f"  grown {p}: {a} -> {b} channels, with {', '.join(self.widened.get(p, ()))}"
+                  for p, a, b in self.grown]
         lines += [f"  not grown {p}: {why}" for p, why in self.not_grown]
         lines += [f"  FAILED {p}: {why}" for p, why in self.failed]
         lines += [f"  dropped branch {p}: {why}" for p, why in self.dropped]
@@ -568,8 +571,14 @@ _POOLS = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d,
 
 
 def _dataflow(module: nn.Module) -> tuple[list[_Pair], dict[str, str]]:
-    graph = _Tracer().trace(module)
-    modules = dict(module.named_modules())
+    from .optimize import OptimizedModel
+
+    if isinstance(module, OptimizedModel):  # its forward wraps the traced model's
+        inner, prefix = module.model, "model."
+    else:
+        inner, prefix = module, ""
+    graph = _Tracer().trace(inner)
+    modules = dict(inner.named_modules())
     calls: dict[str, int] = {}
     for node in graph.nodes:
         if node.op == "call_module":
@@ -583,12 +592,20 @@ def _dataflow(module: nn.Module) -> tuple[list[_Pair], dict[str, str]]:
             reasons[name] = f"called {calls[name]} times in the forward (a shared module)"
         elif _depthwise(conv):
             reasons[name] = "depthwise: its width is its input's, it grows with that producer"
+        elif len(node.args) > 1 or node.kwargs:
+            reasons[name] = ("it adds a residual (a fused add): its width is tied to the "
+                             "residual's (not supported yet)")
         else:
             found = _reach(node, conv.out_channels, modules, calls)
             if isinstance(found, str):
                 reasons[name] = found
             else:
                 pairs.append(_Pair(name, *found, branch=_branch_of(name, modules)))
+    if prefix:  # paths from the wrapper, as named_modules() of the model given names them
+        pairs = [_Pair(prefix + p.producer, *(tuple(prefix + c for c in group) for group in
+                                              (p.consumers, p.bns, p.depthwise)),
+                       branch=None if p.branch is None else prefix + p.branch) for p in pairs]
+        reasons = {prefix + k: v for k, v in reasons.items()}
     return pairs, reasons
 
 
@@ -601,9 +618,9 @@ def _reach(start, width: int, modules: dict, calls: dict) -> tuple | str:
     ``width`` channels) through layers that act per channel, or why it cannot grow (a
     str)."""
     consumers, bns, dws = [], [], []
-    todo, seen = list(start.users), set()
+    todo, seen = [(u, start) for u in start.users], set()
     while todo:
-        node = todo.pop()
+        node, source = todo.pop()
         if node in seen:
             continue
         seen.add(node)
@@ -614,6 +631,9 @@ def _reach(start, width: int, modules: dict, calls: dict) -> tuple | str:
             m = modules[node.target]
             if calls[node.target] > 1 and not isinstance(m, PASSTHROUGH + _POOLS):
                 return f"reaches {node.target}, a module called more than once"
+            if not node.args or node.args[0] is not source or source in node.args[1:]:
+                return (f"the residual of {node.target} (a fused add): its width is tied to "
+                        f"that layer's output (not supported yet)")
             if _is_conv(m) and _depthwise(m):
                 dws.append(node.target)
             elif isinstance(m, nn.Linear) and m.in_features != width:
@@ -643,7 +663,7 @@ def _reach(start, width: int, modules: dict, calls: dict) -> tuple | str:
                     f"tied to theirs")
         else:
             return f"reaches {getattr(node.target, '__name__', node.target)} {where}"
-        todo += list(node.users)
+        todo += [(u, node) for u in node.users]
     if not consumers:
         return NO_CONSUMER
     return tuple(consumers), tuple(bns), tuple(dws)
@@ -767,6 +787,7 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
                 grown[path] = _widen_batchnorm(get(path), w, carries.setdefault(path, {}))
             current.update(grown)
             report.grown.append((pair.producer, old, new))
+            report.widened[pair.producer] = tuple(grown)[1:]
         except Exception as exc:  # collected: the model is not touched until all succeed
             why = f"{type(exc).__name__}: {exc}"
             report.failed.append((pair.producer, why))
