@@ -3,6 +3,7 @@ gradients into the new channels, optimizer state, all-or-nothing failures, a tra
 that grows every epoch."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -513,3 +514,16 @@ def test_an_optimized_model_grows_like_the_original(mode):
     assert any("fused add" in why for _, why in report.not_grown)
     with torch.no_grad():
         _close(opt(x), before, torch.float64)
+
+
+def test_the_growth_example_runs_and_keeps_the_loss_across_growths(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "examples/grow_multibranch.py", "--steps", "30",
+                          "--out", str(tmp_path / "loss.png")], capture_output=True, text=True,
+                         timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr
+    pairs = re.findall(r"loss ([0-9.]+) before, ([0-9.]+) after", out.stdout)
+    assert len(pairs) == 2 and all(a == b for a, b in pairs), out.stdout
