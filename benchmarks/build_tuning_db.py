@@ -44,13 +44,10 @@ def main() -> int:
         env = their_env
         entries.update(theirs)
     major, minor = args.capability.split(".")
-    key = {"gpu": env["gpu"], "capability": str((int(major), int(minor))),
-           "candidates": env["candidates"], "triton": plancache._major_minor(env["triton"]),
-           "cudnn": env["cudnn"][:-2]}
+    key = plancache.database_key(env, (int(major), int(minor)))
     kept = {k: {f: v for f, v in e.items() if f != "used"} for k, e in sorted(entries.items())
             if k.endswith(SUFFIXES) and not e.get("partial")}
-    slug = "".join(c if c.isalnum() else "-" for c in env["gpu"].lower()).strip("-")
-    out = os.path.join(plancache.DATABASE_DIR, f"{slug}.json")
+    out = plancache.database_path(env["gpu"])
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"format": plancache.FORMAT, "key": key, "measured_with": env,

@@ -118,25 +118,26 @@ def database_file() -> str | None:
     if env is not None:
         return None if env.strip().lower() in OFF_WORDS else os.path.expanduser(env)
     gpu = environment()["gpu"]
-    if gpu == "none":
-        return None
+    return None if gpu == "none" else database_path(gpu)
+
+
+def database_path(gpu: str) -> str:
+    """The package's database file for GPU ``gpu`` (its name, as torch gives it)."""
     slug = "".join(c if c.isalnum() else "-" for c in gpu.lower()).strip("-")
     return os.path.join(DATABASE_DIR, f"{slug}.json")
 
 
-def database_key() -> dict[str, str]:
-    """What a database entry depends on (see the module docstring)."""
-    import torch
+def database_key(env: dict[str, str] | None = None, capability=None) -> dict[str, str]:
+    """What a database entry depends on (see the module docstring): of this machine, or of
+    ``env`` (an ``environment()`` recorded elsewhere) on a GPU of ``capability``."""
+    if env is None:
+        import torch
 
-    env = environment()
-    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-    return {"gpu": env["gpu"], "capability": str(cap), "candidates": env["candidates"],
-            "triton": _major_minor(env["triton"]),
+        env = environment()
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    return {"gpu": env["gpu"], "capability": str(capability), "candidates": env["candidates"],
+            "triton": ".".join(env["triton"].split(".")[:2]),
             "cudnn": env["cudnn"][:-2] if env["cudnn"].isdigit() else env["cudnn"]}
-
-
-def _major_minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
 
 
 class PlanCache:
