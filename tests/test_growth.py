@@ -3,6 +3,7 @@ gradients into the new channels, optimizer state, all-or-nothing failures, a tra
 that grows every epoch."""
 
 import copy
+import math
 import os
 
 import pytest
@@ -11,6 +12,7 @@ from torch import nn
 
 import fastconv
 from fastconv import growth
+from fastconv.errors import ConvError
 from fastconv.growth import GrowthError, MultiBranch, grow_width, widen_pair
 from fastconv.nn import ConvBNAct2d
 from fastconv.precision import relative_error
@@ -398,14 +400,15 @@ def _convs(net):
 
 @pytest.mark.filterwarnings("ignore:grow_width")
 @pytest.mark.parametrize("training", [False, True])
-@pytest.mark.parametrize("name,grown", [("resnet18", 8), ("resnet50", 33),
-                                        ("mobilenet_v2", 20)])
-def test_torchvision_models_grow_and_compute_what_they_did(name, grown, training):
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2"])
+def test_torchvision_models_grow_and_compute_what_they_did(name, training):
     """The dataflow finds the producers of real models: a block's inner convolutions (with
     torchvision's one ReLU module called three times), MobileNetV2's expansions through
-    their depthwise convolutions, the last convolution into the classifier's Linear. Every
-    convolution is reported; residual adds are refused with their reason; the function is
-    kept in float64 within 1e-10, in train and eval; the consumers' new weights learn."""
+    their depthwise convolutions, the last convolution into the classifier's Linear, and
+    the producers residual adds tie to one width (a stage's stem or downsample and every
+    block's last convolution), grown together. Every convolution but the depthwise ones
+    grows; the function is kept in float64 within 1e-10, in train and eval; the consumers'
+    new weights learn."""
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     net = _random_norms(getattr(torchvision.models, name)(num_classes=10)).double()
@@ -418,13 +421,21 @@ def test_torchvision_models_grow_and_compute_what_they_did(name, grown, training
         before = copy.deepcopy(net)(x)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     report = grow_width(net, 1.5, optimizer=opt)
-    assert len(report.grown) == grown and not report.notes
     assert {p for p, *_ in report.grown} | {p for p, _ in report.not_grown} == _convs(net)
-    assert any("residual add" in why for _, why in report.not_grown)
+    assert not report.notes and report.not_grown == [
+        (n, "depthwise: its width is its input's, it grows with that producer")
+        for n, m in net.named_modules() if isinstance(m, nn.Conv2d) and m.groups > 1]
+    assert all(b == math.ceil(a * 1.5) for _, a, b in report.grown)
     with torch.no_grad():
         _close(net(x), before, torch.float64)
     net(x).square().mean().backward()
     opt.step()
+    if name == "resnet18":  # a stage's residual stream: stem, downsample, last convs
+        tied = ("layer2.0.downsample.0", "layer2.0.conv2", "layer2.1.conv2")
+        assert all(dict((p, b) for p, _, b in report.grown)[n] == 192 for n in tied)
+        assert {"layer3.0.conv1", "layer3.0.downsample.0", "layer2.1.conv1"} <= set(
+            report.widened["layer2.0.conv2"])
+        assert net.layer3[0].downsample[0].weight.grad[:, 128:].abs().sum() > 0
     if name == "mobilenet_v2":  # expansion -> depthwise -> projection: all three grew
         block = net.features[2].conv
         assert block[0][0].out_channels == block[1][0].groups == block[2].in_channels == 144
@@ -432,28 +443,161 @@ def test_torchvision_models_grow_and_compute_what_they_did(name, grown, training
         assert net.classifier[1].weight.grad[:, 1280:].abs().sum() > 0
 
 
-def test_a_concatenation_is_reported_not_grown():
-    class Inception(nn.Module):
+@pytest.mark.filterwarnings("ignore:grow_width")
+@pytest.mark.parametrize("init", ["zero", "net2net"])
+@pytest.mark.parametrize("name,grown", [("densenet121", 120), ("googlenet", 57),
+                                        ("efficientnet_b0", 65), ("regnet_y_400mf", 85)])
+def test_concatenating_and_gated_zoo_models_grow_in_training(name, grown, init):
+    """torchvision's DenseNet (each layer's output concatenated onto the running tensor,
+    a BatchNorm over it), GoogLeNet (Inception blocks), EfficientNet (squeeze-excitation:
+    a gate multiplies the expansion's channels, which ties the gate's convolution to them;
+    stochastic depth) and RegNetY: every convolution but the depthwise ones grows, the
+    training-mode function is kept within 1e-10 in float64, the classifier's new inputs
+    learn."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    kw = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
+    net = _random_norms(getattr(torchvision.models, name)(num_classes=10, **kw)).double()
+    for m in net.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.manual_seed(1)  # (the same stochastic-depth draws before and after)
+        before = copy.deepcopy(net)(x)
+    opt = torch.optim.AdamW(net.parameters())
+    report = grow_width(net, 1.5, optimizer=opt, init=init,
+                        generator=torch.Generator().manual_seed(0))
+    assert len(report.grown) == grown and not report.notes
+    assert all("depthwise" in why for _, why in report.not_grown)
+    torch.manual_seed(1)
+    out = net(x)
+    _close(out.detach(), before, torch.float64)
+    out.square().mean().backward()
+    fc = [m for m in net.modules() if isinstance(m, nn.Linear)][-1]
+    old_in = fc.in_features * 2 // 3
+    assert fc.weight.grad[:, old_in:].abs().sum() > 0
+    opt.step()
+
+
+class _Inception(nn.Module):
+    """Branches concatenated (each at its channel offset), a BatchNorm and a depthwise
+    convolution over the concatenation, a nested concatenation, a pooled Linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 1)
+        self.a = nn.Conv2d(6, 4, 1)
+        self.b = nn.Sequential(nn.Conv2d(6, 4, 1), nn.ReLU(), nn.Conv2d(4, 5, 3, padding=1))
+        self.c = nn.Sequential(nn.Conv2d(6, 3, 1), nn.BatchNorm2d(3))
+        self.bn = nn.BatchNorm2d(12)
+        self.dw = nn.Conv2d(12, 12, 3, padding=1, groups=12)
+        self.mix = nn.Conv2d(12, 7, 1)
+        self.side = nn.Conv2d(6, 2, 1)
+        self.fc = nn.Linear(21, 3)
+
+    def forward(self, x):
+        s = torch.relu(self.stem(x))
+        y = torch.cat([self.a(s), self.b(s), self.c(s)], 1)  # offsets 0, 4, 9
+        y = self.dw(torch.relu(self.bn(y)))
+        z = torch.cat([self.side(s), torch.cat([self.mix(y), y], dim=1)], 1)
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(z, 1), 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("init", ["zero", "net2net"])
+@pytest.mark.parametrize("training", [False, True])
+def test_concatenations_grow_at_their_channel_offsets(training, init, dtype):
+    """Each producer's channels are widened where they sit inside every concatenation they
+    reach (nested ones too), with the norms and depthwise convolutions over it; the others'
+    channels move up. The function is kept; the new weights learn; Adam's state follows."""
+    torch.manual_seed(0)
+    net = _random_norms(_Inception()).to(dtype).train(training)
+    x = torch.randn(2, 3, 5, 7, dtype=dtype)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    net(x).square().mean().backward()
+    opt.step()  # (moments to carry)
+    opt.zero_grad()
+    with torch.no_grad():
+        before = copy.deepcopy(net)(x)
+    report = grow_width(net, 2.0, optimizer=opt, init=init,
+                        generator=torch.Generator().manual_seed(3))
+    assert [p for p, *_ in report.grown] == ["stem", "a", "b.0", "b.2", "c.0", "side", "mix"]
+    assert set(report.widened["a"]) == {"a", "bn", "dw", "mix", "fc"} - {"a"}
+    assert net.bn.num_features == net.dw.groups == net.mix.in_channels == 24
+    assert net.fc.in_features == 4 + 14 + 24
+    assert dict(report.not_grown) == {
+        "dw": "depthwise: its width is its input's, it grows with that producer"}
+    with torch.no_grad():
+        _close(net(x), before, dtype)
+    net(x).square().mean().backward()
+    assert net.mix.weight.grad[:, 4:8].abs().sum() > 0  # from a's new channels (offset 0)
+    assert net.fc.weight.grad[:, 4 + 14 + 12 + 5:4 + 14 + 12 + 10].abs().sum() > 0  # b.2's
+    opt.step()
+
+
+def test_concatenations_and_ties_that_cannot_grow_say_why():
+    class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.stem = nn.Conv2d(3, 6, 1)
-            self.a = nn.Conv2d(6, 4, 1)
-            self.b = nn.Sequential(nn.Conv2d(6, 4, 1), nn.ReLU(), nn.Conv2d(4, 5, 3, padding=1))
-            self.head = nn.Conv2d(9, 2, 1)
+            self.a = nn.Conv2d(3, 4, 1)
+            self.b = nn.Conv2d(3, 3, 1)
+            self.c = nn.Conv2d(3, 5, 1)
+            self.d = nn.Conv2d(7, 2, 1)
+            self.e = nn.Conv2d(4, 3, 1)
+            self.f = nn.Conv2d(6, 2, 1)
+            self.g = nn.Conv2d(3, 4, 1)
+            self.h = nn.Conv2d(3, 2, 1)
 
         def forward(self, x):
-            s = torch.relu(self.stem(x))
-            return self.head(torch.cat([self.a(s), self.b(s)], 1))
+            u = self.d(torch.cat([x, self.a(x)], 1))  # x's width: unknown
+            v = self.h(self.b(x) + x)  # b is tied to the model's input
+            w = self.f(torch.cat([self.c(x), self.c(x)], 2))  # c is called twice
+            t = self.e(torch.cat([self.g(x), x], 2))  # along the height
+            return u, v, w, t
 
-    net = Inception().double()
-    x = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    reasons = dict(grow_width(Net(), 2.0).not_grown)
+    assert "cannot tell how many channels x has" in reasons["a"]
+    assert reasons["b"] == "a residual add ties its width to the model's input (x)"
+    assert reasons["c"] == "called 2 times in the forward (a shared module)"
+    assert reasons["g"] == "concatenated (cat_2) along dim 2, not the channels"
+
+
+def test_tied_producers_take_one_width_from_a_mapping():
+    net = torchvision_free_resnet()
+    with pytest.raises(ConvError, match="tied to one width by residual adds"):
+        grow_width(net, {"stem": 8, "body.2": 12})
+    with pytest.warns(UserWarning, match="rebuild"):
+        report = grow_width(net, {"body.2": 12})
+    assert report.grown == [("stem", 6, 12), ("body.2", 6, 12)]
+
+
+def torchvision_free_resnet():
+    class Res(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 6, 3, padding=1)
+            self.body = nn.Sequential(nn.Conv2d(6, 4, 1), nn.ReLU(), nn.Conv2d(4, 6, 1))
+            self.head = nn.Conv2d(6, 2, 1)
+
+        def forward(self, x):
+            s = self.stem(x)
+            return self.head(torch.relu(s + self.body(s)))
+
+    return Res()
+
+
+def test_a_concatenating_multibranch_grows_its_branches():
+    torch.manual_seed(0)
+    block = MultiBranch([nn.Conv2d(4, 3, 1), nn.Sequential(nn.Conv2d(4, 5, 3, padding=1),
+                                                           nn.ReLU())], merge="concat")
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), block, nn.Conv2d(8, 2, 1)).double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
     before = net(x).detach()
-    with pytest.warns(UserWarning, match="rebuild the optimizer"):
+    with pytest.warns(UserWarning, match="rebuild"):
         report = grow_width(net, 2.0)
-    assert [p for p, *_ in report.grown] == ["stem", "b.0"]  # stem feeds a and b.0
-    assert net.a.in_channels == net.b[0].in_channels == 12
-    reasons = dict(report.not_grown)
-    assert reasons["a"].startswith("concatenated") and reasons["b.2"].startswith("concatenated")
+    assert [p for p, *_ in report.grown] == ["0", "1.branches.0", "1.branches.1.0"]
+    assert block.out_channels == 16 == net[2].in_channels
     _close(net(x), before, torch.float64)
 
 
@@ -501,7 +645,7 @@ def test_a_model_fx_cannot_trace_falls_back_to_the_module_walk():
 @pytest.mark.parametrize("mode", ["inference", "training"])
 def test_an_optimized_model_grows_like_the_original(mode):
     """fastconv.optimize's fused layers (a residual passed into a fused layer ties its
-    width, as an add does): the same producers grow as in torchvision's resnet18."""
+    width, as an add does): every convolution grows, as in torchvision's resnet18."""
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     net = _random_norms(torchvision.models.resnet18(num_classes=10)).double()
@@ -510,8 +654,10 @@ def test_an_optimized_model_grows_like_the_original(mode):
     with torch.no_grad():
         before = copy.deepcopy(opt)(x)
     report = grow_width(opt, 1.5)
-    assert len(report.grown) == 8 and not report.notes
-    assert any("fused add" in why for _, why in report.not_grown)
+    assert len(report.grown) == 20 and not report.notes and not report.not_grown
+    widths = {p: b for p, _, b in report.grown}
+    assert widths["model.layer2_0_conv2_bn_act"] == widths["model.layer2_1_conv2_bn_act"] \
+        == widths[next(p for p in widths if "downsample" in p and "layer2" in p)] == 192
     with torch.no_grad():
         _close(opt(x), before, torch.float64)
 

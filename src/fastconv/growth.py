@@ -22,10 +22,13 @@ and breaks exact preservation.
 convolution whose output reaches, through BatchNorms, per-channel activations, pooling,
 dropout, flatten and depthwise convolutions (which widen with it), only convolutions and
 Linear layers (after global pooling) — any number of them, all widened in one step. A
-residual add, a concatenation, a stack (MultiBranch's mean) or the model's output ends the
-search with a reason in the report. Where fx cannot trace the model, a module walk finds
-pairs (chains inside ``nn.Sequential``, the inner convolutions of residual blocks, each
-:class:`MultiBranch` branch) and the report says so. It either succeeds as a whole or
+consumer reading the channels through concatenations along dim 1 widens at their offset
+there. Residual adds (and element-wise products) tie the widths of their operands: every
+producer so tied grows with the same widening, as one. A stack (MultiBranch's mean), a tie to
+the model's input or the model's output ends the search with a reason in the report. Where
+fx cannot trace the model, a module walk finds pairs (chains inside ``nn.Sequential``, the
+inner convolutions of residual blocks, each :class:`MultiBranch` branch) and the report
+says so. It either succeeds as a whole or
 leaves model and optimizer exactly as they were (raising :class:`GrowthError` with a
 per-layer report). Optimizer state (SGD momentum, Adam/AdamW moments, step counts) moves to
 the new parameters.
@@ -54,8 +57,12 @@ INITS = ("zero", "net2net")
 #: Modules that keep the channel dimension and act per channel or per element: a producer
 #: and a consumer separated only by these (and at most one BatchNorm) form a pair.
 PASSTHROUGH = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
-               nn.Hardswish, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+               nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Mish, nn.ELU, nn.SELU,
+               nn.Softplus, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
                nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d)
+#: per-sample layers of other libraries (torchvision's stochastic depth, timm's drop path)
+PASSTHROUGH_NAMES = ("StochasticDepth", "DropPath")
+PASSTHROUGH_FUNCTION_NAMES = ("stochastic_depth", "drop_path")
 
 
 class GrowthError(ConvError):
@@ -105,6 +112,16 @@ class Widening:
                 picks = torch.randint(b * ob, (b + 1) * ob, (nb - ob,), generator=generator)
                 source[b * nb + ob:(b + 1) * nb] = picks
         return Widening(old, new, blocks, old_pos, source)
+
+    def within(self, offset: int, total: int) -> Widening:
+        """This widening of channels ``offset .. offset + old`` of a ``total``-channel
+        tensor (a concatenation): the channels after them move up by the growth."""
+        grow = self.new - self.old
+        before, after = torch.arange(offset), torch.arange(offset + self.old, total)
+        old_pos = torch.cat([before, self.old_pos + offset, after + grow])
+        source = None if self.source is None else torch.cat(
+            [before, self.source + offset, after])
+        return Widening(total, total + grow, 1, old_pos, source)
 
     def counts(self) -> Tensor:
         """How many positions copy each old channel (net2net)."""
@@ -479,6 +496,12 @@ class _Pair:
     bns: tuple[str, ...] = ()
     depthwise: tuple[str, ...] = ()
     branch: str | None = None  # the MultiBranch branch it lies in ("path.branches.i"), if any
+    #: producers that residual adds tie to this one's width: they grow with it, as one
+    tied: tuple[str, ...] = ()
+    #: a layer that reads the channels through concatenations -> ((cat node, input), ...)
+    #: from the innermost out: its channels sit at an offset inside a wider input
+    routes: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    prefix: str = ""  # the path of the traced model inside the model grown
 
 
 #: Why a convolution that is no pair's producer is not grown.
@@ -561,13 +584,22 @@ class _Tracer(torch.fx.Tracer):
 _PASS_FUNCTIONS = {
     torch.relu, torch.sigmoid, torch.tanh, torch.nn.functional.relu,
     torch.nn.functional.relu6, torch.nn.functional.leaky_relu, torch.nn.functional.silu,
-    torch.nn.functional.gelu, torch.nn.functional.hardswish, torch.nn.functional.dropout,
+    torch.nn.functional.gelu, torch.nn.functional.hardswish,
+    torch.nn.functional.hardsigmoid, torch.nn.functional.dropout,
     torch.nn.functional.max_pool2d, torch.nn.functional.avg_pool2d,
     torch.nn.functional.adaptive_avg_pool2d, torch.nn.functional.adaptive_max_pool2d,
+    torch.flatten,
 }
-_PASS_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous", "clone"}
+_PASS_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous", "clone", "flatten"}
 _POOLS = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d,
           nn.AdaptiveMaxPool2d, nn.Flatten)
+#: element-wise operations of two tensors: a residual add (or an SE gate's product) ties
+#: the widths of its operands and its output
+_TIE_NAMES = {"add", "iadd", "add_", "sub", "isub", "mul", "imul", "mul_"}
+
+
+class _NoGrowth(Exception):
+    """Why a producer cannot grow (found while following its channels)."""
 
 
 def _dataflow(module: nn.Module) -> tuple[list[_Pair], dict[str, str]]:
@@ -583,28 +615,33 @@ def _dataflow(module: nn.Module) -> tuple[list[_Pair], dict[str, str]]:
     for node in graph.nodes:
         if node.op == "call_module":
             calls[node.target] = calls.get(node.target, 0) + 1
-    pairs, reasons = [], {}
+    pairs, reasons, done = [], {}, set()
     for node in graph.nodes:
-        if node.op != "call_module" or not _is_conv(modules[node.target]):
+        if node.op != "call_module" or not _is_conv(modules[node.target]) \
+                or node.target in done:
             continue
         name, conv = node.target, modules[node.target]
         if calls[name] > 1:
             reasons[name] = f"called {calls[name]} times in the forward (a shared module)"
         elif _depthwise(conv):
             reasons[name] = "depthwise: its width is its input's, it grows with that producer"
-        elif len(node.args) > 1 or node.kwargs:
-            reasons[name] = ("it adds a residual (a fused add): its width is tied to the "
-                             "residual's (not supported yet)")
         else:
-            found = _reach(node, conv.out_channels, modules, calls)
-            if isinstance(found, str):
-                reasons[name] = found
-            else:
-                pairs.append(_Pair(name, *found, branch=_branch_of(name, modules)))
+            try:
+                pair = _Space(node, modules, calls).pair()
+            except _NoGrowth as why:
+                reasons[name] = str(why)
+                continue
+            pair.branch = _branch_of(pair.producer, modules) if not pair.tied else None
+            done.update((pair.producer, *pair.tied))
+            pairs.append(pair)
     if prefix:  # paths from the wrapper, as named_modules() of the model given names them
-        pairs = [_Pair(prefix + p.producer, *(tuple(prefix + c for c in group) for group in
-                                              (p.consumers, p.bns, p.depthwise)),
-                       branch=None if p.branch is None else prefix + p.branch) for p in pairs]
+        for p in pairs:
+            p.producer, p.prefix = prefix + p.producer, prefix
+            p.consumers, p.bns, p.depthwise, p.tied = (
+                tuple(prefix + c for c in group)
+                for group in (p.consumers, p.bns, p.depthwise, p.tied))
+            p.routes = {prefix + k: v for k, v in p.routes.items()}
+            p.branch = None if p.branch is None else prefix + p.branch
         reasons = {prefix + k: v for k, v in reasons.items()}
     return pairs, reasons
 
@@ -613,60 +650,253 @@ def _depthwise(conv) -> bool:
     return conv.groups > 1 and conv.groups == conv.in_channels == conv.out_channels
 
 
-def _reach(start, width: int, modules: dict, calls: dict) -> tuple | str:
-    """(consumers, BatchNorms, depthwise convolutions) reached by ``start``'s output (of
-    ``width`` channels) through layers that act per channel, or why it cannot grow (a
-    str)."""
-    consumers, bns, dws = [], [], []
-    todo, seen = [(u, start) for u in start.users], set()
-    while todo:
-        node, source = todo.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        where = f"({node.target})" if node.op == "call_module" else f"({node.name})"
-        if node.op == "output":
-            return "its output is the model's output: growing it would change that width"
-        if node.op == "call_module":
-            m = modules[node.target]
-            if calls[node.target] > 1 and not isinstance(m, PASSTHROUGH + _POOLS):
-                return f"reaches {node.target}, a module called more than once"
-            if not node.args or node.args[0] is not source or source in node.args[1:]:
-                return (f"the residual of {node.target} (a fused add): its width is tied to "
-                        f"that layer's output (not supported yet)")
-            if _is_conv(m) and _depthwise(m):
-                dws.append(node.target)
-            elif isinstance(m, nn.Linear) and m.in_features != width:
-                return (f"reaches Linear {where} with {m.in_features} features from "
-                        f"{width} channels: not one feature per channel")
-            elif _is_conv(m) or isinstance(m, nn.Linear):
-                consumers.append(node.target)
-                continue
-            elif isinstance(m, _BatchNorm):
-                bns.append(node.target)
-            elif not isinstance(m, PASSTHROUGH + _POOLS):
-                return f"reaches {type(m).__name__} {where}, which grow_width cannot widen"
-        elif node.op == "call_function" and node.target in _PASS_FUNCTIONS:
-            pass
-        elif node.op == "call_method" and node.target in _PASS_METHODS:
-            pass
-        elif node.target in (torch.flatten,) or node.target == "flatten":
-            pass
-        elif node.target in (torch.add, torch.Tensor.add, torch.sub) \
-                or getattr(node.target, "__name__", "") in ("add", "iadd", "sub"):
-            return (f"a residual add {where} ties its width to the other operand's: they "
-                    f"would have to grow together (not supported yet)")
-        elif node.target in (torch.cat, torch.concat):
-            return f"concatenated {where}: channel offsets are not supported yet"
-        elif node.target is torch.stack:
-            return (f"stacked {where} with other tensors (a MultiBranch mean): its width is "
-                    f"tied to theirs")
+def _tie(node) -> bool:
+    """An element-wise operation of ``node``'s tensor with another tensor."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return node.op in ("call_function", "call_method") and name in _TIE_NAMES and sum(
+        isinstance(a, torch.fx.Node) for a in node.args) > 1
+
+
+def _cat_dim(node) -> int | None:
+    if node.op != "call_function" or node.target not in (torch.cat, torch.concat):
+        return None
+    return node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+
+
+def _width(node, module: Callable[[str], nn.Module]) -> int:
+    """How many channels ``node``'s tensor has, from the layers that made it (``module``
+    maps a module path of the trace to the module as it is now)."""
+    if node.op == "call_module":
+        m = module(node.target)
+        if _is_conv(m):
+            return m.out_channels
+        if isinstance(m, _BatchNorm):
+            return m.num_features
+        if isinstance(m, nn.Linear):
+            return m.out_features
+    if _cat_dim(node) == 1:
+        return sum(_width(a, module) for a in node.args[0])
+    if _per_channel(node, module) and isinstance(node.args[0], torch.fx.Node):
+        return _width(node.args[0], module)
+    raise ConvError(f"cannot tell how many channels {node.name} has")
+
+
+def _passthrough(m: nn.Module) -> bool:
+    return isinstance(m, PASSTHROUGH + _POOLS) or type(m).__name__ in PASSTHROUGH_NAMES
+
+
+def _pass_call(node) -> bool:
+    """A function or method call acting per channel on its first argument."""
+    if node.op == "call_function":
+        return node.target in _PASS_FUNCTIONS or _spatial_mean(node) \
+            or getattr(node.target, "__name__", "") in PASSTHROUGH_FUNCTION_NAMES
+    return node.op == "call_method" and (node.target in _PASS_METHODS or _spatial_mean(node))
+
+
+def _spatial_mean(node) -> bool:
+    """``x.mean((2, 3), keepdim=True)`` (or ``torch.mean``): a global pool keeping the
+    channels (an SE block's squeeze)."""
+    if node.target not in ("mean", "amax", torch.mean, torch.amax):
+        return False
+    dims = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+    dims = (dims,) if isinstance(dims, int) else dims
+    return isinstance(dims, (tuple, list)) and all(
+        isinstance(d, int) and (d >= 2 or d == -1) for d in dims)
+
+
+def _per_channel(node, module: Callable[[str], nn.Module]) -> bool:
+    """Whether ``node`` acts per channel on its first argument (keeping the channels)."""
+    if not node.args:
+        return False
+    if node.op == "call_module":
+        return _passthrough(module(node.target))
+    if _pass_call(node):
+        return True
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return node.op in ("call_function", "call_method") and name in _TIE_NAMES
+
+
+class _Space:
+    """The channels of one producer's output followed through the traced graph: the layers
+    that act on them per channel (BatchNorms, activations, pooling, depthwise convolutions:
+    they widen with it), the layers that consume them (convolutions, a Linear after global
+    pooling: their inputs widen), the other producers that residual adds (or products) tie
+    to the same width, and the concatenations each consumer reads them through. Anything
+    else stops the search with a reason (:class:`_NoGrowth`)."""
+
+    def __init__(self, start, modules: dict, calls: dict):
+        self.modules, self.calls = modules, calls
+        self.producers, self.consumers, self.bns, self.dws = [start.target], [], [], []
+        self.routes: dict[str, tuple] = {}
+        self.start, self.seen, self.todo = start, {start: ()}, [start]
+
+    def pair(self) -> _Pair:
+        while self.todo:
+            node = self.todo.pop()
+            try:
+                if not self.seen[node]:
+                    self._backward(node)
+                self._forward(node)
+            except ConvError as exc:  # a width it cannot tell
+                raise _NoGrowth(str(exc)) from None
+        if not self.consumers:
+            raise _NoGrowth(NO_CONSUMER)
+        order = {n.target: i for i, n in enumerate(self.start.graph.nodes)
+                 if n.op == "call_module"}
+        first, *tied = self.producers[:1] + sorted(self.producers[1:], key=order.get)
+        return _Pair(first, tuple(self.consumers), tuple(self.bns), tuple(self.dws),
+                     tied=tuple(tied), routes=self.routes)
+
+    def _visit(self, node, hops: tuple) -> None:
+        if node in self.seen:
+            if self.seen[node] != hops:
+                raise _NoGrowth(f"its channels reach {node.name} at two different channel "
+                                f"offsets")
+            return
+        self.seen[node] = hops
+        self.todo.append(node)
+
+    def _where(self, node) -> str:
+        return f"({node.target})" if node.op == "call_module" else f"({node.name})"
+
+    def _backward(self, node) -> None:
+        """The tensors ``node``'s channels are also (its inputs, for a layer acting per
+        channel; the other operands of a residual add; a fused layer's residual)."""
+        m = self.modules.get(node.target) if node.op == "call_module" else None
+        if _is_conv(m) and not _depthwise(m):  # a producer: its residual, if fused
+            inputs = list(node.args[1:]) + list(node.kwargs.values())
+        elif _is_conv(m):  # depthwise: its input (and a fused residual) too
+            inputs = list(node.args) + list(node.kwargs.values())
+        elif _tie(node):
+            inputs = node.args
+        elif isinstance(m, _BatchNorm) or _per_channel(node, self.modules.__getitem__):
+            inputs = node.args[:1]
+        elif node.op == "placeholder":
+            raise _NoGrowth(f"a residual add ties its width to the model's input "
+                            f"({node.name})")
         else:
-            return f"reaches {getattr(node.target, '__name__', node.target)} {where}"
-        todo += [(u, node) for u in node.users]
-    if not consumers:
-        return NO_CONSUMER
-    return tuple(consumers), tuple(bns), tuple(dws)
+            raise _NoGrowth(f"a residual add ties its width to {self._where(node)}, which "
+                            f"grow_width cannot widen")
+        for src in inputs:
+            if not isinstance(src, torch.fx.Node):
+                continue
+            if _cat_dim(src) is not None:
+                raise _NoGrowth(f"a residual add ties its width to a concatenation "
+                                f"({src.name}) (not supported)")
+            if src.op == "call_module" and _is_conv(m := self.modules[src.target]) \
+                    and not _depthwise(m):
+                self._tied(src)
+            elif src.op == "call_module" and isinstance(self.modules[src.target], _BatchNorm):
+                self._norm(src, ())
+            elif src.op == "call_module" and _is_conv(self.modules[src.target]):
+                self._depthwise_layer(src, ())
+            else:
+                self._visit(src, ())
+
+    def _tied(self, node) -> None:
+        if node not in self.seen:
+            if self.calls[node.target] > 1:
+                raise _NoGrowth(f"a residual add ties its width to {node.target}, a module "
+                                f"called more than once")
+            self.producers.append(node.target)
+        self._visit(node, ())
+
+    def _norm(self, node, hops) -> None:
+        if node not in self.seen:
+            self.bns.append(node.target)
+            self._route(node.target, hops)
+        self._visit(node, hops)
+
+    def _depthwise_layer(self, node, hops) -> None:
+        if node not in self.seen:
+            self.dws.append(node.target)
+            self._route(node.target, hops)
+        self._visit(node, hops)
+
+    def _route(self, path: str, hops: tuple) -> None:
+        if hops:
+            self.routes[path] = hops
+
+    def _forward(self, source) -> None:
+        hops = self.seen[source]
+        for node in source.users:
+            where = self._where(node)
+            if node.op == "output":
+                raise _NoGrowth("its output is the model's output: growing it would change "
+                                "that width")
+            if node.op == "call_module":
+                self._module_user(node, source, hops, where)
+            elif _pass_call(node):
+                if any(a is source for a in node.args[1:]):
+                    raise _NoGrowth(f"reaches {where} as a second argument")
+                self._visit(node, hops)
+            elif _tie(node):
+                if hops:
+                    raise _NoGrowth(f"a residual add {where} after a concatenation ties "
+                                    f"widths (not supported)")
+                self._visit(node, ())
+            elif _cat_dim(node) is not None:
+                self._concat(node, source, hops, where)
+            elif node.target is torch.stack:
+                raise _NoGrowth(f"stacked {where} with other tensors (a MultiBranch mean): "
+                                f"its width is tied to theirs")
+            elif node.op in ("call_function", "call_method") \
+                    and getattr(node.target, "__name__", node.target) in _TIE_NAMES:
+                self._visit(node, hops)  # times or plus a number
+            else:
+                raise _NoGrowth(f"reaches {getattr(node.target, '__name__', node.target)} "
+                                f"{where}")
+
+    def _module_user(self, node, source, hops, where) -> None:
+        m = self.modules[node.target]
+        if self.calls[node.target] > 1 and not _passthrough(m):
+            raise _NoGrowth(f"reaches {node.target}, a module called more than once")
+        first = bool(node.args) and node.args[0] is source
+        later = any(a is source for a in node.args[1:]) or any(
+            v is source for v in node.kwargs.values())
+        if _is_conv(m) and not first and later and not _depthwise(m):
+            if hops:
+                raise _NoGrowth(f"the residual of {node.target} (a fused add) after a "
+                                f"concatenation (not supported)")
+            self._tied(node)  # a fused residual: the layer's output has these channels
+            return
+        if not first or later:
+            raise _NoGrowth(f"reaches {node.target} as an argument other than its input")
+        if _is_conv(m) and _depthwise(m):
+            self._depthwise_layer(node, hops)
+        elif _is_conv(m) or isinstance(m, nn.Linear):
+            if isinstance(m, nn.Linear) and m.in_features != (
+                    width := _width(source, self.modules.__getitem__)):
+                raise _NoGrowth(f"reaches Linear {where} with {m.in_features} features from "
+                                f"{width} channels: not one feature per channel")
+            if hops and getattr(m, "groups", 1) > 1:
+                raise _NoGrowth(f"reaches the grouped convolution {where} through a "
+                                f"concatenation (not supported)")
+            if node.target not in self.consumers:
+                self.consumers.append(node.target)
+                self._route(node.target, hops)
+        elif isinstance(m, _BatchNorm):
+            self._norm(node, hops)
+        elif _passthrough(m):
+            self._visit(node, hops)
+        else:
+            raise _NoGrowth(f"reaches {type(m).__name__} {where}, which grow_width cannot "
+                            f"widen")
+
+    def _concat(self, node, source, hops, where) -> None:
+        inputs = node.args[0]
+        if _cat_dim(node) != 1:
+            raise _NoGrowth(f"concatenated {where} along dim {_cat_dim(node)}, not the "
+                            f"channels")
+        if sum(a is source for a in inputs) != 1:
+            raise _NoGrowth(f"concatenated {where} more than once")
+        try:
+            for a in inputs:
+                _width(a, self.modules.__getitem__)
+        except ConvError as exc:
+            raise _NoGrowth(f"concatenated {where}: {exc}") from None
+        index = next(i for i, a in enumerate(inputs) if a is source)
+        self._visit(node, hops + ((node, index),))
 
 
 def _branch_of(path: str, modules: dict) -> str | None:
@@ -709,19 +939,22 @@ def _inside(path: str, branch: str) -> bool:
     return any(path == p or path.startswith(p + ".") for p in (branch, projection))
 
 
-def _new_width(old: int, blocks: int, factor_or_mapping, name: str) -> int:
-    if isinstance(factor_or_mapping, dict):
-        new = factor_or_mapping.get(name, old)
-    else:
-        new = math.ceil(old * float(factor_or_mapping) / blocks) * blocks
-    return new
+def _new_width(old: int, blocks: int, factor_or_mapping, names: tuple[str, ...]) -> int:
+    """The width ``names`` (producers tied to one width) grow to."""
+    if not isinstance(factor_or_mapping, dict):
+        return math.ceil(old * float(factor_or_mapping) / blocks) * blocks
+    given = {factor_or_mapping[n] for n in names if n in factor_or_mapping}
+    if len(given) > 1:
+        raise ConvError(f"factor_or_mapping: {', '.join(names)} are tied to one width by "
+                        f"residual adds, but got the widths {sorted(given)}")
+    return given.pop() if given else old
 
 
 def _check_growth(factor_or_mapping, pairs: list[_Pair]) -> None:
     """A factor must be a real number ≥ 1; a mapping must name producers that ``pairs`` holds
     (a name of no such layer is an error, not a silent no-op) and give each a positive int."""
     if isinstance(factor_or_mapping, dict):
-        producers = sorted({p.producer for p in pairs})
+        producers = sorted({name for p in pairs for name in (p.producer, *p.tied)})
         unknown = [k for k in factor_or_mapping if k not in producers]
         if unknown:
             raise ConvError(f"factor_or_mapping: {unknown} name no layer grow_width can grow "
@@ -735,6 +968,65 @@ def _check_growth(factor_or_mapping, pairs: list[_Pair]) -> None:
     if factor < 1:
         raise ConvError(f"factor_or_mapping: got {factor_or_mapping!r}; a factor grows, so it "
                         f"must be at least 1")
+
+
+def _grow_pair(pair: _Pair, get, factor_or_mapping, init, noise, generator,
+               carries: dict[str, Carries]):
+    """(the widened layers by path, or None when the width stays; the widening, old and
+    new width) of one producer (and those tied to it) with every layer it reaches."""
+    producers = [get(n) for n in (pair.producer, *pair.tied)]
+    old = producers[0].out_channels
+    for n, p in zip(pair.tied, producers[1:]):
+        if p.out_channels != old:
+            raise ConvError(f"{n} gives {p.out_channels} channels, {pair.producer} {old}: "
+                            f"a residual add ties them to one width")
+
+    def width(node):
+        return _width(node, lambda target: get(pair.prefix + target))
+
+    def placed(path: str, w: Widening) -> Widening:  # the widening as ``path`` sees it
+        for cat, index in pair.routes.get(path, ()):
+            widths = [width(a) for a in cat.args[0]]
+            if widths[index] != w.old:
+                raise ConvError(f"{path}: concatenation {cat.name} holds {widths[index]} "
+                                f"channels where {w.old} were expected")
+            w = w.within(sum(widths[:index]), sum(widths))
+        return w
+
+    plain = [get(c) for c in pair.consumers if c not in pair.routes]
+    blocks = math.lcm(*(p.groups for p in producers), *(getattr(c, "groups", 1)
+                                                        for c in plain))
+    if old % blocks:
+        raise ConvError(f"groups: the producers and consumers have groups whose lcm "
+                        f"{blocks} does not divide their {old} channels")
+    new = _new_width(old, blocks, factor_or_mapping, (pair.producer, *pair.tied))
+    if new == old:
+        return None, None, old, new
+    w = Widening.plan(old, new, blocks, init, generator)
+    grown: dict[str, nn.Module] = {}
+
+    def apply(path, fn, what, size):
+        layer = grown[path] if path in grown else get(path)
+        wp = placed(path, w)
+        if getattr(layer, size) != wp.old:
+            raise ConvError(f"{path}: {what} {getattr(layer, size)} channels where "
+                            f"{wp.old} were expected")
+        grown[path] = fn(layer, wp, carries.setdefault(path, {}))
+
+    for path in (pair.producer, *pair.tied):
+        apply(path, lambda m, wp, c: _widen_conv_out(m, wp, init, noise, generator, c),
+              "gives", "out_channels")
+    for path in pair.consumers:
+        layer = grown[path] if path in grown else get(path)
+        apply(path, lambda m, wp, c: _widen_in(m, wp, init, c), "takes",
+              "in_features" if isinstance(layer, nn.Linear) else "in_channels")
+    for path in pair.depthwise:
+        apply(path, lambda m, wp, c: _widen_depthwise(m, wp, init, noise, generator, c),
+              "gives", "out_channels")
+    for path in pair.bns:
+        apply(path, lambda m, wp, c: _widen_batchnorm(m, wp, c), "normalises",
+              "num_features")
+    return grown, w, old, new
 
 
 def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: str = "zero",
@@ -763,37 +1055,22 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
         if pair.branch in failed_branches:
             continue
         try:
-            producer = get(pair.producer)
-            consumers = [get(c) for c in pair.consumers]
-            for c in consumers:
-                _pair_sizes(producer, c, None)
-            for b in pair.bns:
-                _pair_sizes(producer, None, get(b))
-            blocks = math.lcm(*(_blocks(producer, c) for c in consumers))
-            old = producer.out_channels
-            new = _new_width(old, blocks, factor_or_mapping, pair.producer)
-            if new == old:
-                report.not_grown.append((pair.producer, f"its width stays {old}"))
+            names = (pair.producer, *pair.tied)
+            grown, w, old, new = _grow_pair(pair, get, factor_or_mapping, init, noise,
+                                            generator, carries)
+            if grown is None:
+                report.not_grown += [(n, f"its width stays {old}") for n in names]
                 continue
-            w = Widening.plan(old, new, blocks, init, generator)
-            grown = {pair.producer: _widen_conv_out(producer, w, init, noise, generator,
-                                                    carries.setdefault(pair.producer, {}))}
-            for path in pair.consumers:
-                grown[path] = _widen_in(get(path), w, init, carries.setdefault(path, {}))
-            for path in pair.depthwise:
-                grown[path] = _widen_depthwise(get(path), w, init, noise, generator,
-                                               carries.setdefault(path, {}))
-            for path in pair.bns:
-                grown[path] = _widen_batchnorm(get(path), w, carries.setdefault(path, {}))
             current.update(grown)
-            report.grown.append((pair.producer, old, new))
-            report.widened[pair.producer] = tuple(grown)[1:]
+            report.grown += [(n, old, new) for n in names]
+            for n in names:
+                report.widened[n] = tuple(p for p in grown if p != n)
         except Exception as exc:  # collected: the model is not touched until all succeed
             why = f"{type(exc).__name__}: {exc}"
             report.failed.append((pair.producer, why))
             if pair.branch is not None and on_error == "drop":
                 failed_branches[pair.branch] = why
-    paired = {p.producer for p in pairs}
+    paired = {name for p in pairs for name in (p.producer, *p.tied)}
     report.not_grown += [(name, reasons.get(name, NO_CONSUMER))
                          for name, m in module.named_modules()
                          if _is_conv(m) and name not in paired]
@@ -813,6 +1090,9 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
             if isinstance(origin, nn.Parameter):
                 report.mapping[origin] = (new.get_parameter(key), carry)
         setattr(parent, name, new)
+    for m in module.modules():  # a concatenation's width is its branches'
+        if isinstance(m, MultiBranch) and m.merge == "concat":
+            m.out_channels = sum(_out_width(b) for b in m.branches)
     drops: dict[str, list[int]] = {}
     for branch, why in failed_branches.items():  # each MultiBranch drops its failures at once
         owner_path, _, index = ("." + branch).rpartition(".branches.")
