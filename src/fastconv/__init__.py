@@ -4,6 +4,7 @@ Public names only; importing fastconv compiles nothing and queries no device.
 """
 
 from . import dispatch, growth, nn
+from .env import __version__
 from .epilogue import ACTIVATIONS, Epilogue
 from .errors import ConvError, ConvTypeError, NotSupported
 from .functional import (
@@ -19,8 +20,6 @@ from .optimize import compile_model as compile  # noqa: A004 (torch.compile's na
 from .optimize import optimize
 from .precision import TOLERANCE, Precision
 from .problem import ConvProblem
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ACTIVATIONS", "ConvError", "ConvProblem", "ConvTypeError", "Epilogue", "NotSupported",

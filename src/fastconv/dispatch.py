@@ -40,8 +40,6 @@ once and share one entry.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import os
 import statistics
@@ -55,10 +53,20 @@ from typing import Any
 import torch
 
 from . import backends, plancache
+from .context import (  # noqa: F401 (the settings' public names, re-exported)
+    MODES,
+    Settings,
+    captured,
+    current,
+    reload_environment,
+    restored,
+    settings,
+    timing,
+    timing_candidates,
+)
 from .errors import ConvError, NotSupported
 from .problem import ConvProblem
 
-MODES = ("heuristic", "benchmark", "pinned")
 OPS = ("fprop", "dgrad", "wgrad")
 
 
@@ -79,100 +87,6 @@ def _config_suffix(config) -> str:
         return ""
     cfg = getattr(config, "name", None)
     return f":{cfg()}" if callable(cfg) else f":{config}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    mode: str | None = None  # None: FASTCONV_DISPATCH, else by device
-    deterministic: bool | None = None  # None: FASTCONV_DETERMINISTIC
-    graph: bool | None = None  # None: False (eager costs: GPU + host time)
-
-
-_UNSET = Settings()  # frozen: safe to share as the default
-_TIMING: contextvars.ContextVar[bool] = contextvars.ContextVar("fastconv_timing", default=False)
-
-
-def timing() -> bool:
-    """True while benchmark dispatch runs candidates to time them (a backend can skip
-    one-off work such as storing a plan that may not be chosen)."""
-    return _TIMING.get()
-_SETTINGS: contextvars.ContextVar[Settings] = contextvars.ContextVar("fastconv_dispatch",
-                                                                     default=_UNSET)
-
-
-@contextlib.contextmanager
-def settings(mode: str | None = None, *, deterministic: bool | None = None,
-             graph: bool | None = None):
-    """Dispatch settings for the calls inside the ``with`` block (this thread / task)::
-
-        with fastconv.dispatch.settings("pinned", deterministic=True):
-            y = fastconv.conv2d(x, w)
-
-    ``graph=True``: the calls are made for a CUDA graph (warm-up before a capture, and the
-    capture): benchmark dispatch ranks candidates by GPU time alone.
-    """
-    if mode is not None and mode not in MODES:
-        raise ConvError(f"mode: got {mode!r}; allowed: {', '.join(MODES)}")
-    outer = _SETTINGS.get()
-    token = _SETTINGS.set(Settings(mode if mode is not None else outer.mode,
-                                   deterministic if deterministic is not None
-                                   else outer.deterministic,
-                                   graph if graph is not None else outer.graph))
-    try:
-        yield
-    finally:
-        _SETTINGS.reset(token)
-
-
-def captured() -> Settings:
-    """The settings in force (for :func:`restored` in another thread)."""
-    return _SETTINGS.get()
-
-
-@contextlib.contextmanager
-def restored(saved: Settings):
-    """Run with settings :func:`captured` elsewhere (the backward of a call, on autograd's
-    device thread, takes its forward's settings)."""
-    token = _SETTINGS.set(saved)
-    try:
-        yield
-    finally:
-        _SETTINGS.reset(token)
-
-
-_ENV: tuple[str | None, bool, bool] | None = None  # FASTCONV_DISPATCH / _DETERMINISTIC
-
-
-def reload_environment() -> None:
-    """Read ``FASTCONV_DISPATCH`` and ``FASTCONV_DETERMINISTIC`` again at the next call.
-    They are read once, not per call (two environment reads cost ~2 us of host time per
-    call); ``fastconv.functional.clear_plans()`` also calls this. In a running program prefer
-    :func:`settings`."""
-    global _ENV
-    _ENV = None
-
-
-def _environment() -> tuple[str | None, bool, bool]:
-    global _ENV
-    if _ENV is None:
-        env = os.environ.get("FASTCONV_DISPATCH") or None
-        if env is not None and env not in MODES:
-            raise ConvError(f"FASTCONV_DISPATCH: got {env!r}; allowed: {', '.join(MODES)}")
-        det = os.environ.get("FASTCONV_DETERMINISTIC", "0").strip().lower() in ("1", "true",
-                                                                               "yes", "on")
-        _ENV = (env, det, False)
-    return _ENV
-
-
-def current() -> tuple[str | None, bool, bool]:
-    """(mode set by context or environment or None, deterministic, graph) — part of plan
-    keys."""
-    s = _SETTINGS.get()
-    if s is _UNSET:  # no settings() context: the environment's (read once)
-        return _ENV if _ENV is not None else _environment()
-    env_mode, env_det, _ = _environment()
-    return (s.mode if s.mode is not None else env_mode,
-            s.deterministic if s.deterministic is not None else env_det, bool(s.graph))
 
 
 def default_mode(problem: ConvProblem) -> str:
@@ -450,11 +364,8 @@ class Row:
 
 
 def _benchmark(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
-    token = _TIMING.set(True)
-    try:
+    with timing_candidates():
         return _time_candidates(problem, names, run, op)
-    finally:
-        _TIMING.reset(token)
 
 
 def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:

@@ -40,6 +40,8 @@ import time
 import warnings
 from typing import Any
 
+from .env import __version__, cudnn_frontend
+
 FORMAT = 1
 FILE_NAME = f"plans-v{FORMAT}.json"
 MEMORY_ENTRIES = 4096
@@ -74,8 +76,6 @@ def environment() -> dict[str, str]:
     """What a stored measurement depends on besides the problem itself."""
     import torch
 
-    from . import __version__
-
     env = {"fastconv": __version__, "candidates": str(CANDIDATES_REVISION),
            "torch": torch.__version__,
            "cuda": str(torch.version.cuda), "cudnn": str(torch.backends.cudnn.version())}
@@ -84,12 +84,8 @@ def environment() -> dict[str, str]:
         env["triton"] = triton.__version__
     except Exception:
         env["triton"] = "none"
-    try:
-        from .backends.cudnn import _import
-        mod, _ = _import()
-        env["cudnn_frontend"] = getattr(mod, "__version__", "?") if mod else "none"
-    except Exception:
-        env["cudnn_frontend"] = "none"
+    mod, _ = cudnn_frontend()
+    env["cudnn_frontend"] = getattr(mod, "__version__", "?") if mod else "none"
     env["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     env["driver"] = _driver_version()
     return env

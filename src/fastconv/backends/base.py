@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .. import plancache
 from ..problem import ConvProblem
 
 
@@ -67,9 +68,7 @@ class Backend:
     @classmethod
     def encode_config(cls, config: Any) -> Any:
         """``config`` as JSON, for the on-disk plan cache."""
-        from ..plancache import encode
-
-        return encode(config)
+        return plancache.encode(config)
 
     @classmethod
     def decode_config(cls, data: Any) -> Any:

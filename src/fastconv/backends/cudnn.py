@@ -36,6 +36,8 @@ import threading
 import torch
 
 from .. import plancache, workspace
+from ..context import current, timing
+from ..env import cudnn_frontend
 from ..errors import NotSupported
 from ..precision import Precision
 from ..problem import ConvProblem
@@ -47,17 +49,6 @@ _X, _W, _Y = 1, 2, 3
 MAX_PLANS = 6
 #: Plan indices a stored choice may name (cuDNN lists a few dozen per graph).
 _PLAN_INDEX_LIMIT = 4096
-
-
-@functools.lru_cache(maxsize=1)
-def _import():
-    """(module, why-not) — imported once, on first use (never at fastconv import)."""
-    try:
-        import cudnn
-    except Exception as exc:  # ImportError, or a broken install that fails while loading
-        return None, f"the cuDNN frontend (pip install nvidia-cudnn-frontend) cannot be " \
-                     f"imported: {type(exc).__name__}: {exc}"
-    return cudnn, ""
 
 
 class CudnnBackend(Backend):
@@ -73,7 +64,7 @@ class CudnnBackend(Backend):
     def available(cls):
         if not torch.cuda.is_available():
             return False, "no CUDA GPU"
-        mod, why = _import()
+        mod, why = cudnn_frontend()
         if mod is None:
             return False, why
         return True, ""
@@ -110,8 +101,6 @@ class CudnnBackend(Backend):
 
     @classmethod
     def bind(cls, problem, config, op="fprop"):
-        from ..dispatch import timing
-
         chosen = int(config or 0)
         graphs: dict[tuple, tuple[_Graph | _Restored, int]] = {}
         stored: set[tuple] = set()
@@ -193,7 +182,7 @@ _HANDLES: dict[int, object] = {}
 
 
 def _handle(device_index: int):
-    cudnn, _ = _import()
+    cudnn, _ = cudnn_frontend()
     h = _HANDLES.get(device_index)
     if h is None:
         with torch.cuda.device(device_index):
@@ -224,8 +213,6 @@ _RESTORED: dict[tuple, _Restored] = {}
 
 
 def _plan_key(problem: ConvProblem, op: str, strides: tuple, plan: int) -> str:
-    from ..dispatch import current
-
     return f"{problem.key()}|{op}|{strides}|det={int(current()[1])}|plan={plan}"
 
 
@@ -301,8 +288,6 @@ def _entry_error(entry) -> str:
 
 
 def _graph_for(problem: ConvProblem, op: str, strides: tuple) -> _Graph:
-    from ..dispatch import current
-
     deterministic = current()[1]
     key = (problem.key(), op, strides, deterministic, torch.cuda.current_device())
     g = _GRAPHS.get(key)
@@ -323,7 +308,7 @@ class _Graph:
     """One cuDNN graph with its heuristic plans; plans are built on first use."""
 
     def __init__(self, problem: ConvProblem, op: str, strides: tuple, deterministic: bool):
-        cudnn, _ = _import()
+        cudnn, _ = cudnn_frontend()
         self.cudnn = cudnn
         self.device = torch.cuda.current_device()
         self.lock = threading.Lock()
@@ -380,7 +365,7 @@ class _Restored:
     rebuilt from its (engine, knobs) recipe without a heuristics query."""
 
     def __init__(self, problem: ConvProblem, op: str, strides: tuple, entry: dict):
-        cudnn, _ = _import()
+        cudnn, _ = cudnn_frontend()
         self.cudnn = cudnn
         self.device = torch.cuda.current_device()
         self.name = entry.get("name", "")
