@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import fastconv
-from fastconv import functional
+from fastconv import plans
 
 
 def per_call_us(fn, calls=2000, rounds=7):
@@ -39,7 +39,7 @@ def main():
             bias = b if act == "relu" else None
             args = (2, False, x, w, bias, 1, 1, 1, 1, 0, act, 0.01, None, None, None, None,
                     "auto", "tf32")
-            plan = functional.forward_plan(*args)
+            plan = plans.forward_plan(*args)
             fc = per_call_us(lambda: fastconv.conv2d(x, w, bias, 1, 1, activation=act,
                                                      precision="tf32"))
             direct = per_call_us(lambda: plan.run(x, w, bias, None, None, None, None))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import fastconv
-from fastconv import functional
+from fastconv import plans
 
 
 def per_call_us(fns: dict, calls: int = 300, rounds: int = 7) -> dict:
@@ -46,13 +46,13 @@ def rows(dtype: torch.dtype, layout: torch.memory_format) -> dict:
             "auto", None)
     with torch.no_grad():
         fastconv.conv2d(x, w, None, 1, 1)
-        plan = functional.forward_plan(*args)
+        plan = plans.forward_plan(*args)
         fns = {
             "torch F.conv2d": lambda: F.conv2d(x, w, None, 1, 1),
             "torch nn.Conv2d": lambda: tmod(x),
             f"fastconv plan.run ({plan.backend})": lambda: plan.run(x, w, None, None, None,
                                                                     None, None),
-            "fastconv forward_plan (lookup only)": lambda: functional.forward_plan(*args),
+            "fastconv forward_plan (lookup only)": lambda: plans.forward_plan(*args),
             "fastconv.conv2d": lambda: fastconv.conv2d(x, w, None, 1, 1),
             "fastconv.nn.Conv2d": lambda: fmod(x),
         }

@@ -26,7 +26,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from fastconv import batchnorm, dispatch, functional
+from fastconv import batchnorm, dispatch, plans
 from fastconv.bench import models
 from fastconv.nn import Conv2d
 from fastconv.nn.fused import ConvBNAct2d
@@ -39,15 +39,15 @@ VERBOSE = "-v" in sys.argv
 def _last_plans():
     """Record the plan of every forward call (layer -> backend:config)."""
     seen = []
-    original = functional.forward_plan
+    original = plans.forward_plan
 
     def recording(*args, **kwargs):
         plan = original(*args, **kwargs)
         choice = dispatch.cached(plan.problem, args[-2] if len(args) > 2 else "auto")
         seen.append(choice.name() if choice is not None else plan.backend)
         return plan
-    functional.forward_plan = recording
-    return seen, lambda: setattr(functional, "forward_plan", original)
+    plans.forward_plan = recording
+    return seen, lambda: setattr(plans, "forward_plan", original)
 
 
 def _reference(module, x, residual, dtype):
@@ -151,7 +151,7 @@ def train():
                 restore()
             cells, _ = _compare(ops_path, ref["torch"], ref["f64"])
             print("    torch-ops BN path: " + " ".join(cells) + f"  fprop {seen}")
-            grads = [(sig[0], p.backend) for sig, p in functional._PLANS.items()
+            grads = [(sig[0], p.backend) for sig, p in plans._PLANS.items()
                      if sig[0] in ("dgrad", "wgrad") and sig[2] is not None
                      and sig[2][0] == inp.shape]
             print(f"    grad plans for this input shape: {grads}")
@@ -209,7 +209,7 @@ def host():
             for _ in range(3):
                 fn()
     torch.cuda.synchronize()
-    backends = collections.Counter(p.backend for p in functional._PLANS.values())
+    backends = collections.Counter(p.backend for p in plans._PLANS.values())
     print(f"\n== host: cached plans by backend: {dict(backends)}")
     for label, fn in (("fastconv", lambda: fast(x)), ("torch", torch_run)):
         with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -232,7 +232,7 @@ def enqueue():
     print("\n== enqueue: host ms per forward (median of 10) vs GPU ms (events) ==")
     for batch in (1, 8):
         x = torch.randn(batch, 3, 512, 512, device="cuda")
-        before = set(functional._PLANS)
+        before = set(plans._PLANS)
         with torch.no_grad():
             for _ in range(3):
                 fast(x)
@@ -248,7 +248,7 @@ def enqueue():
                 host.append((time.perf_counter() - t0) * 1e3)
                 torch.cuda.synchronize()
                 gpu.append(start.elapsed_time(end))
-        new = [functional._PLANS[k].backend for k in set(functional._PLANS) - before]
+        new = [plans._PLANS[k].backend for k in set(plans._PLANS) - before]
         print(f"batch {batch}: host {sorted(host)[5]:.2f} ms, call {sorted(gpu)[5]:.2f} ms; "
               f"new plans by backend {dict(collections.Counter(new))}")
 
@@ -280,8 +280,8 @@ def determinism():
               f"({len(nan)}); largest pass-to-pass differences "
               f"{[(n, f'{d:.1e}') for d, n in diff]}")
     batchnorm.USE_TRITON = True
-    plans = collections.Counter((sig[0], p.backend) for sig, p in functional._PLANS.items())
-    print(f"plans by (op, backend): {dict(plans)}")
+    kinds = collections.Counter((sig[0], p.backend) for sig, p in plans._PLANS.items())
+    print(f"plans by (op, backend): {dict(kinds)}")
     torch.backends.cudnn.allow_tf32 = True
 
 

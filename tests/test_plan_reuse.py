@@ -1,4 +1,4 @@
-"""Cached call plans (functional._PLANS, keyed by a call's signature) are reused only when every
+"""Cached call plans (plans._PLANS, keyed by a call's signature) are reused only when every
 property a check depends on is the same, and the checks that depend on data pointers run on
 every call. Each case changes one property after a cached call and compares with torch."""
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import fastconv
-from fastconv import functional
+from fastconv import functional, plans
 from fastconv.precision import relative_error
 
 _BACKENDS = ("aten", "triton")
@@ -39,7 +39,7 @@ def test_each_signature_change_gets_its_own_checked_plan(backend):
     for x in calls:
         y = fastconv.conv2d(x, w, padding=1, backend=backend, precision="ieee")
         assert relative_error(y, _ref(x, w, padding=1)) < 1e-5
-    assert len(functional._PLANS) == 4  # one plan per distinct signature, the repeat reused
+    assert len(plans._PLANS) == 4  # one plan per distinct signature, the repeat reused
     x64 = torch.randn(2, 3, 7, 6, dtype=torch.float64)  # dtype: the weight must follow
     with pytest.raises(fastconv.ConvError, match="dtype"):
         fastconv.conv2d(x64, w, padding=1, backend=backend)
@@ -58,7 +58,7 @@ def test_the_tf32_flag_is_part_of_the_signature(backend):
         fastconv.conv2d(x, w, padding=1, backend=backend)
     finally:
         torch.backends.cudnn.allow_tf32 = old
-    precisions = {plan.problem.precision for plan in functional._PLANS.values()}
+    precisions = {plan.problem.precision for plan in plans._PLANS.values()}
     assert len(precisions) == 2, precisions
 
 
@@ -108,7 +108,7 @@ def test_requires_grad_switches_to_the_autograd_path(backend):
 def test_grad_trial_runs_the_candidates_forward_and_backward_without_side_effects(
         backend, monkeypatch):
     """Dispatch times a call that needs gradients by the candidate's own forward and
-    backward through autograd: torch's for aten's native plan, ops.ConvFunction's (the
+    backward through autograd: torch's for aten's native plan, plans.ConvFunction's (the
     data and weight gradients through run_grads) for the others. The caller's tensors get
     no .grad and no graph."""
     from fastconv import backends
@@ -116,16 +116,16 @@ def test_grad_trial_runs_the_candidates_forward_and_backward_without_side_effect
     x = torch.randn(2, 3, 7, 5, requires_grad=True)
     w = torch.randn(4, 3, 3, 3, requires_grad=True)
     b = torch.randn(4, requires_grad=True)
-    problem = functional._forward_problem(2, False, x, w, b, 1, 1, 1, 1, 0, "relu", 0.01,
+    problem = plans.forward_problem(2, False, x, w, b, 1, 1, 1, 1, 0, "relu", 0.01,
                                           None, None, None, None, backend, None)
     grads = []
-    real = functional.run_grads
-    monkeypatch.setattr(functional, "run_grads", lambda *a: grads.append(a) or real(*a))
-    trial = functional._trial(problem, x, w, b, None, None, None, None, backend, grad=True)
+    real = plans.run_grads
+    monkeypatch.setattr(plans, "run_grads", lambda *a: grads.append(a) or real(*a))
+    trial = plans.forward_trial(problem, x, w, b, None, None, None, None, backend, grad=True)
     cls = backends.REGISTRY[backend]
     config = None if backend == "aten" else cls.candidates(problem, "fprop")[0]
     trial(cls, config)
-    native = functional._native(cls, config, problem)
+    native = plans._native(cls, config, problem)
     assert native == (backend == "aten")
     assert len(grads) == (0 if native else 1)  # torch's autograd computed the native one's
     assert x.grad is None and w.grad is None and b.grad is None
@@ -133,12 +133,12 @@ def test_grad_trial_runs_the_candidates_forward_and_backward_without_side_effect
 
 def test_a_call_needing_gradients_runs_the_plan_dispatch_chose_for_it(monkeypatch):
     """The autograd path reuses the forward plan chosen with grad=True (no second dispatch
-    inside ops.ConvFunction), a plan of its own beside the no-grad one."""
+    inside plans.ConvFunction), a plan of its own beside the no-grad one."""
     x, w = torch.randn(2, 3, 6, 5), torch.randn(4, 3, 3, 3)
     fastconv.conv2d(x, w, padding=1, backend="triton", precision="ieee")
     seen = []
-    real = functional._plan
-    monkeypatch.setattr(functional, "_plan", lambda *a: seen.append(a[-1]) or real(*a))
+    real = plans._plan
+    monkeypatch.setattr(plans, "_plan", lambda *a: seen.append(a[-1]) or real(*a))
     xg = x.clone().requires_grad_()
     for _ in range(2):
         y = fastconv.conv2d(xg, w, padding=1, backend="triton", precision="ieee")
@@ -151,7 +151,7 @@ def test_a_call_needing_gradients_runs_the_plan_dispatch_chose_for_it(monkeypatc
 
 
 def test_the_backward_takes_the_dispatch_settings_of_its_forward(monkeypatch):
-    """ops.ConvFunction's backward dispatches its gradients with the settings of the forward
+    """plans.ConvFunction's backward dispatches its gradients with the settings of the forward
     call, even when it runs in another thread (a CUDA backward runs on autograd's device
     thread, where the caller's settings() context is not seen)."""
     import threading
@@ -159,8 +159,8 @@ def test_the_backward_takes_the_dispatch_settings_of_its_forward(monkeypatch):
     from fastconv import dispatch
 
     seen = []
-    real = functional.run_grads
-    monkeypatch.setattr(functional, "run_grads",
+    real = plans.run_grads
+    monkeypatch.setattr(plans, "run_grads",
                         lambda *a: seen.append(dispatch.current()) or real(*a))
     x = torch.randn(2, 3, 6, 5, requires_grad=True)
     w = torch.randn(4, 3, 3, 3)

@@ -29,9 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from .epilogue import activate
+from .epilogue import activate, activation_grad, derivative_from_output
 from .errors import ConvError
-from .ops import activation_grad, derivative_from_output
 from .precision import accumulate_dtype
 
 try:  # a dependency on Linux; elsewhere the torch operations below do the work

@@ -10,6 +10,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from .errors import ConvError, ConvTypeError, real_number
 from .precision import accumulate_dtype
@@ -125,3 +126,40 @@ def fold_bias(bias: torch.Tensor | None, scale: torch.Tensor | None,
     if shift is not None:
         b = b + shift.detach().to(acc)
     return scale, b.contiguous()
+
+
+def derivative_from_output(activation: str, negative_slope: float) -> bool:
+    """Whether ``activation_grad`` reads the output (else it recomputes the pre-activation,
+    or needs nothing: no activation)."""
+    return activation in ("relu", "relu6", "sigmoid", "tanh") or (
+        activation == "leaky_relu" and negative_slope > 0)
+
+
+def activation_grad(grad: Tensor, y: Tensor, activation: str, negative_slope: float,
+                    pre_activation) -> Tensor:
+    """``act'(z)·grad`` given the output ``y``; ``pre_activation()`` recomputes ``z`` for
+    the activations whose derivative ``y`` does not determine."""
+    aten = torch.ops.aten
+    if activation == "none":
+        return grad
+    if activation == "relu":
+        return aten.threshold_backward(grad, y, 0)
+    if activation == "relu6":  # 0 < y < 6 exactly where 0 < z < 6
+        return aten.hardtanh_backward(grad, y, 0.0, 6.0)
+    if activation == "leaky_relu" and negative_slope > 0:  # y > 0 exactly where z > 0
+        return aten.leaky_relu_backward(grad, y, negative_slope, False)
+    if activation == "sigmoid":
+        return aten.sigmoid_backward(grad, y)
+    if activation == "tanh":
+        return aten.tanh_backward(grad, y)
+    z = pre_activation()  # (the cases above are derivative_from_output's)
+    if activation == "leaky_relu":
+        return aten.leaky_relu_backward(grad, z, negative_slope, False)
+    if activation == "silu":
+        return aten.silu_backward(grad, z)
+    if activation in ("gelu", "gelu_tanh"):
+        return aten.gelu_backward(grad, z, approximate="tanh" if activation == "gelu_tanh"
+                                  else "none")
+    if activation == "hardswish":
+        return aten.hardswish_backward(grad, z)
+    raise AssertionError(f"no derivative for activation {activation!r}")

@@ -9,7 +9,7 @@ Paths: a call that needs no gradient, outside torch.compile, runs a cached plan 
 (the lowest host overhead). One that needs a gradient runs a plan dispatched for a call with
 a backward (each candidate timed with its backward); if that is aten's plain configuration,
 whose ops torch differentiates, torch's autograd does the backward (cuDNN), otherwise the
-plan runs inside ``ops.ConvFunction``, whose backward runs the data and weight gradients
+plan runs inside ``plans.ConvFunction``, whose backward runs the data and weight gradients
 through dispatch (fastconv's Triton kernels or aten). Under torch.compile the call is the
 ``fastconv::conv`` custom op (ops.py), with the same autograd formula, which the compiler
 traces as one node; a call there that needs a gradient on data other than float32 is
@@ -23,14 +23,16 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from . import backends, dispatch
+from . import dispatch, plans
 from . import dispatch as _dispatch  # the module, where an argument is called dispatch
-from .backends.aten import _flat_pad, conv_backward_both
-from .epilogue import Epilogue, fold_bias
+from .backends.aten import _flat_pad
+from .batchnorm import bn_act, fold
+from .epilogue import Epilogue
 from .epilogue import apply as apply_epilogue
 from .errors import ConvError, ConvTypeError, real_number
-from .precision import Precision, resolve
-from .problem import ConvProblem, normalize_geometry
+from .plans import clear_plans  # noqa: F401 (public here since the first release)
+from .precision import resolve
+from .problem import normalize_geometry
 
 _IntOrTuple = int | Sequence[int]
 
@@ -189,7 +191,7 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
                                        negative_slope, residual, scale, shift, precision)
             if result is not None:
                 return result.squeeze(0) if unbatched else result
-        plan = None if compiling else forward_plan(
+        plan = None if compiling else plans.forward_plan(
             rank, transposed, input, weight, bias, stride, padding, dilation, groups,
             output_padding, activation, negative_slope, residual, scale, shift, None, backend,
             precision, grad=needs_grad)
@@ -204,10 +206,10 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
         if out_b is not None:
             out_b.copy_(result)
     else:
-        result = forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation,
-                              groups, output_padding, activation, negative_slope, residual,
-                              scale, shift, out_b, backend, precision).run(
-            input, weight, bias, scale, shift, residual, out_b)
+        result = plans.forward_plan(
+            rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+            output_padding, activation, negative_slope, residual, scale, shift, out_b, backend,
+            precision).run(input, weight, bias, scale, shift, residual, out_b)
     if out is not None:
         return out
     return result.squeeze(0) if unbatched else result
@@ -243,6 +245,9 @@ def _traced_with_grad(rank, transposed, input, weight, bias, stride, padding, di
     return apply_epilogue(y, scale, shift, residual, activation, negative_slope)
 
 
+_GEOMETRY: dict[tuple, tuple] = {}  # normalised geometry of the autograd / compile path
+
+
 def _autocast(device_type, *tensors):
     """Cast floating-point operands (not float64, as torch's autocast) to the autocast dtype;
     scale and shift stay as given, like BatchNorm's parameters."""
@@ -261,7 +266,7 @@ def _through_op(plan, rank, transposed, input, weight, bias, stride, padding, di
                 groups, output_padding, activation, negative_slope, residual, scale, shift,
                 backend, precision):
     """The autograd path: the ``fastconv::conv`` op under torch.compile, else
-    ``ops.ConvFunction`` running ``plan`` (the forward dispatch chose for a call with a
+    ``plans.ConvFunction`` running ``plan`` (the forward dispatch chose for a call with a
     backward)."""
     from . import ops  # registers the custom ops on first use
 
@@ -272,14 +277,14 @@ def _through_op(plan, rank, transposed, input, weight, bias, stride, padding, di
                         f"{tuple(weight.shape)}")
     try:
         key = (rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed,
-               _kinds(stride, padding, dilation, output_padding))
+               plans.kinds(stride, padding, dilation, output_padding))
         geometry = _GEOMETRY.get(key)
     except TypeError:  # unhashable (a list): normalise every time
         key, geometry = None, None
     if geometry is None:
         geometry = normalize_geometry(rank, weight.shape[2:], stride, padding, dilation,
                                       output_padding, transposed)
-        if key is not None and len(_GEOMETRY) < _PLANS_MAX:
+        if key is not None and len(_GEOMETRY) < plans.PLANS_MAX:
             _GEOMETRY[key] = geometry
     stride, pre, post, dilation, opad = geometry
     prec = resolve(precision, input.dtype).value
@@ -289,258 +294,8 @@ def _through_op(plan, rank, transposed, input, weight, bias, stride, padding, di
             backend, prec)
     if torch.compiler.is_compiling():
         return ops.conv(*args)
-    return ops.ConvFunction.apply(plan, *args)
+    return plans.ConvFunction.apply(plan, *args)
 
-
-def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                output_padding, activation, negative_slope, residual, scale, shift, out,
-                backend, precision):
-    """The convolution of batched operands through a cached plan, no autograd."""
-    plan = forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation,
-                        groups, output_padding, activation, negative_slope, residual, scale,
-                        shift, out, backend, precision)
-    return plan.run(input, weight, bias, scale, shift, residual, out)
-
-
-def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                 output_padding, activation, negative_slope, residual, scale, shift, out,
-                 backend, precision, grad: bool = False) -> _Plan:
-    """The cached plan of a forward call (validated and dispatched on first sight);
-    ``grad``: a call whose backward follows (dispatch prices the backward of each
-    candidate's path too)."""
-    # Fast path: a call whose every validated property (shapes, strides, dtypes, devices,
-    # arguments, global precision flag) was seen before reuses its plan; only the checks
-    # that depend on the data pointers run again.
-    try:
-        # (the tensors' signatures inline: _sig's calls cost ~1 us per call in all)
-        sig = ("fprop", rank, transposed,
-               input.shape, input.stride(), input.dtype, input.device,
-               weight.shape, weight.stride(), weight.dtype, weight.device,
-               None if bias is None else _sig(bias),
-               None if residual is None else _sig(residual),
-               None if scale is None else _sig(scale), None if shift is None else _sig(shift),
-               None if out is None else _sig(out), stride, padding, dilation, groups,
-               output_padding, activation, negative_slope, backend, precision,
-               torch._C._get_cudnn_allow_tf32(), dispatch.current(), grad,
-               _kinds(stride, padding, dilation, groups, output_padding, slope=negative_slope))
-        plan = _PLANS.get(sig)
-    except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
-        sig, plan = None, None
-    if plan is None:
-        plan = _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                     output_padding, activation, negative_slope, residual, scale, shift, out,
-                     backend, precision, grad)
-        _remember(sig, plan)
-    elif out is not None:
-        plan.problem._check_overlap(out, input, weight, bias, residual, scale, shift)
-    return plan
-
-
-def run_grad(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
-             backend, precision, out=None):
-    """``op`` ("dgrad" or "wgrad") of the convolution of ``input`` with ``weight`` (no
-    epilogue; geometry already normalised), written into ``out`` (allocated if None)."""
-    plan = _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
-                      backend, precision, out)
-    return plan.run(grad_out, input if op == "wgrad" else weight, out)
-
-
-def run_grads(grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups, backend,
-              precision, need_input, need_weight):
-    """``(dx, dw)`` (None where not needed) of the convolution of ``input`` with ``weight``.
-    When dispatch picked aten for both, one convolution_backward call computes them."""
-    geo = (stride, pad_pre, pad_post, dilation, groups, backend, precision)
-    dgrad = _grad_plan("dgrad", grad_out, input, weight, *geo) if need_input else None
-    wgrad = _grad_plan("wgrad", grad_out, input, weight, *geo) if need_weight else None
-    if dgrad is not None and wgrad is not None and dgrad.backend == wgrad.backend == "aten" \
-            and dgrad.problem.pad_pre == dgrad.problem.pad_post:
-        return conv_backward_both(dgrad.problem, grad_out, input, weight)
-    return (dgrad.run(grad_out, weight, None) if dgrad is not None else None,
-            wgrad.run(grad_out, input, None) if wgrad is not None else None)
-
-
-def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
-               backend, precision, out=None) -> _Plan:
-    sig = (op, _sig(grad_out), _sig(input), _sig(weight), _sig(out), tuple(stride),
-           tuple(pad_pre), tuple(pad_post), tuple(dilation), groups, backend, precision,
-           dispatch.current())
-    plan = _PLANS.get(sig)
-    if plan is None:
-        rank = input.dim() - 2
-        problem = ConvProblem.from_tensors(
-            input, weight, None, tuple(stride), tuple(zip(pad_pre, pad_post)), tuple(dilation),
-            groups, rank=rank, precision=precision)
-        if tuple(grad_out.shape) != problem.output_shape():
-            raise ConvError(f"grad_output: expected shape {problem.output_shape()}, got "
-                            f"{tuple(grad_out.shape)}")
-        second = weight if op == "dgrad" else input
-
-        def trial(cls, config):
-            cls.bind(problem, config, op)(grad_out, second, out)
-
-        choice = dispatch.choose(problem, backend, run=trial, op=op)
-        plan = _Plan(problem, backends.REGISTRY[choice.backend].bind(problem, choice.config, op),
-                     choice.backend)
-        _remember(sig, plan)
-    return plan
-
-
-def _remember(sig, plan) -> None:
-    if sig is None:
-        return
-    if len(_PLANS) >= _PLANS_MAX:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[sig] = plan
-
-
-def _kinds(*geometry, slope: object = 0.0) -> tuple | None:
-    """What a cache key needs besides the values themselves: True == 1 and 1.0 == 1, but a
-    bool or float stride must be refused, not served an int's plan. None (the common case,
-    checked with the least work) when each ``geometry`` value is an int, a str or a tuple of
-    ints and ``slope`` an int or a float; else the types, one level into tuples."""
-    for v in geometry:
-        t = type(v)
-        if t is tuple:
-            for e in v:
-                if type(e) is not int:
-                    return _types(*geometry, slope)
-        elif t is not int and t is not str:
-            return _types(*geometry, slope)
-    if type(slope) is not float and type(slope) is not int:
-        return _types(*geometry, slope)
-    return None
-
-
-def _types(*values) -> tuple:
-    return tuple(tuple(map(type, v)) if type(v) is tuple else type(v) for v in values)
-
-
-def _sig(t):
-    if t is None:
-        return None
-    return (t.shape, t.stride(), t.dtype, t.device)
-
-
-class _Plan:
-    """A validated problem bound to the backend and configuration that runs it."""
-
-    __slots__ = ("problem", "run", "backend", "native_grad")
-
-    def __init__(self, problem: ConvProblem, run, backend: str = "",
-                 native_grad: bool = False):
-        self.problem = problem
-        self.run = run
-        self.backend = backend
-        self.native_grad = native_grad  # run() is torch ops that torch's autograd differentiates
-
-
-_PLANS: dict[tuple, _Plan] = {}
-_GEOMETRY: dict[tuple, tuple] = {}  # normalised geometry of the autograd / compile path
-_PLANS_MAX = 1024
-
-
-def clear_plans() -> None:
-    """Forget every cached plan and read ``FASTCONV_DISPATCH`` / ``FASTCONV_DETERMINISTIC``
-    again at the next call (tests; after changing them in a running process)."""
-    _PLANS.clear()
-    dispatch.reload_environment()
-
-
-def _forward_problem(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                     output_padding, activation, negative_slope, residual, scale, shift, out,
-                     backend, precision) -> ConvProblem:
-    if not isinstance(backend, str):
-        raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
-    epilogue = Epilogue(activation=activation, negative_slope=negative_slope,
-                        has_scale=scale is not None,
-                        has_shift=shift is not None or bias is not None,
-                        has_residual=residual is not None)
-    return ConvProblem.from_tensors(
-        input, weight, bias, stride, padding, dilation, groups, rank=rank,
-        transposed=transposed, output_padding=output_padding, precision=precision,
-        epilogue=epilogue, residual=residual, scale=scale, shift=shift, out=out)
-
-
-def _bound(problem: ConvProblem, cls, config):
-    """``cls``'s forward of ``problem``, with bias folded into shift for backends that do
-    not take it."""
-    run = cls.bind(problem, config)
-    if cls.TAKES_BIAS:
-        return run
-
-    def run_folded(input, weight, bias, scale, shift, residual, out):
-        scale, shift = fold_bias(bias, scale, shift)
-        return run(input, weight, None, scale, shift, residual, out)
-    return run_folded
-
-
-def _trial(problem, input, weight, bias, scale, shift, residual, out, backend="auto",
-           grad=False):
-    """Dispatch's ``run(cls, config)``: one candidate on the call's own tensors. With
-    ``grad`` the candidate runs as a call that needs gradients runs it, forward and backward
-    through autograd (``torch.autograd.grad`` of detached copies of the operands): torch's
-    autograd for a native plan, ``ops.ConvFunction`` for the others, so that each carries
-    the host and GPU cost of its own backward, the autograd engine's included."""
-    if grad:
-        return _grad_trial(problem, (input, weight, bias, scale, shift, residual), backend)
-    scratch: list[torch.Tensor] = []  # allocated only if dispatch times candidates
-
-    def trial(cls, config):
-        if not scratch:
-            scratch.append(out if out is not None else problem.new_output(input.device))
-        _bound(problem, cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
-    return trial
-
-
-def _grad_trial(problem: ConvProblem, operands: tuple, backend: str):
-    from . import ops
-
-    leaves = tuple(t.detach().requires_grad_(t.requires_grad)
-                   if isinstance(t, torch.Tensor) else t for t in operands)
-    wrt = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-    geometry = (list(problem.stride), list(problem.pad_pre), list(problem.pad_post),
-                list(problem.dilation), problem.groups, problem.transposed,
-                list(problem.output_padding), problem.epilogue.activation,
-                problem.epilogue.negative_slope, backend, problem.precision.value)
-    scratch: list[torch.Tensor] = []  # the output gradient (random, the output's layout)
-
-    def trial(cls, config):
-        if not scratch:
-            scratch.append(problem.new_output(operands[0].device).normal_())
-        plan = _Plan(problem, _bound(problem, cls, config), cls.NAME,
-                     native_grad=_native(cls, config, problem))
-        with torch.enable_grad():
-            y = plan.run(*leaves, None) if plan.native_grad else \
-                ops.ConvFunction.apply(plan, *leaves, *geometry)
-            torch.autograd.grad(y, wrt, scratch[0])
-    return trial
-
-
-def _native(cls, config, problem: ConvProblem) -> bool:
-    """Whether a plan of ``cls`` and ``config`` runs on torch's differentiable ops, so that
-    torch's autograd gives its backward. aten's plain configuration is F.conv + torch
-    epilogue ops (its fused cuDNN relu is not); for float32, torch's backward must compute
-    in the problem's precision (``_flags_match``)."""
-    return cls.NAME == "aten" and config is None and _flags_match(problem)
-
-
-def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-          output_padding, activation, negative_slope, residual, scale, shift, out, backend,
-          precision, grad=False):
-    problem = _forward_problem(rank, transposed, input, weight, bias, stride, padding,
-                               dilation, groups, output_padding, activation, negative_slope,
-                               residual, scale, shift, out, backend, precision)
-    if problem.n == 0:  # empty batch: empty output, nothing to launch
-        return _Plan(problem, lambda *a: problem.new_output(input.device) if a[-1] is None
-                     else a[-1])
-    trial = _trial(problem, input, weight, bias, scale, shift, residual, out, backend, grad)
-    choice = dispatch.choose(problem, backend, run=trial, grad=grad)
-    # A native plan's gradients are torch's autograd's (cuDNN's dgrad and wgrad at torch's
-    # host cost); the others' go through ops.ConvFunction. With grad, dispatch timed each
-    # candidate with its own backward.
-    cls = backends.REGISTRY[choice.backend]
-    return _Plan(problem, _bound(problem, cls, choice.config), choice.backend,
-                 native_grad=_native(cls, choice.config, problem))
 
 
 def explain(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -560,22 +315,13 @@ def explain(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise ConvError(f"input: expected a batched 1-D or 2-D input (3 or 4 dimensions), "
                         f"got {getattr(input, 'shape', type(input).__name__)}")
     with _dispatch.settings(dispatch):
-        problem = _forward_problem(rank, transposed, input, weight, bias, stride, padding,
-                                   dilation, groups, output_padding, activation,
-                                   negative_slope, residual, scale, shift, None, backend,
-                                   precision)
-        trial = _trial(problem, input, weight, bias, scale, shift, residual, None)
+        problem = plans.forward_problem(rank, transposed, input, weight, bias, stride,
+                                        padding, dilation, groups, output_padding, activation,
+                                        negative_slope, residual, scale, shift, None, backend,
+                                        precision)
+        trial = plans.forward_trial(problem, input, weight, bias, scale, shift, residual, None)
         return _dispatch.explain(problem, backend, run=trial)
 
-
-def _flags_match(problem: ConvProblem) -> bool:
-    """Whether torch's own backward would compute in ``problem``'s precision: for float32
-    that follows cuDNN's TF32 switch as it stands now (torch reads it again when the backward
-    runs), so a strict-fp32 forward under torch's default ``allow_tf32=True`` must keep the
-    gradients on fastconv's path."""
-    if problem.dtype != torch.float32:
-        return True
-    return (problem.precision == Precision.TF32) == torch.backends.cudnn.allow_tf32
 
 
 def conv_bn_act1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -629,8 +375,6 @@ def conv_bn_act2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight, bn_bias,
                  stride, padding, dilation, groups, training, momentum, eps, activation,
                  negative_slope, residual, process_group, backend, precision):
-    from .batchnorm import bn_act
-
     k = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() > 0 else None
     for name, t in (("running_mean", running_mean), ("running_var", running_var),
                     ("bn_weight", bn_weight), ("bn_bias", bn_bias)):
@@ -661,8 +405,6 @@ def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight
                       running_var if update else None, momentum, eps, activation,
                       negative_slope, group)
     # Inference: BatchNorm folded into the weight and bias, one convolution with its epilogue
-    from .batchnorm import fold
-
     if not isinstance(weight, torch.Tensor):  # conv names the argument and what it expects
         return conv(input, weight, bias, stride, padding, dilation, groups, backend=backend)
     w, b = fold(weight, bias, running_mean, running_var, bn_weight, bn_bias, eps)

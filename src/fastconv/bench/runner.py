@@ -290,7 +290,7 @@ def _gradient(provider: str, case: BenchCase, precision: Precision, mode: str,
             return compiled.setdefault("fn", torch.compile(fn, dynamic=False))
         return fn
     backend = BACKEND_OF[provider]
-    # What a training step's backward runs (ops.ConvFunction), without the custom-op wrapper.
+    # What a training step's backward runs (plans.ConvFunction), without the custom-op wrapper.
     op = ops.input_grad_impl if mode == "dgrad" else ops.weight_grad_impl
     return lambda g, x, w: op(g, x, w, stride, pad, pad, dil, case.groups, backend,
                               precision.value)
@@ -415,7 +415,7 @@ def _choices(problem: ConvProblem, backend: str, mode: str) -> str:
         if graphed is not None and (hit is None or graphed.name() != hit.name()):
             parts.append(f"graph:{graphed.name()}")
     if mode == "train" and hit is not None and hit.backend == "aten" and hit.config is None:
-        parts.append("backward=torch-autograd")  # a native plan (functional._native)
+        parts.append("backward=torch-autograd")  # a native plan (plans._native)
     elif mode not in ("fwd", "eval"):
         bare = dataclasses.replace(problem.conv_equivalent(), epilogue=Epilogue())
         dgrad_op = "fprop" if problem.transposed else "dgrad"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import backends, dispatch
+from .. import backends, dispatch, plans
 from .. import functional as fc
 from ..errors import ConvTypeError
 from ..precision import parse
@@ -94,10 +94,10 @@ class _FastconvMixin:
         autograd must take the general path."""
         if grad and cast is not None:  # planned for the dtypes autocast will give them
             weight, bias = fc._autocast(input.device.type, weight, bias)
-        plan = fc.forward_plan(len(self.kernel_size), False, input, weight, bias, self.stride,
-                               padding, self.dilation, self.groups, 0, activation,
-                               negative_slope, residual, None, None, None, self.backend,
-                               self.precision, grad=grad)
+        plan = plans.forward_plan(len(self.kernel_size), False, input, weight, bias,
+                                  self.stride, padding, self.dilation, self.groups, 0,
+                                  activation, negative_slope, residual, None, None, None,
+                                  self.backend, self.precision, grad=grad)
         return plan if not grad or plan.native_grad else None
 
     def _cast_param(self, t: Tensor | None, dtype: torch.dtype) -> Tensor | None:

@@ -1,0 +1,395 @@
+"""Plans: a call's validated problem bound to the backend and configuration dispatch chose,
+cached by the call's signature, and the runners that use them.
+
+A forward call (``forward_plan``) is validated, turned into a :class:`ConvProblem` and
+dispatched the first time its signature (shapes, strides, dtypes, devices, arguments, the
+TF32 flag, the dispatch settings) is seen; later calls with the same signature reuse the
+plan and only check what depends on the data pointers. ``run_grad``/``run_grads`` do the same
+for the data and weight gradients. :class:`ConvFunction` runs a forward plan under eager
+autograd, its backward through the gradient plans (``backward_formula``, shared with the
+``fastconv::conv`` custom op of ops.py).
+
+What one cached call costs on the host, top to bottom (nothing else runs):
+
+* a module (``nn.Conv2d``, ``ConvBNAct2d``): its signature tuple (shapes, strides, dtypes,
+  flags) compared with the one its kept plan was made for, then ``plan.run``;
+* a functional call: the argument checks that need no lookup (autocast, grad mode), the
+  signature tuple, one dict lookup in ``_PLANS``, then ``plan.run``;
+* ``plan.run``: the backend's bound launcher (``Backend.bind``), made once per plan: for
+  aten the torch call itself, for Triton the prepared kernel launch, for cuDNN the graph's
+  execute on {tensor uid: tensor} with a pooled workspace; with bias folded into shift
+  (``_bound``) for backends that take no bias.
+
+Layering: functional (the public API) and ops (the custom ops) use this module; it uses
+dispatch, the backends and the epilogue, never the modules above it (tests/test_layering.py
+checks that no module imports another in a cycle).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import backends, dispatch
+from .backends.aten import conv_backward_both
+from .epilogue import Epilogue, activation_grad, derivative_from_output, fold_bias
+from .errors import ConvError, ConvTypeError
+from .precision import Precision, accumulate_dtype
+from .problem import ConvProblem
+
+
+class _Plan:
+    """A validated problem bound to the backend and configuration that runs it."""
+
+    __slots__ = ("problem", "run", "backend", "native_grad")
+
+    def __init__(self, problem: ConvProblem, run, backend: str = "",
+                 native_grad: bool = False):
+        self.problem = problem
+        self.run = run
+        self.backend = backend
+        self.native_grad = native_grad  # run() is torch ops that torch's autograd differentiates
+
+
+_PLANS: dict[tuple, _Plan] = {}
+PLANS_MAX = 1024
+
+
+def clear_plans() -> None:
+    """Forget every cached plan and read ``FASTCONV_DISPATCH`` / ``FASTCONV_DETERMINISTIC``
+    again at the next call (tests; after changing them in a running process)."""
+    _PLANS.clear()
+    dispatch.reload_environment()
+
+
+def kinds(*geometry, slope: object = 0.0) -> tuple | None:
+    """What a cache key needs besides the values themselves: True == 1 and 1.0 == 1, but a
+    bool or float stride must be refused, not served an int's plan. None (the common case,
+    checked with the least work) when each ``geometry`` value is an int, a str or a tuple of
+    ints and ``slope`` an int or a float; else the types, one level into tuples."""
+    for v in geometry:
+        t = type(v)
+        if t is tuple:
+            for e in v:
+                if type(e) is not int:
+                    return _types(*geometry, slope)
+        elif t is not int and t is not str:
+            return _types(*geometry, slope)
+    if type(slope) is not float and type(slope) is not int:
+        return _types(*geometry, slope)
+    return None
+
+
+def _types(*values) -> tuple:
+    return tuple(tuple(map(type, v)) if type(v) is tuple else type(v) for v in values)
+
+
+def _sig(t):
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _remember(sig, plan) -> None:
+    if sig is None:
+        return
+    if len(_PLANS) >= PLANS_MAX:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[sig] = plan
+
+
+def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                output_padding, activation, negative_slope, residual, scale, shift, out,
+                backend, precision):
+    """The convolution of batched operands through a cached plan, no autograd."""
+    plan = forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation,
+                        groups, output_padding, activation, negative_slope, residual, scale,
+                        shift, out, backend, precision)
+    return plan.run(input, weight, bias, scale, shift, residual, out)
+
+
+def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                 output_padding, activation, negative_slope, residual, scale, shift, out,
+                 backend, precision, grad: bool = False) -> _Plan:
+    """The cached plan of a forward call (validated and dispatched on first sight);
+    ``grad``: a call whose backward follows (dispatch prices the backward of each
+    candidate's path too)."""
+    # Fast path: a call whose every validated property (shapes, strides, dtypes, devices,
+    # arguments, global precision flag) was seen before reuses its plan; only the checks
+    # that depend on the data pointers run again.
+    try:
+        # (the tensors' signatures inline: _sig's calls cost ~1 us per call in all)
+        sig = ("fprop", rank, transposed,
+               input.shape, input.stride(), input.dtype, input.device,
+               weight.shape, weight.stride(), weight.dtype, weight.device,
+               None if bias is None else _sig(bias),
+               None if residual is None else _sig(residual),
+               None if scale is None else _sig(scale), None if shift is None else _sig(shift),
+               None if out is None else _sig(out), stride, padding, dilation, groups,
+               output_padding, activation, negative_slope, backend, precision,
+               torch._C._get_cudnn_allow_tf32(), dispatch.current(), grad,
+               kinds(stride, padding, dilation, groups, output_padding, slope=negative_slope))
+        plan = _PLANS.get(sig)
+    except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
+        sig, plan = None, None
+    if plan is None:
+        plan = _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                     output_padding, activation, negative_slope, residual, scale, shift, out,
+                     backend, precision, grad)
+        _remember(sig, plan)
+    elif out is not None:
+        plan.problem._check_overlap(out, input, weight, bias, residual, scale, shift)
+    return plan
+
+
+def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+          output_padding, activation, negative_slope, residual, scale, shift, out, backend,
+          precision, grad=False):
+    problem = forward_problem(rank, transposed, input, weight, bias, stride, padding,
+                               dilation, groups, output_padding, activation, negative_slope,
+                               residual, scale, shift, out, backend, precision)
+    if problem.n == 0:  # empty batch: empty output, nothing to launch
+        return _Plan(problem, lambda *a: problem.new_output(input.device) if a[-1] is None
+                     else a[-1])
+    trial = forward_trial(problem, input, weight, bias, scale, shift, residual, out, backend, grad)
+    choice = dispatch.choose(problem, backend, run=trial, grad=grad)
+    # A native plan's gradients are torch's autograd's (cuDNN's dgrad and wgrad at torch's
+    # host cost); the others' go through ConvFunction. With grad, dispatch timed each
+    # candidate with its own backward.
+    cls = backends.REGISTRY[choice.backend]
+    return _Plan(problem, _bound(problem, cls, choice.config), choice.backend,
+                 native_grad=_native(cls, choice.config, problem))
+
+
+def forward_problem(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                     output_padding, activation, negative_slope, residual, scale, shift, out,
+                     backend, precision) -> ConvProblem:
+    if not isinstance(backend, str):
+        raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
+    epilogue = Epilogue(activation=activation, negative_slope=negative_slope,
+                        has_scale=scale is not None,
+                        has_shift=shift is not None or bias is not None,
+                        has_residual=residual is not None)
+    return ConvProblem.from_tensors(
+        input, weight, bias, stride, padding, dilation, groups, rank=rank,
+        transposed=transposed, output_padding=output_padding, precision=precision,
+        epilogue=epilogue, residual=residual, scale=scale, shift=shift, out=out)
+
+
+def _bound(problem: ConvProblem, cls, config):
+    """``cls``'s forward of ``problem``, with bias folded into shift for backends that do
+    not take it."""
+    run = cls.bind(problem, config)
+    if cls.TAKES_BIAS:
+        return run
+
+    def run_folded(input, weight, bias, scale, shift, residual, out):
+        scale, shift = fold_bias(bias, scale, shift)
+        return run(input, weight, None, scale, shift, residual, out)
+    return run_folded
+
+
+def forward_trial(problem, input, weight, bias, scale, shift, residual, out, backend="auto",
+           grad=False):
+    """Dispatch's ``run(cls, config)``: one candidate on the call's own tensors. With
+    ``grad`` the candidate runs as a call that needs gradients runs it, forward and backward
+    through autograd (``torch.autograd.grad`` of detached copies of the operands): torch's
+    autograd for a native plan, ``ConvFunction`` for the others, so that each carries
+    the host and GPU cost of its own backward, the autograd engine's included."""
+    if grad:
+        return _grad_trial(problem, (input, weight, bias, scale, shift, residual), backend)
+    scratch: list[torch.Tensor] = []  # allocated only if dispatch times candidates
+
+    def trial(cls, config):
+        if not scratch:
+            scratch.append(out if out is not None else problem.new_output(input.device))
+        _bound(problem, cls, config)(input, weight, bias, scale, shift, residual, scratch[0])
+    return trial
+
+
+def _grad_trial(problem: ConvProblem, operands: tuple, backend: str):
+    leaves = tuple(t.detach().requires_grad_(t.requires_grad)
+                   if isinstance(t, torch.Tensor) else t for t in operands)
+    wrt = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    geometry = (list(problem.stride), list(problem.pad_pre), list(problem.pad_post),
+                list(problem.dilation), problem.groups, problem.transposed,
+                list(problem.output_padding), problem.epilogue.activation,
+                problem.epilogue.negative_slope, backend, problem.precision.value)
+    scratch: list[torch.Tensor] = []  # the output gradient (random, the output's layout)
+
+    def trial(cls, config):
+        if not scratch:
+            scratch.append(problem.new_output(operands[0].device).normal_())
+        plan = _Plan(problem, _bound(problem, cls, config), cls.NAME,
+                     native_grad=_native(cls, config, problem))
+        with torch.enable_grad():
+            y = plan.run(*leaves, None) if plan.native_grad else \
+                ConvFunction.apply(plan, *leaves, *geometry)
+            torch.autograd.grad(y, wrt, scratch[0])
+    return trial
+
+
+def _native(cls, config, problem: ConvProblem) -> bool:
+    """Whether a plan of ``cls`` and ``config`` runs on torch's differentiable ops, so that
+    torch's autograd gives its backward. aten's plain configuration is F.conv + torch
+    epilogue ops (its fused cuDNN relu is not); for float32, torch's backward must compute
+    in the problem's precision (``_flags_match``)."""
+    return cls.NAME == "aten" and config is None and _flags_match(problem)
+
+
+def _flags_match(problem: ConvProblem) -> bool:
+    """Whether torch's own backward would compute in ``problem``'s precision: for float32
+    that follows cuDNN's TF32 switch as it stands now (torch reads it again when the backward
+    runs), so a strict-fp32 forward under torch's default ``allow_tf32=True`` must keep the
+    gradients on fastconv's path."""
+    if problem.dtype != torch.float32:
+        return True
+    return (problem.precision == Precision.TF32) == torch.backends.cudnn.allow_tf32
+
+
+def run_grad(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
+             backend, precision, out=None):
+    """``op`` ("dgrad" or "wgrad") of the convolution of ``input`` with ``weight`` (no
+    epilogue; geometry already normalised), written into ``out`` (allocated if None)."""
+    plan = _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
+                      backend, precision, out)
+    return plan.run(grad_out, input if op == "wgrad" else weight, out)
+
+
+def run_grads(grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups, backend,
+              precision, need_input, need_weight):
+    """``(dx, dw)`` (None where not needed) of the convolution of ``input`` with ``weight``.
+    When dispatch picked aten for both, one convolution_backward call computes them."""
+    geo = (stride, pad_pre, pad_post, dilation, groups, backend, precision)
+    dgrad = _grad_plan("dgrad", grad_out, input, weight, *geo) if need_input else None
+    wgrad = _grad_plan("wgrad", grad_out, input, weight, *geo) if need_weight else None
+    if dgrad is not None and wgrad is not None and dgrad.backend == wgrad.backend == "aten" \
+            and dgrad.problem.pad_pre == dgrad.problem.pad_post:
+        return conv_backward_both(dgrad.problem, grad_out, input, weight)
+    return (dgrad.run(grad_out, weight, None) if dgrad is not None else None,
+            wgrad.run(grad_out, input, None) if wgrad is not None else None)
+
+
+def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
+               backend, precision, out=None) -> _Plan:
+    sig = (op, _sig(grad_out), _sig(input), _sig(weight), _sig(out), tuple(stride),
+           tuple(pad_pre), tuple(pad_post), tuple(dilation), groups, backend, precision,
+           dispatch.current())
+    plan = _PLANS.get(sig)
+    if plan is None:
+        rank = input.dim() - 2
+        problem = ConvProblem.from_tensors(
+            input, weight, None, tuple(stride), tuple(zip(pad_pre, pad_post)), tuple(dilation),
+            groups, rank=rank, precision=precision)
+        if tuple(grad_out.shape) != problem.output_shape():
+            raise ConvError(f"grad_output: expected shape {problem.output_shape()}, got "
+                            f"{tuple(grad_out.shape)}")
+        second = weight if op == "dgrad" else input
+
+        def trial(cls, config):
+            cls.bind(problem, config, op)(grad_out, second, out)
+
+        choice = dispatch.choose(problem, backend, run=trial, op=op)
+        plan = _Plan(problem, backends.REGISTRY[choice.backend].bind(problem, choice.config, op),
+                     choice.backend)
+        _remember(sig, plan)
+    return plan
+
+
+# ---------------------------------------------------------------------- eager autograd
+def setup_context(ctx, inputs, output):
+    """What the backward of ``fastconv::conv`` (and :class:`ConvFunction`) keeps."""
+    # The output only where the activation's derivative is read from it: saving it always
+    # made a later in-place op on it (an SE block's SiLU(inplace=True)) fail the backward.
+    activation, slope = inputs[13], inputs[14]
+    ctx.save_for_backward(*inputs[:6], output if derivative_from_output(activation, slope)
+                          else None)
+    ctx.args = inputs[6:]
+
+
+def conv_impl(input, weight, bias, scale, shift, residual, stride, pad_pre, pad_post,
+              dilation, groups, transposed, output_padding, activation, negative_slope,
+              backend, precision):
+    """``fastconv::conv`` without the op's layout guarantee (eager autograd uses it)."""
+    return run_forward(
+        input.dim() - 2, transposed, input, weight, bias, tuple(stride),
+        tuple(zip(pad_pre, pad_post)), tuple(dilation), groups, tuple(output_padding),
+        activation, negative_slope, residual, scale, shift, None, backend, precision)
+
+
+class ConvFunction(torch.autograd.Function):
+    """The same forward and backward as the ``fastconv::conv`` op, for eager autograd
+    without the custom-op machinery (measured: about 0.6 ms of host time per training step
+    of one convolution went into torch.library's dispatch wrappers). Under torch.compile the
+    functional API uses the op, which the compiler can trace.
+
+    ``apply(plan, *op_args)``: ``plan`` is the forward plan dispatch chose for the call
+    (``forward_plan(..., grad=True)``), run as it is; the other arguments are
+    ``fastconv::conv``'s."""
+
+    @staticmethod
+    def forward(ctx, plan, *args):
+        y = plan.run(*args[:6], None)  # input, weight, bias, scale, shift, residual, out
+        setup_context(ctx, args, y)
+        ctx.settings = dispatch.captured()
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        # the dispatch settings of the forward call (a CUDA backward runs on autograd's
+        # device thread, which does not see the caller's settings() context)
+        with dispatch.restored(ctx.settings):
+            return (None,) + backward_formula(ctx, grad, conv_impl, run_grads,
+                                              ctx.needs_input_grad[1:])
+
+
+def backward_formula(ctx, grad, conv, conv_grads, need=None):
+    """The gradients of every ``fastconv::conv`` input (see the module docstring), with the
+    convolutions run by the given callables — the ops (traceable) or their implementations:
+    ``conv`` as ``fastconv::conv`` and ``conv_grads(dy, x, w, stride, pad_pre, pad_post,
+    dilation, groups, backend, precision, need_input, need_weight) -> (dx, dw)``. ``need``:
+    which of the op's inputs need a gradient (default ``ctx.needs_input_grad``)."""
+    input, weight, bias, scale, shift, residual, y = ctx.saved_tensors
+    (stride, pre, post, dilation, groups, transposed, opad, activation, slope, backend,
+     precision) = ctx.args
+    need = ctx.needs_input_grad if need is None else need
+    geo = (stride, pre, post, dilation, groups, transposed, opad)
+
+    def pre_activation():
+        return conv(input, weight, bias, scale, shift, residual, *geo, "none", slope, backend,
+                    precision)
+
+    dz = activation_grad(grad, y, activation, slope, pre_activation)
+    dims = [0, *range(2, dz.dim())]
+    view = (1, -1) + (1,) * (dz.dim() - 2)
+    g_residual = dz if need[5] else None
+    acc = accumulate_dtype(dz.dtype)  # per-channel sums
+    g_shift = dz.sum(dims, dtype=acc).to(shift.dtype) if need[4] else None
+    g_scale = None
+    if need[3]:
+        c = conv(input, weight, bias, None, None, None, *geo, "none", slope, backend, precision)
+        g_scale = (dz.to(acc) * c.to(acc)).sum(dims).to(scale.dtype)
+    dc = dz if scale is None else dz * scale.to(dz.dtype).view(view)
+    g_bias = dc.sum(dims, dtype=acc).to(bias.dtype) if need[2] else None
+    g_input = g_weight = None
+    if transposed:
+        if need[0]:
+            g_input = conv(dc, weight, None, None, None, None, stride, pre, pre, dilation,
+                           groups, False, [0] * len(stride), "none", slope, backend, precision)
+            g_input = g_input[(slice(None), slice(None),
+                               *(slice(0, n) for n in input.shape[2:]))]
+        if need[1]:
+            # The convolution of dc can be longer than x when output_padding >= stride
+            # (possible with dilation > stride): x gets zero rows to match.
+            conv_len = [(o + 2 * p - d * (k - 1) - 1) // s + 1 for o, p, d, k, s in
+                        zip(dc.shape[2:], pre, dilation, weight.shape[2:], stride)]
+            extra = [a - b for a, b in zip(conv_len, input.shape[2:])]
+            x = input
+            if any(extra):
+                x = F.pad(input, [v for e in reversed(extra) for v in (0, e)])
+            _, g_weight = conv_grads(x, dc, weight, stride, pre, pre, dilation, groups,
+                                     backend, precision, False, True)
+    elif need[0] or need[1]:
+        g_input, g_weight = conv_grads(dc, input, weight, stride, pre, post, dilation, groups,
+                                       backend, precision, need[0], need[1])
+    return (g_input, g_weight, g_bias, g_scale, g_shift, g_residual) + (None,) * len(ctx.args)
