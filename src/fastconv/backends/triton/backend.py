@@ -373,11 +373,12 @@ class _Geometry:
         return run
 
     def bind_fprop(self, config):
-        from .fprop import launch_fprop
+        from .fprop import prepare_fprop
 
         problem = self.problem
         act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
         bounds_post = any(problem.pad_post)
+        prepared: list = []  # the plan's launch after its first call (as bind_depthwise's)
 
         def run(input, weight, bias, scale, shift, residual, out):
             if out is None:
@@ -390,11 +391,17 @@ class _Geometry:
                 if not config.rows:
                     input = channels_last(input)
             x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
-            launch_fprop(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=self.stride,
-                         pad=self.pad, dilation=self.dilation, groups=problem.groups,
-                         act_code=act, negative_slope=slope, precision=self.precision,
-                         config=config, int64=self.needs_int64(x4, w4, o4, r4),
-                         bounds_post=bounds_post)
+            scale, shift = _contig(scale), _contig(shift)
+            if prepared and prepared[0](x4, w4, o4, o4 if scale is None else scale,
+                                        o4 if shift is None else shift,
+                                        o4 if r4 is None else r4, o4):
+                return out
+            again = prepare_fprop(x4, w4, o4, scale, shift, r4, stride=self.stride,
+                                  pad=self.pad, dilation=self.dilation, groups=problem.groups,
+                                  act_code=act, negative_slope=slope, precision=self.precision,
+                                  config=config, int64=self.needs_int64(x4, w4, o4, r4),
+                                  bounds_post=bounds_post)
+            prepared[:] = [] if again is None else [again]
             return out
         return run
 

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ...precision import accumulate_dtype
-from .launch import INTERPRETED, cdiv, launch
+from .launch import INTERPRETED, cdiv, launch, prepare
 
 _INTERPRETER_LOCK = threading.RLock()
 
@@ -334,11 +334,45 @@ def _splitk_reduce_kernel(
 def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, groups,
                  act_code, negative_slope, precision, config, int64, bounds_post=True):
     """Launch on 4-D (N, C, H, W)-indexed views (any strides); ``config.split_k > 1`` adds a
-    partial-sum buffer and the reduce kernel, which applies the epilogue.
+    partial-sum buffer and the reduce kernel, which applies the epilogue. Returns ``out4``.
 
     ``pad`` is the padding before each dimension; ``bounds_post`` says whether any tap can
     fall past the end of the input (padding after): without either, no bounds test runs.
     """
+    grid, args, meta, reduce = _fprop_launch(
+        x4, w4, out4, scale, shift, res4, stride, pad, dilation, groups, act_code,
+        negative_slope, precision, config, int64, bounds_post)
+    launch(_conv_fprop_kernel, grid, *args, **meta)
+    if reduce is not None:
+        launch(_splitk_reduce_kernel, *reduce[0], **reduce[1])
+    return out4
+
+
+def prepare_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, groups,
+                  act_code, negative_slope, precision, config, int64, bounds_post=True):
+    """:func:`launch_fprop`, returning the launch for later calls of the same plan
+    (``launch.Prepared``, called with ``x4, w4, out4`` and the scale, shift and residual
+    tensors, ``out4`` in place of each one absent), or None where there is none to reuse
+    (split-K: two launches; the interpreter)."""
+    grid, args, meta, reduce = _fprop_launch(
+        x4, w4, out4, scale, shift, res4, stride, pad, dilation, groups, act_code,
+        negative_slope, precision, config, int64, bounds_post)
+    if reduce is not None:
+        launch(_conv_fprop_kernel, grid, *args, **meta)
+        launch(_splitk_reduce_kernel, *reduce[0], **reduce[1])
+        return None
+    return prepare(_conv_fprop_kernel, grid, PREPARED_TENSORS, *args, **meta)
+
+
+#: the leading tensor arguments of a prepared forward launch: x, w, out, scale, shift,
+#: residual and the split-K buffer (``out`` again without split-K)
+PREPARED_TENSORS = 7
+
+
+def _fprop_launch(x4, w4, out4, scale, shift, res4, stride, pad, dilation, groups, act_code,
+                  negative_slope, precision, config, int64, bounds_post):
+    """(grid, arguments, constexprs) of the forward kernel and, with split-K, ((grid,
+    *arguments), constexprs) of its reduce kernel, else None."""
     n, c, h, w = x4.shape
     k, c_g, r, s = w4.shape
     _, _, p, q = out4.shape
@@ -357,12 +391,12 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
                HAS_RES=res4 is not None, ACT=act_code, INT64=int64)
     epi_ptrs = (scale if scale is not None else dummy, shift if shift is not None else dummy,
                 res4 if res4 is not None else dummy)
-    launch(_conv_fprop_kernel, grid,
-        x4, w4, out4, *epi_ptrs, ws,
-        n, h, w, c_g, p, q, k_g, r, s,
-        stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
-        *strides(x4), *strides(w4), *strides(out4), *res_strides,
-        float(negative_slope),
+    args = (x4, w4, out4, *epi_ptrs, ws,
+            n, h, w, c_g, p, q, k_g, r, s,
+            stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
+            *strides(x4), *strides(w4), *strides(out4), *res_strides,
+            float(negative_slope))
+    meta = dict(
         PRECISION=precision, FLAT_K=config.flat_k,
         # The interpreter computes a bf16 tl.dot wrongly (seen with triton 3.6): give it fp32.
         DOT_FP32=INTERPRETED and x4.dtype == torch.bfloat16,
@@ -370,14 +404,14 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gro
         ACC=acc_type(x4.dtype), SPLIT_K=split,
         BOUNDS=any(pad) or bounds_post or rows, EVEN_C=c_g % config.block_k == 0, ROWS=rows,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=8, num_warps=config.num_warps, num_stages=config.num_stages, **epi,
-    )
+        GROUP_M=8, num_warps=config.num_warps, num_stages=config.num_stages, **epi)
+    reduce = None
     if split > 1:
         bm, bn = 64, 64
-        launch(_splitk_reduce_kernel, (cdiv(m, bm), cdiv(k, bn)),
-            ws, out4, *epi_ptrs, m, k, p, q, m * k, *strides(out4), *res_strides,
-            float(negative_slope), SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **epi)
-    return out4
+        reduce = (((cdiv(m, bm), cdiv(k, bn)), ws, out4, *epi_ptrs, m, k, p, q, m * k,
+                   *strides(out4), *res_strides, float(negative_slope)),
+                  dict(SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, num_warps=4, **epi))
+    return grid, args, meta, reduce
 
 
 def acc_type(dtype: torch.dtype):
