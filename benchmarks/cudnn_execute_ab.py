@@ -57,8 +57,8 @@ def main() -> None:
     rows = {"torch F.conv2d": lambda: F.conv2d(x, w, padding=1),
             "execute_plan_at_index(dict)": lambda: graph.execute_plan_at_index(
                 {backend._X: x, backend._W: w, backend._Y: y}, ws, index, handle=handle),
-            "fastconv run (dict + stream + workspace)": lambda: g.execute(
-                index, {backend._X: x, backend._W: w, backend._Y: y})}
+            "fastconv's execute (+ stream, workspace)": lambda: g.execute(
+                index, (x, w, y), backend._FPROP)}
     try:
         graph.execute_plan_at_index((x, w, y), ws, index, handle=handle, tensor_uids=uids)
         err_ordered = float((y.double() - ref).norm() / ref.norm())

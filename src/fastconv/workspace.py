@@ -68,7 +68,23 @@ def get(nbytes: int, stream: torch.cuda.Stream | None = None,
     """A uint8 buffer of at least ``nbytes`` for work queued on ``stream`` (None if 0)."""
     dev = torch.device(device) if device is not None else (
         stream.device if stream is not None else torch.device("cuda", torch.cuda.current_device()))
-    key = (str(dev), stream.cuda_stream if stream is not None else 0)
+    return _buffer(nbytes, dev, (str(dev), stream.cuda_stream if stream is not None else 0))
+
+
+_CUDA_DEVICES: dict[int, tuple[torch.device, str]] = {}
+
+
+def for_stream(nbytes: int, device_index: int, raw_stream: int) -> torch.Tensor | None:
+    """:func:`get` for CUDA device ``device_index`` and the stream whose handle is
+    ``raw_stream`` (``torch._C._cuda_getCurrentRawStream``): no Stream object per call."""
+    dev = _CUDA_DEVICES.get(device_index)
+    if dev is None:
+        d = torch.device("cuda", device_index)
+        dev = _CUDA_DEVICES[device_index] = (d, str(d))
+    return _buffer(nbytes, dev[0], (dev[1], raw_stream))
+
+
+def _buffer(nbytes: int, dev: torch.device, key: tuple[str, int]) -> torch.Tensor | None:
     with _LOCK:
         buf, stats = _POOLS.get(key, (None, None))
         if stats is None:
