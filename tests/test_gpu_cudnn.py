@@ -200,10 +200,10 @@ def test_out_of_memory_candidate_is_skipped(monkeypatch):
     that reason; dispatch chooses another candidate and the result is correct."""
     import fastconv.backends.cudnn as cudnn_backend
 
-    def huge(nbytes, stream):
+    def huge(nbytes, device, stream):
         return torch.empty(1 << 46, dtype=torch.uint8, device="cuda")  # 64 TiB
 
-    monkeypatch.setattr(cudnn_backend.workspace, "get", huge)
+    monkeypatch.setattr(cudnn_backend.workspace, "for_stream", huge)
     x = torch.randn(5, 48, 23, 27, device="cuda")
     w = torch.randn(40, 48, 3, 3, device="cuda") / 20
     ex = fastconv.explain(x, w, padding=1, precision="tf32", dispatch="benchmark")
