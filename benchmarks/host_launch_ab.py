@@ -45,7 +45,7 @@ def main() -> None:
     x = torch.randn(1, 16, 8, 8, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
     w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.bfloat16).to(memory_format=cl)
     b = torch.randn(16, device="cuda", dtype=torch.bfloat16)
-    unprepared = lambda *a, **k: fprop.launch_fprop(*a, **k) and None  # noqa: E731
+    unprepared = lambda *a, **k: (fprop.launch_fprop(*a, **k), None)[1]  # noqa: E731
     prepared = fprop.prepare_fprop
 
     def triton(prepare):
