@@ -13,6 +13,7 @@ Output size per spatial dimension, with ``pre``/``post`` padding:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -76,9 +77,16 @@ class ConvProblem:
 
     def new_output(self, device: torch.device | str | None = None) -> torch.Tensor:
         """An uninitialised output tensor in the input's memory layout, on ``device`` (the
-        input's device; the problem records only its type)."""
-        return empty_in_layout(self.output_shape(), self.layout, self.dtype,
-                               device if device is not None else self.device)
+        input's device; the problem records only its type): one ``empty_strided`` call,
+        its shape and strides computed once per problem (a plan's every call makes one)."""
+        shape, strides = self._output_layout
+        return torch.empty_strided(shape, strides, dtype=self.dtype,
+                                   device=device if device is not None else self.device)
+
+    @functools.cached_property
+    def _output_layout(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        shape = self.output_shape()
+        return shape, layout_strides(shape, self.layout)
 
     def conv_equivalent(self) -> ConvProblem:
         """For a transposed convolution: the convolution whose data gradient it is (same
@@ -292,11 +300,21 @@ class ConvProblem:
 def empty_in_layout(shape, layout: str, dtype: torch.dtype, device) -> torch.Tensor:
     """An uninitialised tensor of ``shape``; channels fastest (like torch's channels_last)
     when ``layout`` is 'nhwc'."""
-    if layout == "nhwc":
-        perm = (0, *range(2, len(shape)), 1)
-        t = torch.empty([shape[i] for i in perm], dtype=dtype, device=device)
-        return t.permute(0, len(shape) - 1, *range(1, len(shape) - 1))
-    return torch.empty(shape, dtype=dtype, device=device)
+    return torch.empty_strided(tuple(shape), layout_strides(shape, layout), dtype=dtype,
+                               device=device)
+
+
+def layout_strides(shape, layout: str) -> tuple[int, ...]:
+    """The dense strides of ``shape`` in ``layout``: row-major ('nchw'), or channels
+    fastest, then the spatial dimensions, then the batch ('nhwc')."""
+    order = (1, *range(len(shape) - 1, 1, -1), 0) if layout == "nhwc" \
+        else tuple(range(len(shape) - 1, -1, -1))  # fastest first
+    strides = [0] * len(shape)
+    step = 1
+    for d in order:
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
 
 
 def layout_of(t: torch.Tensor) -> str:

@@ -42,9 +42,14 @@ _LIMIT: list[int | None] = [None]
 
 
 def limit() -> int:
-    """The most bytes one buffer may hold."""
-    if _LIMIT[0] is not None:
-        return _LIMIT[0]
+    """The most bytes one buffer may hold: ``set_limit``'s, else ``FASTCONV_WORKSPACE_MB``
+    (read once, at the first request, and again after ``set_limit(None)``)."""
+    if _LIMIT[0] is None:
+        _LIMIT[0] = _limit_from_environment()
+    return _LIMIT[0]
+
+
+def _limit_from_environment() -> int:
     env = os.environ.get("FASTCONV_WORKSPACE_MB", "1024")
     try:
         mb = float(env)
@@ -57,7 +62,8 @@ def limit() -> int:
 
 
 def set_limit(nbytes: int | None) -> None:
-    """Cap every workspace buffer at ``nbytes`` (None: back to the environment/default)."""
+    """Cap every workspace buffer at ``nbytes`` (None: back to the environment/default,
+    read again)."""
     if nbytes is not None and (not isinstance(nbytes, int) or nbytes < 0):
         raise ConvError(f"nbytes: got {nbytes!r}; expected an int >= 0 or None")
     _LIMIT[0] = nbytes
