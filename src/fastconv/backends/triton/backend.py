@@ -379,6 +379,9 @@ class _Geometry:
         act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
         bounds_post = any(problem.pad_post)
         prepared: list = []  # the plan's launch after its first call (as bind_depthwise's)
+        # whether the weight and the input come in the layout the kernel reads: fixed per
+        # plan (its signature holds their strides), so tested at the first call only
+        packed: list = []
 
         def run(input, weight, bias, scale, shift, residual, out):
             if out is None:
@@ -387,8 +390,11 @@ class _Geometry:
                 # Channels-fastest operands load as wide, coalesced vectors: an NCHW input is
                 # copied once per call (not for row tiles, which read it as it is), an NCHW
                 # weight once per version (cached).
-                weight = packed_weight(weight)
-                if not config.rows:
+                if not packed:
+                    packed[:] = [_is_packed(weight, 1), config.rows or _is_packed(input, 1)]
+                if not packed[0]:
+                    weight = packed_weight(weight)
+                if not packed[1]:
                     input = channels_last(input)
             x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
             scale, shift = _contig(scale), _contig(shift)
