@@ -76,17 +76,30 @@ def test_compiled_training_step_fullgraph(dynamic):
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "timm:mobilenetv3_small_050"])
+#: issue 22's model list (torchvision and timm), and three smaller models
+ZOO = ["resnet18", "mobilenet_v3_small", "timm:mobilenetv3_small_050", "resnet50",
+       "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf",
+       "deeplabv3_resnet50", "timm:resnet50", "timm:resnext50_32x4d", "timm:efficientnet_b0",
+       "timm:mobilenetv3_large_100", "timm:convnext_tiny"]
+
+
+@pytest.mark.parametrize("name", ZOO)
 def test_compiled_zoo_models(name):
     """Whole torchvision and timm models (random weights, 32x32, float64 so that only real
-    differences show), inference and a training step, fullgraph; Dropout and StochasticDepth
-    off (timm's create_model has no drop rate by default). timm's MobileNetV3 fuses through
-    its BatchNormAct2d (activation inside the norm)."""
+    differences show) through ``torch.compile(fastconv.optimize(model), fullgraph=True)``
+    (aot_eager: dynamo and AOTAutograd, the CPU's stand-in for Inductor), inference and a
+    training step, against the uncompiled model: outputs and gradients. Every eligible
+    conv-norm(-act) pattern is fused (convnext has none: LayerNorm after a permute). Dropout
+    and StochasticDepth off (timm's create_model has no drop rate by default). timm's
+    MobileNetV3 fuses through its BatchNormAct2d (activation inside the norm)."""
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     if name.startswith("timm:"):
         net = pytest.importorskip("timm").create_model(name[5:], pretrained=False,
                                                        num_classes=10).double()
+    elif name == "deeplabv3_resnet50":
+        net = torchvision.models.segmentation.deeplabv3_resnet50(
+            num_classes=3, weights_backbone=None, aux_loss=False).double()
     else:
         net = getattr(torchvision.models, name)(num_classes=10).double()
     for m in net.modules():
@@ -97,20 +110,26 @@ def test_compiled_zoo_models(name):
         net.train(mode == "training")
         ref = copy.deepcopy(net)
         opt = fastconv.optimize(net, mode=mode, precision="ieee", channels_last=False)
-        assert opt.report.coverage()[0] == opt.report.coverage()[1] > 0
+        fused, eligible, _ = opt.report.coverage()
+        assert fused == eligible and (eligible > 0 or "convnext" in name)
         compiled = torch.compile(opt, backend="aot_eager", fullgraph=True)
         with torch.set_grad_enabled(mode == "training"):
             y, r = compiled(x), ref(x)
+        if isinstance(y, dict):  # segmentation models
+            y, r = y["out"], r["out"]
         assert relative_error(y.detach(), r.detach()) < 1e-10, mode
         if mode == "training":
             y.square().mean().backward()
             r.square().mean().backward()
             got = sorted(float(p.grad.norm()) for p in opt.parameters())
             want = sorted(float(p.grad.norm()) for p in ref.parameters())
-            # (a shift before a training BatchNorm has a zero gradient: roundoff on both)
+            # (a shift before a training BatchNorm has a zero gradient: roundoff on both;
+            # timm zero-initialises each block's last BatchNorm scale, which zeroes the
+            # gradients of the layers before it in the block)
             pairs = [(g, w) for g, w in zip(got, want) if w > 1e-8]
-            assert len(pairs) > len(want) // 2
+            assert len(pairs) >= 10
             assert all(abs(g - w) <= 1e-8 * w for g, w in pairs)
+            assert all(g <= 1e-8 * want[-1] for g, w in zip(got, want) if w <= 1e-8)
         torch._dynamo.reset()
 
 
