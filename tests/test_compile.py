@@ -76,6 +76,52 @@ def test_compiled_training_step_fullgraph(dynamic):
     torch._dynamo.reset()
 
 
+def _fastconv_ops(model):
+    """``model``'s modules traced as fastconv's custom ops (not torch's own operators)."""
+    for m in model.modules():
+        if hasattr(m, "compiled_as_torch"):
+            m.compiled_as_torch = False
+    return model
+
+
+def _traced_ops(model, x) -> set:
+    """The operators of ``model``'s dynamo graph (fullgraph) on ``x``."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        torch.compile(model, backend=keep, fullgraph=True)(x)
+    torch._dynamo.reset()
+    return {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+
+
+def test_modules_trace_as_torch_ops_unless_compiled_for_cuda_graphs():
+    """Under torch.compile the optimized modules are torch's own operators by default (a
+    custom op's host cost per call loses without CUDA graphs); ``fastconv.compile`` keeps
+    fastconv's op in the CUDA-graph modes only. Both compute the model (float64)."""
+    net = _net().eval().double()
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    with torch.no_grad():
+        want = net(x)
+    opt = fastconv.optimize(net, precision="ieee", channels_last=False)
+    ops = _traced_ops(opt, x)
+    assert not any("fastconv" in o for o in ops) and any("conv2d" in o for o in ops), ops
+    assert any("fastconv.conv" in o for o in _traced_ops(_fastconv_ops(opt), x))
+    for mode, as_torch in (("default", True), ("max-autotune-no-cudagraphs", True),
+                           ("reduce-overhead", False), ("max-autotune", False)):
+        compiled = fastconv.compile(net, "ieee", channels_last=False, mode=mode)
+        assert {m.compiled_as_torch for m in compiled.modules()
+                if hasattr(m, "compiled_as_torch")} == {as_torch}
+    compiled = torch.compile(fastconv.optimize(net, precision="ieee", channels_last=False),
+                             backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert relative_error(compiled(x), want) < 1e-10
+    torch._dynamo.reset()
+
+
 #: issue 22's model list (torchvision and timm), and three smaller models
 ZOO = ["resnet18", "mobilenet_v3_small", "timm:mobilenetv3_small_050", "resnet50",
        "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf",
@@ -87,6 +133,7 @@ ZOO = ["resnet18", "mobilenet_v3_small", "timm:mobilenetv3_small_050", "resnet50
 def test_compiled_zoo_models(name):
     """Whole torchvision and timm models (random weights, 32x32, float64 so that only real
     differences show) through ``torch.compile(fastconv.optimize(model), fullgraph=True)``
+    with fastconv's custom ops (as ``fastconv.compile`` traces them for CUDA graphs)
     (aot_eager: dynamo and AOTAutograd, the CPU's stand-in for Inductor), inference and a
     training step, against the uncompiled model: outputs and gradients. Every eligible
     conv-norm(-act) pattern is fused (convnext has none: LayerNorm after a permute). Dropout
@@ -109,7 +156,8 @@ def test_compiled_zoo_models(name):
     for mode in ("inference", "training"):
         net.train(mode == "training")
         ref = copy.deepcopy(net)
-        opt = fastconv.optimize(net, mode=mode, precision="ieee", channels_last=False)
+        opt = _fastconv_ops(fastconv.optimize(net, mode=mode, precision="ieee",
+                                              channels_last=False))
         fused, eligible, _ = opt.report.coverage()
         assert fused == eligible and (eligible > 0 or "convnext" in name)
         compiled = torch.compile(opt, backend="aot_eager", fullgraph=True)
@@ -155,21 +203,25 @@ def test_compiled_training_takes_torchs_convolution_where_it_computes_alike():
     """Under torch.compile a convolution that needs gradients is torch's own op (Inductor
     lowers and differentiates it; the custom op's host cost per step exceeded its gain),
     except on float32 data (torch's precision there follows cuDNN's TF32 flag, which the
-    trace cannot read: fastconv's op keeps the call's precision). Inference keeps the
-    fastconv::conv op. (float64 stands for bf16 / fp16 here: any dtype but float32.)"""
+    trace cannot read: fastconv's op keeps the call's precision). Inference too, by the
+    modules' default (compiled_as_torch); with it off, fastconv::conv. (float64 stands for
+    bf16 / fp16 here: any dtype but float32.)"""
     graphs = []
 
     def record(gm, example_inputs):
         graphs.append(str(gm.graph))
         return gm.forward
 
-    for training, dtype, want_op in ((True, torch.float64, False), (True, torch.float32, True),
-                                     (False, torch.float64, True)):
+    for training, dtype, as_torch, want_op in (
+            (True, torch.float64, True, False), (True, torch.float32, True, True),
+            (False, torch.float64, True, False), (False, torch.float64, False, True)):
         graphs.clear()
         net = _net().to(dtype).train(training)
         ref = copy.deepcopy(net)
         opt = fastconv.optimize(net, mode="training" if training else "inference",
                                 precision="ieee", channels_last=False)
+        if not as_torch:
+            _fastconv_ops(opt)
         compiled = torch.compile(opt, backend=record, fullgraph=True)
         x = torch.randn(4, 3, 9, 8, dtype=dtype)
         with torch.set_grad_enabled(training):

@@ -13,7 +13,7 @@ plan runs inside ``plans.ConvFunction``, whose backward runs the data and weight
 through dispatch (fastconv's Triton kernels or aten). Under torch.compile the call is the
 ``fastconv::conv`` custom op (ops.py), with the same autograd formula, which the compiler
 traces as one node; a call there that needs a gradient on data other than float32 is
-torch's own ops instead (``_traced_with_grad``).
+torch's own ops instead (``as_torch_ops``).
 """
 
 from __future__ import annotations
@@ -186,9 +186,9 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
             raise ConvError("out: cannot be used when an input requires grad (as in torch, "
                             "out= does not support automatic differentiation)")
         if compiling and needs_grad and backend == "auto":
-            result = _traced_with_grad(rank, transposed, input, weight, bias, stride, padding,
-                                       dilation, groups, output_padding, activation,
-                                       negative_slope, residual, scale, shift, precision)
+            result = as_torch_ops(rank, transposed, input, weight, bias, stride, padding,
+                                  dilation, groups, output_padding, activation,
+                                  negative_slope, residual, scale, shift, precision)
             if result is not None:
                 return result.squeeze(0) if unbatched else result
         plan = None if compiling else plans.forward_plan(
@@ -215,12 +215,14 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
     return result.squeeze(0) if unbatched else result
 
 
-def _traced_with_grad(rank, transposed, input, weight, bias, stride, padding, dilation,
-                      groups, output_padding, activation, negative_slope, residual, scale,
-                      shift, precision):
-    """Under torch.compile, a call that needs gradients as torch's own differentiable ops
-    (what aten's native plan runs: the convolution, then the epilogue), which Inductor
-    lowers, fuses and differentiates itself; torch's ops check the operands. None for
+def as_torch_ops(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
+                 output_padding, activation, negative_slope, residual, scale, shift,
+                 precision):
+    """Under torch.compile, a call as torch's own differentiable ops (what aten's native
+    plan runs: the convolution, then the epilogue), which Inductor lowers, fuses and
+    differentiates itself: every call that needs gradients, and the modules' calls unless
+    ``fastconv.compile`` chose fastconv's op for CUDA graphs (``compiled_as_torch``). Torch's
+    ops check the operands. None for
     float32 data (whether torch's ops compute in the call's precision depends on cuDNN's
     TF32 flag, which a traced function cannot read) and for what aten does not run
     (asymmetric padding of a transposed convolution): fastconv's op then. Measured: the

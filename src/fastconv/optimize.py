@@ -349,6 +349,10 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
     return result
 
 
+#: torch.compile modes that replay the compiled graph through CUDA graphs
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
 def compile_model(model: nn.Module, precision: str | None = None, *,
                   training: bool | None = None, channels_last: bool = True,
                   mode: str | None = None, fullgraph: bool = False,
@@ -359,7 +363,10 @@ def compile_model(model: nn.Module, precision: str | None = None, *,
 
     ``training`` picks :func:`optimize`'s mode (None: the model's own ``training`` flag);
     ``precision`` and ``channels_last`` are :func:`optimize`'s; ``mode``, ``fullgraph``,
-    ``dynamic`` and ``backend`` are ``torch.compile``'s. Inside a compiled graph the
+    ``dynamic`` and ``backend`` are ``torch.compile``'s. In the CUDA-graph modes
+    (``CUDA_GRAPH_MODES``) the convolutions are fastconv's ops, its kernels replayed with no
+    host cost; in the others they are torch's own operators, which Inductor fuses (a custom
+    op's host cost per call would lose more than its kernel gains). Inside a compiled graph the
     BatchNorm folds that eager calls cache run every call (an in-place parameter update must
     reach a reduce-overhead replay), one small kernel pair per layer; ``combo_kernels``
     fuses such independent kernels horizontally (Inductor's ``combo_kernels`` option, set
@@ -371,6 +378,13 @@ def compile_model(model: nn.Module, precision: str | None = None, *,
         training = model.training
     net = optimize(model, "training" if training else "inference", precision,
                    channels_last=channels_last)
+    # Without CUDA graphs each fastconv op inside the compiled graph costs host time that its
+    # kernel rarely wins back: the modules trace as torch's own operators there
+    # (compiled_as_torch, their default); with CUDA graphs they keep fastconv's op.
+    graphs = mode in CUDA_GRAPH_MODES
+    for m in net.modules():
+        if hasattr(m, "compiled_as_torch"):
+            m.compiled_as_torch = not graphs
     if backend != "inductor" or not combo_kernels:
         return torch.compile(net, mode=mode, fullgraph=fullgraph, dynamic=dynamic,
                              backend=backend)

@@ -25,6 +25,13 @@ class _FastconvMixin:
 
     backend: str
     precision: str | None
+    #: Under torch.compile, compute as torch's own operators, which Inductor lowers and fuses
+    #: with no per-call host cost (a custom op costs ~100 us of host per call inside a
+    #: compiled graph run without CUDA graphs: benchmarks/NOTES.md). ``fastconv.compile``
+    #: sets it False in CUDA-graph modes, where host time is free and fastconv's kernels
+    #: pay. float32 data keeps fastconv's op (its precision follows a flag a trace cannot
+    #: read); so does a forced backend.
+    compiled_as_torch: bool = True
 
     def _init_fastconv(self, backend: str, precision: str | None) -> None:
         """Checked now, not at the first forward."""
@@ -113,6 +120,18 @@ class _FastconvMixin:
             hit = casts[role] = (tensor_state((t,)), dtype, t.detach().to(dtype))
         return hit[2]
 
+    def _as_torch(self, input: Tensor, weight: Tensor, bias: Tensor | None,
+                  padding) -> Tensor | None:
+        """The convolution as torch's own operators when traced by torch.compile and
+        ``compiled_as_torch`` (None otherwise, or where torch's ops cannot compute it
+        alike: ``functional.as_torch_ops``)."""
+        if not (self.compiled_as_torch and self.backend == "auto"
+                and torch.compiler.is_compiling()):
+            return None
+        return fc.as_torch_ops(len(self.kernel_size), False, input, weight, bias, self.stride,
+                               padding, self.dilation, self.groups, 0, "none", 0.01, None,
+                               None, None, self.precision)
+
     def _padded(self, input: Tensor) -> tuple[Tensor, object]:
         """The input padded by the module's padding mode, and the padding left to the conv."""
         if self.padding_mode == "zeros":
@@ -150,6 +169,8 @@ class Conv1d(_FastconvMixin, torch.nn.Conv1d):
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         input, padding = self._padded(input)
         out = self._planned(input, weight, bias, padding)
+        if out is None:
+            out = self._as_torch(input, weight, bias, padding)
         if out is not None:
             return out
         return fc.conv1d(input, weight, bias, self.stride, padding, self.dilation, self.groups,
@@ -166,6 +187,8 @@ class Conv2d(_FastconvMixin, torch.nn.Conv2d):
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         input, padding = self._padded(input)
         out = self._planned(input, weight, bias, padding)
+        if out is None:
+            out = self._as_torch(input, weight, bias, padding)
         if out is not None:
             return out
         return fc.conv2d(input, weight, bias, self.stride, padding, self.dilation, self.groups,

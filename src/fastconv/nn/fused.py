@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional as fc
@@ -161,6 +162,13 @@ class _ConvBNActMixin:
         bn = self.bn
         sources = (self._parameters["weight"], self._parameters["bias"],
                    bn._buffers["running_mean"], bn._buffers["running_var"], *_affine(bn))
+        input, padding = self._padded(input)
+        y = self._as_torch(input, sources[0], sources[1], padding)
+        if y is not None:  # traced as torch's own model computes it: Inductor fuses the rest
+            y = F.batch_norm(y, sources[2], sources[3], sources[4], sources[5], False, 0.0,
+                             bn.eps)
+            return activate(y if residual is None else y + residual, activation,
+                            self.negative_slope)
         if torch.compiler.is_compiling():  # a traced graph folds each call: no host cache
             weight, bias = fold(*sources, bn.eps)
         else:
@@ -170,7 +178,6 @@ class _ConvBNActMixin:
                     cached = (tensor_state(sources), *fold(*sources, bn.eps), bn.eps)
                 self.__dict__["_fold"] = cached
             weight, bias = cached[1], cached[2]
-        input, padding = self._padded(input)
         out = self._planned(input, weight, bias, padding, activation, self.negative_slope,
                               residual)
         if out is not None:
