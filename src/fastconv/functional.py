@@ -277,10 +277,11 @@ def _through_op(plan, rank, transposed, input, weight, bias, stride, padding, di
     if weight.dim() != rank + 2:
         raise ConvError(f"weight: expected a {rank + 2}-D tensor for conv{rank}d, got shape "
                         f"{tuple(weight.shape)}")
-    try:
-        key = (rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed,
-               plans.kinds(stride, padding, dilation, output_padding))
-        geometry = _GEOMETRY.get(key)
+    try:  # (not while tracing: a traced lookup guards on the dict, whose growth recompiles)
+        key = None if torch.compiler.is_compiling() else (
+            rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed,
+            plans.kinds(stride, padding, dilation, output_padding))
+        geometry = None if key is None else _GEOMETRY.get(key)
     except TypeError:  # unhashable (a list): normalise every time
         key, geometry = None, None
     if geometry is None:
