@@ -357,7 +357,7 @@ def compile_model(model: nn.Module, precision: str | None = None, *,
                   training: bool | None = None, channels_last: bool = True,
                   mode: str | None = None, fullgraph: bool = False,
                   dynamic: bool | None = None, backend="inductor",
-                  combo_kernels: bool = True):
+                  combo_kernels: bool | None = None):
     """``torch.compile(optimize(model))`` with Inductor's combo kernels (exported as
     ``fastconv.compile``).
 
@@ -371,7 +371,9 @@ def compile_model(model: nn.Module, precision: str | None = None, *,
     reach a reduce-overhead replay), one small kernel pair per layer; ``combo_kernels``
     fuses such independent kernels horizontally (Inductor's ``combo_kernels`` option, set
     for this compilation only: timm resnet50 on an H100, 199 kernels per replay become 104,
-    benchmarks/NOTES.md). Modes are passed to Inductor as their options
+    benchmarks/NOTES.md). ``combo_kernels=None`` sets it in the CUDA-graph modes only: in the
+    others the folds are not in the graph, and combo kernels made timm convnext_tiny slower
+    (5.4 against 3.1 ms). Modes are passed to Inductor as their options
     (``torch._inductor.list_mode_options``), since ``torch.compile`` takes a mode or options,
     not both."""
     if training is None:
@@ -385,6 +387,8 @@ def compile_model(model: nn.Module, precision: str | None = None, *,
     for m in net.modules():
         if hasattr(m, "compiled_as_torch"):
             m.compiled_as_torch = not graphs
+    if combo_kernels is None:
+        combo_kernels = graphs
     if backend != "inductor" or not combo_kernels:
         return torch.compile(net, mode=mode, fullgraph=fullgraph, dynamic=dynamic,
                              backend=backend)
