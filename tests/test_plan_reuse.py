@@ -239,3 +239,21 @@ def test_a_training_conv_bn_act_module_runs_torch_s_ops_through_its_plan():
             assert relative_error(getattr(m.bn, name), getattr(seq[1], name)) < 1e-5, name
     with pytest.raises(fastconv.ConvError, match="residual: expected shape"):
         m(torch.randn(3, 3, 7, 6), torch.randn(3, 5, 7, 6, dtype=torch.float64))
+
+
+def test_a_trial_binds_each_candidate_once(monkeypatch):
+    """Dispatch's trial binds a candidate once and calls that plan for every timed call, as
+    the plan it becomes will (binding per call timed the bind and a first launch each time)."""
+    from fastconv.backends.aten import AtenBackend
+
+    x, w = torch.randn(2, 3, 7, 6), torch.randn(4, 3, 3, 3)
+    problem = plans.forward_problem(2, False, x, w, None, 1, 1, 1, 1, 0, "none", 0.01, None,
+                                    None, None, None, "auto", "ieee")
+    binds = []
+    real = AtenBackend.bind.__func__
+    monkeypatch.setattr(AtenBackend, "bind",
+                        classmethod(lambda cls, *a, **k: binds.append(a) or real(cls, *a, **k)))
+    trial = plans.forward_trial(problem, x, w, None, None, None, None, None)
+    for _ in range(5):
+        trial(AtenBackend, None)
+    assert len(binds) == 1
