@@ -972,8 +972,8 @@ def _check_growth(factor_or_mapping, pairs: list[_Pair]) -> None:
 
 def _grow_pair(pair: _Pair, get, factor_or_mapping, init, noise, generator,
                carries: dict[str, Carries]):
-    """(the widened layers by path, or None when the width stays; the widening, old and
-    new width) of one producer (and those tied to it) with every layer it reaches."""
+    """(the widened layers by path, or None when the width stays; old and new width) of
+    one producer (and those tied to it) with every layer it reaches."""
     producers = [get(n) for n in (pair.producer, *pair.tied)]
     old = producers[0].out_channels
     for n, p in zip(pair.tied, producers[1:]):
@@ -1001,7 +1001,7 @@ def _grow_pair(pair: _Pair, get, factor_or_mapping, init, noise, generator,
                         f"{blocks} does not divide their {old} channels")
     new = _new_width(old, blocks, factor_or_mapping, (pair.producer, *pair.tied))
     if new == old:
-        return None, None, old, new
+        return None, old, new
     w = Widening.plan(old, new, blocks, init, generator)
     grown: dict[str, nn.Module] = {}
 
@@ -1026,7 +1026,7 @@ def _grow_pair(pair: _Pair, get, factor_or_mapping, init, noise, generator,
     for path in pair.bns:
         apply(path, lambda m, wp, c: _widen_batchnorm(m, wp, c), "normalises",
               "num_features")
-    return grown, w, old, new
+    return grown, old, new
 
 
 def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: str = "zero",
@@ -1056,8 +1056,8 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
             continue
         try:
             names = (pair.producer, *pair.tied)
-            grown, w, old, new = _grow_pair(pair, get, factor_or_mapping, init, noise,
-                                            generator, carries)
+            grown, old, new = _grow_pair(pair, get, factor_or_mapping, init, noise,
+                                         generator, carries)
             if grown is None:
                 report.not_grown += [(n, f"its width stays {old}") for n in names]
                 continue
