@@ -219,6 +219,53 @@ def test_eager_dispatch_prices_host_time_and_graphs_only_gpu_time(fakes, monkeyp
     assert dispatch.cached(p, mode="benchmark", grad=True).config == "c"
 
 
+def test_graph_replayed_times_on_rotated_operands_rank_both_choices(fakes, monkeypatch):
+    """Where a trial can rotate over operand sets, each candidate is also timed replayed
+    from a CUDA graph; that GPU time ranks the graph choice and is the GPU part of the eager
+    cost (a tile that looked fast re-reading a warm L2 cache loses). A candidate whose graph
+    timing fails keeps its eager GPU time, with the reason shown; explain shows the column;
+    the plan cache stores it."""
+    run, calls = fakes
+    monkeypatch.setattr(_Fake, "TIMES", {"a": (0.050, 0.010), "b": (0.040, 0.010),
+                                         "c": (0.045, 0.010)})
+    graphed = {"a": 0.052, "b": 0.070, "c": None}  # b: fast only on a warm L2; c: fails
+    rotations = []
+
+    def fake_graph(fn, sets, gpu_ms):
+        config = fn(0)
+        rotations.append((config, sets, gpu_ms))
+        if graphed[config] is None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return graphed[config]
+
+    def rotating(cls, config, k=0):
+        return config if k == 0 or cls.NAME != "fake" else run(cls, config)
+    rotating.operand_sets = type("Sets", (), {"count": 3})()
+    monkeypatch.setattr(dispatch, "time_graph_cost", fake_graph)
+    p = _problem(k=5)
+    monkeypatch.setattr(dispatch, "time_costs", lambda fn: _Fake.TIMES[fn()])
+    eager = dispatch.choose(p, run=rotating, mode="benchmark")
+    assert sorted(rotations) == [("a", 3, 0.050), ("b", 3, 0.040), ("c", 3, 0.045)]
+    assert (eager.config, eager.graph_ms) == ("c", None)  # 0.045 + 0.010 < a's 0.062
+    with dispatch.settings(graph=True):
+        choice = dispatch.choose(p, run=rotating, mode="benchmark")
+        assert (choice.config, choice.ms, choice.graph_ms) == ("c", 0.045, None)
+    monkeypatch.setattr(_Fake, "TIMES", {"a": (0.050, 0.010), "b": (0.040, 0.010)})
+    dispatch.CACHE.clear(disk=True)
+    rotations.clear()
+    with dispatch.settings(graph=True):
+        choice = dispatch.choose(p, run=rotating, mode="benchmark")
+        assert (choice.config, choice.ms, choice.gpu_ms, choice.graph_ms) == \
+            ("a", 0.052, 0.050, 0.052)
+        text = str(dispatch.explain(p, mode="benchmark", run=rotating))
+        dispatch.CACHE = plancache.PlanCache()  # a new process: read from disk
+        assert dispatch.cached(p, mode="benchmark") == choice
+    assert "* fake:a" in text and "graph     52.0 us" in text and "graph     70.0 us" in text
+    monkeypatch.setattr(_Fake, "TIMES", {"a": (0.050, 0.010), "c": (0.045, 0.010)})
+    text = str(dispatch.explain(_problem(k=7), mode="benchmark", run=rotating))
+    assert "graph timing: RuntimeError: operation not permitted" in text
+
+
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 99}),
                                      "FOREIGN"])
 def test_corrupt_or_foreign_cache_file_is_ignored_with_one_warning(fakes, tmp_path, content):

@@ -129,9 +129,12 @@ def test_benchmark_dispatch_times_cudnn_plans_and_explains():
     ex = fastconv.explain(x, w, padding=1, dispatch="benchmark")
     timed = [r for r in ex.rows if r.backend == "cudnn" and r.timed]
     assert len(timed) >= 2, str(ex)  # every plan is timed, not just cuDNN's first
-    assert all(r.gpu_ms > 0 and r.host_ms > 0 for r in timed), str(ex)
-    # eager: the least GPU + host time wins
-    assert ex.choice.ms == min(r.gpu_ms + r.host_ms for r in ex.rows if r.timed)
+    assert all(r.gpu_ms > 0 and r.host_ms > 0 and r.graph_ms > 0 for r in timed), str(ex)
+    # eager: the least GPU (graph-replayed, rotated operands) + host time wins
+    assert ex.choice.ms == min(r.graph_ms + r.host_ms for r in ex.rows if r.timed)
+    with dispatch.settings(graph=True):
+        ex = fastconv.explain(x, w, padding=1, dispatch="benchmark")
+    assert ex.choice.ms == min(r.graph_ms for r in ex.rows if r.timed), str(ex)
     print(ex)
 
 

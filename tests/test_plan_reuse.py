@@ -257,3 +257,44 @@ def test_a_trial_binds_each_candidate_once(monkeypatch):
     for _ in range(5):
         trial(AtenBackend, None)
     assert len(binds) == 1
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_trials_rotate_over_copies_of_the_operands(grad):
+    """Graph timing runs a candidate on operand set k: set 0 is the call's own tensors,
+    the others detached copies with the same values, layouts and requires_grad (made at
+    first use); each set writes its own output. The caller's tensors are left alone."""
+    from fastconv.backends.aten import AtenBackend
+
+    x = torch.randn(2, 3, 7, 6).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(4, 3, 3, 3, requires_grad=grad)
+    b = torch.randn(4)
+    problem = plans.forward_problem(2, False, x, w, b, 1, 1, 1, 1, 0, "relu", 0.01, None,
+                                    None, None, None, "auto", "ieee")
+    trial = plans.forward_trial(problem, x, w, b, None, None, None, None, grad=grad)
+    sets = trial.operand_sets
+    assert sets.count == 8  # a tiny problem: the most sets (dispatch.rotation_count)
+    for k in (2, 0, 1):
+        trial(AtenBackend, None, k)
+    assert len(sets.sets) == 3
+    own, copy = sets[0], sets[2]
+    assert own[0].data_ptr() == x.data_ptr()
+    for a, c in zip(own[:-1], copy[:-1]):  # (the last: the set's own scratch)
+        if isinstance(a, torch.Tensor):
+            assert c.data_ptr() != a.data_ptr() and torch.equal(a, c)
+            assert c.stride() == a.stride() and c.requires_grad == a.requires_grad
+            assert c.grad_fn is None
+    if not grad:
+        ref = F.relu(_ref(x, w, b, padding=1))
+        for k in range(3):
+            assert relative_error(sets[k][-1], ref) < 1e-6
+    assert w.grad is None
+
+
+def test_rotation_count_passes_more_than_twice_the_l2_cache():
+    from fastconv import dispatch
+
+    assert dispatch.rotation_count(1) == 8
+    assert dispatch.rotation_count(2 * dispatch.L2_BYTES) == 1
+    n = dispatch.rotation_count(dispatch.L2_BYTES // 3)
+    assert n == 6 and n * (dispatch.L2_BYTES // 3) >= 2 * dispatch.L2_BYTES - 6

@@ -27,6 +27,8 @@ checks that no module imports another in a cycle).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -189,57 +191,98 @@ def _bound(problem: ConvProblem, cls, config):
     return run_folded
 
 
-def forward_trial(problem, input, weight, bias, scale, shift, residual, out, backend="auto",
-           grad=False):
-    """Dispatch's ``run(cls, config)``: one candidate on the call's own tensors. With
-    ``grad`` the candidate runs as a call that needs gradients runs it, forward and backward
-    through autograd (``torch.autograd.grad`` of detached copies of the operands): torch's
-    autograd for a native plan, ``ConvFunction`` for the others, so that each carries
-    the host and GPU cost of its own backward, the autograd engine's included."""
-    if grad:
-        return _grad_trial(problem, (input, weight, bias, scale, shift, residual), backend)
-    scratch: list[torch.Tensor] = []  # allocated only if dispatch times candidates
-    # each candidate bound once, so that its timed calls cost what its plan's calls will
-    # (a plan binds once: binding per timed call put the bind and a Triton plan's first,
-    # unprepared launch into every call's host time)
+class _Sets:
+    """The operand sets dispatch's trials run on: set 0 is the call's own tensors, the
+    others (made at first use) detached copies of them, so that graph timing can rotate over
+    more bytes than the L2 cache holds (``dispatch.time_graph_cost``). ``scratch(k)``: the
+    buffers set k writes into (a tuple). ``count``: how many sets a rotation uses."""
+
+    def __init__(self, own: tuple, scratch, scratch_bytes: int):
+        self.own, self.scratch, self.sets = own, scratch, []
+        self.count = dispatch.rotation_count(scratch_bytes + sum(
+            t.numel() * t.element_size() for t in own if isinstance(t, torch.Tensor)))
+
+    def __getitem__(self, k: int) -> tuple:
+        while len(self.sets) <= k:
+            i = len(self.sets)
+            src = self.own if i == 0 else tuple(
+                t.detach().clone().requires_grad_(t.requires_grad)
+                if isinstance(t, torch.Tensor) else t for t in self.own)
+            self.sets.append(src + self.scratch(i))
+        return self.sets[k]
+
+
+def _output_bytes(problem: ConvProblem) -> int:
+    return math.prod(problem.output_shape()) * problem.dtype.itemsize
+
+
+def _binder(bind):
+    """``bind(cls, config)``, made once per candidate, so that its timed calls cost what its
+    plan's calls will (a plan binds once: binding per timed call put the bind and a Triton
+    plan's first, unprepared launch into every call's host time)."""
     bound: dict = {}
 
-    def trial(cls, config):
-        if not scratch:
-            scratch.append(out if out is not None else problem.new_output(input.device))
-        key = (cls, config)
+    def get(cls, config):
         try:
-            run = bound.get(key)
+            run = bound.get((cls, config))
         except TypeError:  # an unhashable configuration: bound per call
-            key, run = None, None
+            return bind(cls, config)
         if run is None:
-            run = _bound(problem, cls, config)
-            if key is not None:
-                bound[key] = run
-        run(input, weight, bias, scale, shift, residual, scratch[0])
+            run = bound[(cls, config)] = bind(cls, config)
+        return run
+    return get
+
+
+def _rotating(trial, sets: _Sets):
+    """``trial`` (``run(cls, config, k=0)``) with its ``operand_sets``, which dispatch's
+    graph timing rotates over."""
+    trial.operand_sets = sets
     return trial
+
+
+def forward_trial(problem, input, weight, bias, scale, shift, residual, out, backend="auto",
+                  grad=False):
+    """Dispatch's ``run(cls, config, k=0)``: one candidate on the call's own tensors (k = 0)
+    or on copies of them (operand set k). With ``grad`` the candidate runs as a call that
+    needs gradients runs it, forward and backward through autograd (``torch.autograd.grad``
+    of detached copies of the operands): torch's autograd for a native plan,
+    ``ConvFunction`` for the others, so that each carries the host and GPU cost of its own
+    backward, the autograd engine's included."""
+    if grad:
+        return _grad_trial(problem, (input, weight, bias, scale, shift, residual), backend)
+    sets = _Sets((input, weight, bias, scale, shift, residual),
+                 lambda k: (out if k == 0 and out is not None
+                            else problem.new_output(input.device),), _output_bytes(problem))
+    bound = _binder(lambda cls, config: _bound(problem, cls, config))
+
+    def trial(cls, config, k=0):
+        bound(cls, config)(*sets[k])
+    return _rotating(trial, sets)
 
 
 def _grad_trial(problem: ConvProblem, operands: tuple, backend: str):
     leaves = tuple(t.detach().requires_grad_(t.requires_grad)
                    if isinstance(t, torch.Tensor) else t for t in operands)
-    wrt = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
     geometry = (list(problem.stride), list(problem.pad_pre), list(problem.pad_post),
                 list(problem.dilation), problem.groups, problem.transposed,
                 list(problem.output_padding), problem.epilogue.activation,
                 problem.epilogue.negative_slope, backend, problem.precision.value)
-    scratch: list[torch.Tensor] = []  # the output gradient (random, the output's layout)
+    # each set: the leaves and the output gradient (random, the output's layout)
+    sets = _Sets(leaves, lambda k: (problem.new_output(operands[0].device).normal_(),),
+                 _output_bytes(problem))
 
-    def trial(cls, config):
-        if not scratch:
-            scratch.append(problem.new_output(operands[0].device).normal_())
-        plan = _Plan(problem, _bound(problem, cls, config), cls.NAME,
-                     native_grad=_native(cls, config, problem))
+    plans = _binder(lambda cls, config: _Plan(problem, _bound(problem, cls, config), cls.NAME,
+                                              native_grad=_native(cls, config, problem)))
+
+    def trial(cls, config, k=0):
+        *xs, grad_out = sets[k]
+        wrt = [t for t in xs if isinstance(t, torch.Tensor) and t.requires_grad]
+        plan = plans(cls, config)
         with torch.enable_grad():
-            y = plan.run(*leaves, None) if plan.native_grad else \
-                ConvFunction.apply(plan, *leaves, *geometry)
-            torch.autograd.grad(y, wrt, scratch[0])
-    return trial
+            y = plan.run(*xs, None) if plan.native_grad else \
+                ConvFunction.apply(plan, *xs, *geometry)
+            torch.autograd.grad(y, wrt, grad_out)
+    return _rotating(trial, sets)
 
 
 def _native(cls, config, problem: ConvProblem) -> bool:
@@ -297,12 +340,15 @@ def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation,
         if tuple(grad_out.shape) != problem.output_shape():
             raise ConvError(f"grad_output: expected shape {problem.output_shape()}, got "
                             f"{tuple(grad_out.shape)}")
-        second = weight if op == "dgrad" else input
+        sets = _Sets((grad_out, weight if op == "dgrad" else input),
+                     lambda k: (out if k == 0 else None if out is None else torch.empty_like(out),),
+                     (weight if op == "wgrad" else input).numel() * problem.dtype.itemsize)
+        bound = _binder(lambda cls, config: cls.bind(problem, config, op))
 
-        def trial(cls, config):
-            cls.bind(problem, config, op)(grad_out, second, out)
+        def trial(cls, config, k=0):
+            bound(cls, config)(*sets[k])
 
-        choice = dispatch.choose(problem, backend, run=trial, op=op)
+        choice = dispatch.choose(problem, backend, run=_rotating(trial, sets), op=op)
         plan = _Plan(problem, backends.REGISTRY[choice.backend].bind(problem, choice.config, op),
                      choice.backend)
         _remember(sig, plan)

@@ -43,7 +43,6 @@ def unavailable(provider: str) -> str:
         ok, why = backends.get(BACKEND_OF[provider]).available()
         return "" if ok else why
     return ""
-_L2_BYTES = 60 * 2**20  # H200's L2; an over-estimate on smaller parts is harmless
 
 
 def percentiles(times: list[float]) -> tuple[float, float, float]:
@@ -154,7 +153,7 @@ def _input_sets(case: BenchCase, precision: Precision, layout: str, mode: str,
     dtype = DTYPE[precision]
     one = (case.n * case.c * math.prod(case.spatial) + math.prod(case.weight_shape())) * \
         torch.empty((), dtype=dtype).element_size()
-    count = max(1, min(8, math.ceil(2 * _L2_BYTES / one))) if device == "cuda" else 1
+    count = dispatch.rotation_count(one) if device == "cuda" else 1
     grad = mode in ("bwd", "train")
     channels_last = layout == "nhwc" and case.rank == 2
     sets = []
