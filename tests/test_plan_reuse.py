@@ -269,9 +269,12 @@ def test_trials_rotate_over_copies_of_the_operands(grad):
     x = torch.randn(2, 3, 7, 6).contiguous(memory_format=torch.channels_last)
     w = torch.randn(4, 3, 3, 3, requires_grad=grad)
     b = torch.randn(4)
+    # into the caller's (poisoned) buffer without grad: each set writes a buffer like it
+    out = None if grad else torch.full((2, 4, 7, 6), float("nan")).contiguous(
+        memory_format=torch.channels_last)
     problem = plans.forward_problem(2, False, x, w, b, 1, 1, 1, 1, 0, "relu", 0.01, None,
-                                    None, None, None, "auto", "ieee")
-    trial = plans.forward_trial(problem, x, w, b, None, None, None, None, grad=grad)
+                                    None, None, out, "auto", "ieee")
+    trial = plans.forward_trial(problem, x, w, b, None, None, None, out, grad=grad)
     sets = trial.operand_sets
     assert sets.count == 8  # a tiny problem: the most sets (dispatch.rotation_count)
     for k in (2, 0, 1):
@@ -286,8 +289,10 @@ def test_trials_rotate_over_copies_of_the_operands(grad):
             assert c.grad_fn is None
     if not grad:
         ref = F.relu(_ref(x, w, b, padding=1))
+        assert sets[0][-1] is out and len({sets[k][-1].data_ptr() for k in range(3)}) == 3
         for k in range(3):
             assert relative_error(sets[k][-1], ref) < 1e-6
+            assert sets[k][-1].stride() == out.stride()
     assert w.grad is None
 
 

@@ -212,6 +212,12 @@ class _Sets:
         return self.sets[k]
 
 
+def _like(out: torch.Tensor | None):
+    """An operand set's scratch: ``out`` for set 0, a buffer like it for the others (None:
+    each call allocates its output, as the call being planned does)."""
+    return lambda k: (out if k == 0 or out is None else torch.empty_like(out),)
+
+
 def _output_bytes(problem: ConvProblem) -> int:
     return math.prod(problem.output_shape()) * problem.dtype.itemsize
 
@@ -250,9 +256,10 @@ def forward_trial(problem, input, weight, bias, scale, shift, residual, out, bac
     backward, the autograd engine's included."""
     if grad:
         return _grad_trial(problem, (input, weight, bias, scale, shift, residual), backend)
-    sets = _Sets((input, weight, bias, scale, shift, residual),
-                 lambda k: (out if k == 0 and out is not None
-                            else problem.new_output(input.device),), _output_bytes(problem))
+    # the output as the call gives it: into ``out`` or allocated by the candidate (a scratch
+    # buffer in every trial charged aten's bound call an output copy its plan never makes)
+    sets = _Sets((input, weight, bias, scale, shift, residual), _like(out),
+                 _output_bytes(problem))
     bound = _binder(lambda cls, config: _bound(problem, cls, config))
 
     def trial(cls, config, k=0):
@@ -340,8 +347,7 @@ def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation,
         if tuple(grad_out.shape) != problem.output_shape():
             raise ConvError(f"grad_output: expected shape {problem.output_shape()}, got "
                             f"{tuple(grad_out.shape)}")
-        sets = _Sets((grad_out, weight if op == "dgrad" else input),
-                     lambda k: (out if k == 0 else None if out is None else torch.empty_like(out),),
+        sets = _Sets((grad_out, weight if op == "dgrad" else input), _like(out),
                      (weight if op == "wgrad" else input).numel() * problem.dtype.itemsize)
         bound = _binder(lambda cls, config: cls.bind(problem, config, op))
 
