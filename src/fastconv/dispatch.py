@@ -542,13 +542,15 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
 
-def time_costs(fn: Callable[[], None], warmup: int = 3, batches: int = 5,
+def time_costs(fn: Callable[[], None], warmup: int = 5, batches: int = 7,
                per_batch: int = 8) -> tuple[float, float]:
-    """``(GPU ms, host ms)`` per call of ``fn``: medians over ``batches`` of ``per_batch``
-    back-to-back calls. Each batch is queued behind a spinning kernel (``torch.cuda._sleep``)
-    that outlasts the host's work, so the CUDA events around it time the GPU alone, and the
-    wall clock of the calls is the host's time alone (it never waits for the GPU, unless
-    ``fn`` synchronises: then its host time includes the wait, as it would in a program)."""
+    """``(GPU ms, host ms)`` per call of ``fn`` over ``batches`` of ``per_batch`` back-to-back
+    calls: the median GPU time, the least host time (the host's noise only adds: one
+    candidate's host time varied 2-4x between timings when it was the median). Each batch is
+    queued behind a spinning kernel (``torch.cuda._sleep``) that outlasts the host's work, so
+    the CUDA events around it time the GPU alone, and the wall clock of the calls is the
+    host's time alone (it never waits for the GPU, unless ``fn`` synchronises: then its host
+    time includes the wait, as it would in a program)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -571,7 +573,7 @@ def time_costs(fn: Callable[[], None], warmup: int = 3, batches: int = 5,
         end.synchronize()
         gpu.append(begin.elapsed_time(end) / per_batch)
         host_guess = max(host_guess, host[-1])
-    return statistics.median(gpu), statistics.median(host)
+    return statistics.median(gpu), min(host)
 
 
 #: Bytes the operand sets of a graph timing (and the bench's input sets) must exceed
