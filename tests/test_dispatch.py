@@ -62,6 +62,8 @@ def fakes(monkeypatch, tmp_path):
         return t if isinstance(t, tuple) else (t, 0.0)
 
     monkeypatch.setattr(dispatch, "time_costs", fake_time)
+    # host times measured again (dispatch._refine_host): the first measurement stands
+    monkeypatch.setattr(dispatch, "time_host_cost", lambda fn, guess: guess)
 
     def run(cls, config):
         calls.append((cls.NAME, config))
@@ -217,6 +219,34 @@ def test_eager_dispatch_prices_host_time_and_graphs_only_gpu_time(fakes, monkeyp
     dispatch.choose(p, run=run, mode="benchmark", grad=True)
     assert len(calls) > 0
     assert dispatch.cached(p, mode="benchmark", grad=True).config == "c"
+
+
+def test_the_cheapest_candidates_host_times_are_measured_again_interleaved(fakes,
+                                                                          monkeypatch):
+    """The first candidate timed for a problem measured a host time up to 2-4x its own on
+    the GPU: the few of least eager cost are timed again, interleaved, each keeping its
+    least host time, so that a noisy first timing does not decide the eager choice."""
+    run, calls = fakes
+    monkeypatch.setattr(_Fake, "TIMES", {"a": (0.030, 0.010), "b": (0.035, 0.012),
+                                         "c": (0.090, 0.010), "d": (0.200, 0.010)})
+    first = {"a": 0.060}  # a's own timing: its host time inflated
+    monkeypatch.setattr(dispatch, "time_costs",
+                        lambda fn: (lambda t: (t[0], first.pop(config[0], t[1])))(fn()))
+    config = []
+    real_run = run
+
+    def run_noting(cls, c):
+        config[:] = [c]
+        return real_run(cls, c)
+    p = _problem(k=5)
+    again = []
+    monkeypatch.setattr(dispatch, "time_host_cost",
+                        lambda fn, guess: again.append(fn()) or again[-1][1])
+    choice = dispatch.choose(p, run=run_noting, mode="benchmark")
+    assert (choice.config, choice.host_ms) == ("a", 0.010)
+    # every round re-times the four cheapest (here all four), in turn
+    assert again[:4] == [_Fake.TIMES[c] for c in ("b", "a", "c", "d")]  # by eager cost
+    assert len(again) == 12
 
 
 def test_graph_replayed_times_on_rotated_operands_rank_both_choices(fakes, monkeypatch):
