@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The models suite over issue 22's zoo, one process per model (each with its own tuning
+# budget, as a user's run gets), bf16 channels-last, fastconv (optimize) against torch.
+# Usage (device): FASTCONV_GIT_SHA=<sha> MODE=eval|train bash benchmarks/zoo_models.sh CASE...
+# Logs and JSON under $OUT/zoo-$MODE; the last lines: each model's row and geomean.
+set -uo pipefail
+mode=${MODE:-eval}
+out=${OUT:-out}/zoo-$mode
+mkdir -p "$out"
+export PYTHONPATH=${PYTHONPATH:-$PWD/src}
+for case in "$@"; do
+  FASTCONV_CACHE_DIR=/tmp/zoo-cache-$case timeout ${PER_MODEL_S:-150} python3 -m fastconv.cli bench \
+    --suite models --cases "$case" --precision bf16 --mode "$mode" --provider torch,fastconv \
+    --tune-budget default --out "$out" > "$out/$case.log" 2>&1 || echo "$case: exit $?"
+  for f in "$out"/models-*.json; do [ -e "$f" ] && mv "$f" "$out/$case-$(basename "$f")"; done
+  rm -f "$out"/models-*.csv
+done
+grep -hE " fastconv " "$out"/*.log
