@@ -2,7 +2,7 @@
 # The models suite over issue 22's zoo, one process per model (each with its own tuning
 # budget, as a user's run gets), bf16 channels-last, fastconv (optimize) against torch.
 # Usage (device): FASTCONV_GIT_SHA=<sha> MODE=eval|train bash benchmarks/zoo_models.sh CASE...
-# Logs and JSON under $OUT/zoo-$MODE; the last lines: each model's row and geomean.
+# Logs and JSON in $OUT/zoo-$MODE-<time>.tgz; printed: each model's fastconv row.
 set -uo pipefail
 mode=${MODE:-eval}
 out=${OUT:-out}/zoo-$mode
@@ -16,3 +16,5 @@ for case in "$@"; do
   rm -f "$out"/models-*.csv
 done
 grep -hE " fastconv " "$out"/*.log
+# (the device returns few files: one archive per call)
+tar czf "$out-$(date +%H%M%S).tgz" -C "$out" . && rm -rf "$out"
