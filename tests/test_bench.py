@@ -14,8 +14,9 @@ ROW_KEYS = {"case", "provider", "precision", "mode", "ms_p50", "ms_p20", "ms_p80
             "gbps", "rel_err"}
 
 
-class FakeTimer:
-    """Provider-dependent, deterministic 'timings': torch 2 ms, fastconv 1 ms."""
+class FakeTimer(runner.GpuTimer):
+    """Provider-dependent, deterministic 'timings': torch 2 ms, fastconv 1 ms (its
+    ``eager_rounds`` is the runner's own)."""
 
     def __init__(self):
         self.calls = []
@@ -38,8 +39,24 @@ def _rows_with(timer_ms):
         timer.ms = ms
         rows += runner.run_case(case, [provider], Precision.IEEE, "nchw", reps=21,
                                 device="cpu", timer=timer)
-        assert timer.calls == [21]
+        assert timer.calls == [5] * runner.ROUNDS  # 21 calls or more, in rounds
     return rows
+
+
+def test_providers_eager_timings_are_interleaved_in_rounds():
+    """One provider timed in one stretch reads the host's drift as a difference between
+    providers: every provider is timed in each of ROUNDS rounds, each first in turn."""
+    order = []
+
+    class Recording(runner.GpuTimer):
+        def eager(self, fns, reps):
+            order.append((fns[0](), reps))
+            return [1.0] * reps
+
+    times = Recording().eager_rounds({"a": [lambda: "a"], "b": [lambda: "b"],
+                                      "c": [lambda: "c"]}, reps=10, rounds=4)
+    assert [k for k, _ in order] == list("abc" "bca" "cab" "abc")
+    assert {n for _, n in order} == {3} and all(len(t) == 12 for t in times.values())
 
 
 def test_runner_rows_follow_the_schema_and_the_timer():

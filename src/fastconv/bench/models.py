@@ -196,9 +196,11 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
     layout = "nhwc" if precision in (Precision.BF16, Precision.FP16) else "nchw"
     rows = []
     try:
+        ready = {}  # provider -> (row, its call); the others' rows carry their error
         for provider in providers:
             row = dict(case=case.name, provider=provider, precision=precision.value,
                        mode=mode, layout=layout, batch=case.batch, size=case.size)
+            rows.append(row)
             try:
                 if provider not in PROVIDERS:
                     raise ValueError(f"not a models provider (use {', '.join(PROVIDERS)})")
@@ -211,18 +213,6 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                 row["first_call_s"] = time.perf_counter() - start
                 row["rel_err"] = relative_error(y, truth)
                 row["mask_agreement"] = float((y.argmax(1) == truth.argmax(1)).float().mean())
-                if timer is not None:
-                    from .runner import percentiles
-
-                    p50, p20, p80 = percentiles(timer.eager([fn], reps))
-                    # (reduce-overhead replays compile's own CUDA graphs: none around them)
-                    graph = (timer.graph([fn]) if mode == "eval" and not provider.endswith("_ro")
-                             else None)
-                    row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80,
-                               images_per_s=case.batch * 1000 / p50,
-                               graph_ms_p50=sorted(graph)[len(graph) // 2] if graph else None)
-                else:
-                    row.update(ms_p50=None, timing="not measured (no GPU)")
                 if provider.startswith("fastconv"):
                     row["choice"] = (f"{len(net.report.fused)} fused, "
                                      f"{len(net.report.left)} left")
@@ -230,7 +220,31 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                         row["notes"] = "; ".join(net.report.notes)
             except Exception as exc:  # reported, not fatal
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            rows.append(row)
+                continue
+            ready[provider] = (row, fn)
+        if timer is None:
+            for row, _ in ready.values():
+                row.update(ms_p50=None, timing="not measured (no GPU)")
+            return rows
+        from .runner import percentiles
+
+        try:  # (the providers interleaved: runner.GpuTimer.eager_rounds)
+            eager = timer.eager_rounds({p: [v[1]] for p, v in ready.items()}, reps)
+        except Exception as exc:
+            for row, _ in ready.values():
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            return rows
+        for provider, (row, fn) in ready.items():
+            try:
+                p50, p20, p80 = percentiles(eager[provider])
+                # (reduce-overhead replays compile's own CUDA graphs: none around them)
+                graph = (timer.graph([fn]) if mode == "eval" and not provider.endswith("_ro")
+                         else None)
+                row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80,
+                           images_per_s=case.batch * 1000 / p50,
+                           graph_ms_p50=sorted(graph)[len(graph) // 2] if graph else None)
+            except Exception as exc:  # reported, not fatal
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
     return rows

@@ -128,11 +128,29 @@ def measure_ceilings(precision: Precision) -> dict[str, float]:
             "hbm_gbps": 2 * src.numel() * 4 / copy_ms / 1e6}
 
 
+#: Interleaved rounds of the providers' eager timings (``GpuTimer.eager_rounds``).
+ROUNDS = 5
+
+
 class GpuTimer:
     """Eager and CUDA-graph timings of a list of calls (see the module docstring)."""
 
     def eager(self, fns: list[Callable[[], object]], reps: int) -> list[float]:
         return time_calls(fns, reps)
+
+    def eager_rounds(self, fns: dict[str, list[Callable[[], object]]], reps: int,
+                     rounds: int = ROUNDS) -> dict[str, list[float]]:
+        """``eager`` of each entry of ``fns`` (a provider's calls), ``reps`` calls each,
+        in ``rounds`` interleaved rounds: the host of the GPU machines drifts by 10-30 %
+        between processes and within one (torch's own call 23-33 us), and one provider's
+        calls timed in one stretch read that drift as a difference between providers."""
+        out: dict[str, list[float]] = {k: [] for k in fns}
+        per_round = max(1, -(-reps // rounds))
+        keys = list(fns)
+        for r in range(rounds):
+            for k in keys[r % len(keys):] + keys[:r % len(keys)]:  # each first in turn
+                out[k] += self.eager(fns[k], per_round)
+        return out
 
     def graph(self, fns: list[Callable[[], object]]) -> list[float] | None:
         try:  # (fastconv's dispatch ranks by GPU time alone for a graph)
@@ -464,9 +482,11 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
     try:
+        ready = {}  # provider -> (row, its calls); the others' rows carry their error
         for provider in providers:
             row = dict(case=case.name, provider=provider, precision=precision.value,
                        mode=mode, layout=layout, flops=flops, min_bytes=min_bytes)
+            rows.append(row)
             compiled: dict = {}
             try:
                 fns = [_call(provider, case, precision, t, mode, compiled) for t in sets]
@@ -479,8 +499,16 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                 row["rel_err"] = max(relative_error(a, b) for a, b in zip(_as_tuple(first), ref))
                 diff = (_as_tuple(first)[0].detach().double() - ref[0]).abs()
                 row["max_err"], row["mean_err"] = float(diff.max()), float(diff.mean())
+            except Exception as exc:  # an unsupported provider is reported, not fatal
+                row["error"] = f"{type(exc).__name__}: {exc}"
+                continue
+            ready[provider] = (row, fns, compiled)
+        eager = timer.eager_rounds({p: v[1] for p, v in ready.items()}, reps) \
+            if timer is not None and ready else {}
+        for provider, (row, fns, compiled) in ready.items():
+            try:
                 if timer is not None:
-                    p50, p20, p80 = percentiles(timer.eager(fns, reps))
+                    p50, p20, p80 = percentiles(eager[provider])
                     # Autograd rows (bwd, train) are timed eagerly only: a backward replayed
                     # on a saved autograd graph cannot be captured, and a failed capture of a
                     # train step left the CUDA generator unusable for the next case (H200,
@@ -493,20 +521,18 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                 else:
                     row.update(ms_p50=None, ms_p20=None, ms_p80=None, tflops=None, gbps=None,
                                graph_ms_p50=None, timing="not measured (no GPU)")
-            except Exception as exc:  # an unsupported provider is reported, not fatal
+                if host:
+                    row["host_us"] = time_host(fns)
+                    row["host_us_p50"] = statistics.median(row["host_us"])
+                if mode == "train" and device == "cuda":
+                    row.update(_memory(fns[0], _call(provider, case, precision, sets[0], "fwd",
+                                                     compiled)))
+            except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"
-                rows.append(row)
                 continue
-            if host:
-                row["host_us"] = time_host(fns)
-                row["host_us_p50"] = statistics.median(row["host_us"])
-            if mode == "train" and device == "cuda":
-                row.update(_memory(fns[0], _call(provider, case, precision, sets[0], "fwd",
-                                                 compiled)))
             if provider.startswith("fastconv"):
                 backend = "auto" if provider == "fastconv" else provider.split("_", 1)[1]
                 row["choice"] = _choices(problem, backend, mode)
-            rows.append(row)
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = cudnn_flags
     return rows
