@@ -117,7 +117,11 @@ def check(device: str, dtype: torch.dtype) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--block-p", default="1,2,4,8,16,32,64",
+                    help="BLOCK_P values to sweep (each a compile)")
+    ap.add_argument("--stages", type=int, default=4, help="how many of the four stages")
     args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True  # torch's side as the bench runs it
     device = "cuda" if torch.cuda.is_available() else "cpu"
     check(device, torch.float32)
     if args.check_only or device == "cpu":
@@ -127,14 +131,14 @@ def main() -> None:
           "(median of 20 replays), inputs rotated over > 2x L2")
     print(f"{'stage':>14} {'torch':>9} {'fused':>9} {'ratio':>7}  "
           f"{'best BLOCK_P':>12}  bytes floor us")
-    for c, hw in ((96, 56), (192, 28), (384, 14), (768, 7)):
+    for c, hw in ((96, 56), (192, 28), (384, 14), (768, 7))[:args.stages]:
         one = 32 * c * hw * hw * 2
         sets = [_operands(32, c, hw, device, torch.bfloat16)
                 for _ in range(rotation_count(2 * one))]
         t = statistics.median(time_graph([lambda s=s: torch_path(*s) for s in sets])) * 1e3
         prepared = [(x, taps(w), b, g, bt) for x, w, b, g, bt in sets]
         best = None
-        for bp in (1, 2, 4, 8, 16, 32, 64):
+        for bp in map(int, args.block_p.split(",")):
             if bp * triton.next_power_of_2(c) > 16384:
                 continue
             try:
