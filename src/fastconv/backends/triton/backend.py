@@ -101,7 +101,8 @@ class TritonBackend(Backend):
         if _direct_depthwise(problem):
             return direct(problem.layout == "nhwc", problem.device == "cuda",
                           pairs=op == "fprop" and _pairs_problem(problem),
-                          plane=problem.rank == 2, narrow=problem.out_size[-1] < 64)
+                          plane=problem.rank == 2, narrow=problem.out_size[-1] < 64,
+                          roll=_roll_problem(problem, op))
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]
         if op == "dgrad" or (op == "fprop" and problem.transposed):
@@ -203,9 +204,16 @@ def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
         "block_a": (lambda v: _pow2(v, 1, 1024), "a power of two in [1, 1024]"),
         "block_b": (lambda v: _pow2(v, 1, 1024), "a power of two in [1, 1024]"),
         "num_warps": _WARPS, "pairs": _BOOL, "plane": _BOOL,
+        "roll": (lambda v: type(v) is int and 0 <= v <= 1024, "an int in [0, 1024]"),
     })
     if errors:
         return errors
+    if config.roll and not _roll_problem(problem, op):
+        errors.append("roll: only the forward of a channels-last depthwise convolution with "
+                      "unit row dilation and at most 7 output rows per input row, and its "
+                      "data gradient at stride 1 with one output channel per input")
+    if config.roll and (config.pairs or config.plane):
+        errors.append("roll: not with pairs or plane")
     if config.block_a * config.block_b > 8192:
         errors.append(f"a {config.block_a}x{config.block_b} tile: at most 8192 elements")
     if not (_direct_depthwise(problem) or _direct_grouped(problem)):
@@ -222,6 +230,22 @@ def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
 def _direct_depthwise(problem: ConvProblem) -> bool:
     """Depthwise problems (any channel multiplier) run on depthwise.py's direct kernels."""
     return problem.depthwise and not problem.transposed
+
+
+def _roll_problem(problem: ConvProblem, op: str) -> bool:
+    """Whether dw_roll.py's kernel can run ``op`` of a depthwise problem."""
+    from . import dw_roll
+
+    if not _direct_depthwise(problem) or op not in ("fprop", "dgrad"):
+        return False
+    two_d = problem.rank == 2
+    geo = dict(channels_last=problem.layout == "nhwc", c_per_group=problem.c_per_group,
+               kernel=problem.kernel if two_d else (1, *problem.kernel),
+               stride=problem.stride if two_d else (1, *problem.stride),
+               dilation=problem.dilation if two_d else (1, *problem.dilation))
+    if op == "dgrad":
+        return dw_roll.dgrad_eligible(multiplier=problem.k_per_group, **geo)
+    return dw_roll.eligible(**geo)
 
 
 def _pairs_problem(problem: ConvProblem) -> bool:
@@ -330,6 +354,8 @@ class _Geometry:
         cl = problem.layout == "nhwc"
         geo = dict(stride=self.stride, pad=self.pad, dilation=self.dilation,
                    channels_last=cl, config=config)
+        if config.roll:
+            return self.bind_roll(config, op)
         if op == "dgrad":
             def run_dgrad(grad_out, weight, out):
                 if out is None:
@@ -368,6 +394,44 @@ class _Geometry:
                       else depthwise.launch_fprop)
             again = launch(x4, w4, o4, scale, shift, r4, act_code=act, negative_slope=slope,
                            int64=self.needs_int64(x4, w4, o4, r4), **geo)
+            prepared[:] = [] if again is None else [again]
+            return out
+        return run
+
+    def bind_roll(self, config, op: str):
+        """dw_roll.py's forward or data gradient (``_roll_problem``)."""
+        from . import dw_roll
+
+        problem = self.problem
+        kernel = problem.kernel if self.two_d else (1, *problem.kernel)
+        if op == "dgrad":
+            def run_dgrad(grad_out, weight, out):
+                if out is None:
+                    out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
+                                          grad_out.dtype, grad_out.device)
+                d4, o4 = self.four_d(grad_out, out)
+                dw_roll.launch_dgrad(d4, roll_weight(weight, config.block_b), o4,
+                                     kernel=kernel, pad=self.pad, dilation=self.dilation,
+                                     config=config, int64=self.needs_int64(d4, o4))
+                return out
+            return run_dgrad
+        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
+        prepared: list = []  # the plan's launch after its first call (as bind_depthwise's)
+
+        def run(input, weight, bias, scale, shift, residual, out):
+            if out is None:
+                out = problem.new_output(input.device)
+            x4, o4, r4 = self.four_d(input, out, residual)
+            wp = roll_weight(weight, config.block_b)
+            scale, shift = _contig(scale), _contig(shift)
+            if prepared and prepared[0](x4, wp, o4, o4 if scale is None else scale,
+                                        o4 if shift is None else shift,
+                                        o4 if r4 is None else r4):
+                return out
+            again = dw_roll.launch_fprop(
+                x4, wp, o4, scale, shift, r4, kernel=kernel, stride=self.stride, pad=self.pad,
+                dilation=self.dilation, act_code=act, negative_slope=slope, config=config,
+                int64=self.needs_int64(x4, o4, r4))
             prepared[:] = [] if again is None else [again]
             return out
         return run
@@ -513,18 +577,32 @@ def packed_weight(w: torch.Tensor, dim: int = 1, groups: int = 1,
     graph packs the weight itself (a training graph replays after every optimizer step)."""
     if pack == 1 and _is_packed(w, dim):
         return w
+    return _cached(w, (dim, groups, pack), lambda: _repack(w, dim, groups, pack))
+
+
+def roll_weight(w: torch.Tensor, block_c: int) -> torch.Tensor:
+    """A depthwise weight as dw_roll.py's kernel reads it (``dw_roll.pack_weight``, on the
+    4-D view), cached as ``packed_weight``."""
+    from .dw_roll import pack_weight
+
+    return _cached(w, ("roll", block_c),
+                   lambda: pack_weight(w if w.dim() == 4 else w.unsqueeze(2), block_c))
+
+
+def _cached(w: torch.Tensor, key: tuple, make) -> torch.Tensor:
+    """``make()``, a derived form of ``w``, cached per weight tensor and version (see
+    ``packed_weight``); made afresh while a CUDA graph is captured."""
     if w.is_cuda and torch.cuda.is_current_stream_capturing():
-        return _repack(w, dim, groups, pack)
-    key = (dim, groups, pack)
+        return make()
     per_key = _PACKED.get(w)
     hit = per_key.get(key) if per_key is not None else None
     if hit is not None and hit[0] == w._version:
         return hit[1]
-    packed = _repack(w, dim, groups, pack)
+    derived = make()
     if per_key is None:
         per_key = _PACKED[w] = {}
-    per_key[key] = (w._version, packed)
-    return packed
+    per_key[key] = (w._version, derived)
+    return derived
 
 
 def _repack(w: torch.Tensor, dim: int, groups: int, pack: int) -> torch.Tensor:

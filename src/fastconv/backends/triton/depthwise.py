@@ -45,37 +45,49 @@ class DwConfig:
     in each layout) and the warps per program. ``pairs``: the forward runs dw_pairs.py's
     kernel (16-bit channels-first rows, ``block_b`` counting column pairs) when the tensors
     allow it, this module's otherwise. ``plane``: channels-first tiles span an image's
-    flattened positions instead of one row."""
+    flattened positions instead of one row. ``roll``: channels-last rows walked by
+    dw_roll.py's kernel, ``roll`` output rows per program, ``block_a`` columns by
+    ``block_b`` channels (0: this module's tiles)."""
     block_a: int
     block_b: int
     num_warps: int
     pairs: bool = False
     plane: bool = False
+    roll: int = 0
 
     def name(self) -> str:
         return (f"dw{self.block_a}x{self.block_b}w{self.num_warps}"
-                f"{'p' if self.pairs else ''}{'q' if self.plane else ''}")
+                f"{'p' if self.pairs else ''}{'q' if self.plane else ''}"
+                f"{f'r{self.roll}' if self.roll else ''}")
 
 
 _CL = [(64, 64, 4), (128, 32, 4), (32, 128, 4), (16, 128, 4), (256, 16, 4)]
 _ROWS = [(4, 256, 4), (8, 128, 4), (2, 512, 4), (16, 64, 4), (1, 1024, 4)]
 _PAIRS = [(8, 128, 4), (2, 256, 4), (4, 128, 4), (8, 64, 4), (16, 64, 8)]
 _PLANE = [(16, 64, 4), (8, 128, 4), (32, 64, 8), (16, 128, 8)]
+# (columns, channels, warps, rows per program); not yet swept
+_ROLL = [(16, 64, 4, 8), (16, 32, 2, 8), (32, 32, 4, 8), (8, 64, 2, 8), (16, 64, 4, 16),
+         (32, 64, 8, 8)]
+_ROLL_CPU = [(4, 8, 4, 3)]
 
 
 def candidates(channels_last: bool, on_gpu: bool, *, pairs: bool = False,
-               plane: bool = False, narrow: bool = False) -> list[DwConfig]:
+               plane: bool = False, narrow: bool = False,
+               roll: bool = False) -> list[DwConfig]:
     """Tiles for the layout, the heuristic's pick first. Channels-first, optionally:
     ``pairs`` tiles (a 16-bit forward that dw_pairs.py can run; first, as they won every
     causal conv1d layer they were timed on) and ``plane`` tiles (rank 2; first for
-    ``narrow`` outputs, under 64 columns, where a row tile idles most of its lanes)."""
+    ``narrow`` outputs, under 64 columns, where a row tile idles most of its lanes).
+    Channels-last, optionally: ``roll`` tiles (dw_roll.py's walk down the rows; first)."""
+    rolled = [DwConfig(*t, roll=rows) for *t, rows in (_ROLL if on_gpu else _ROLL_CPU)] \
+        if roll and channels_last else []
     if not on_gpu:
         if channels_last:
-            return [DwConfig(8, 16, 4)]
+            return rolled + [DwConfig(8, 16, 4)]
         return ([DwConfig(4, 16, 4)] + ([DwConfig(4, 16, 4, plane=True)] if plane else [])
                 + ([DwConfig(4, 8, 4, pairs=True)] if pairs else []))
     if channels_last:
-        return [DwConfig(*t) for t in _CL]
+        return rolled + [DwConfig(*t) for t in _CL]
     rows = [DwConfig(*t) for t in _ROWS]
     planes = [DwConfig(*t, plane=True) for t in _PLANE] if plane else []
     tiles = planes + rows if narrow else rows + planes
