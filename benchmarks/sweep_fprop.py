@@ -30,13 +30,13 @@ from fastconv.bench.suites import SUITES
 from fastconv.precision import relative_error
 
 
-def time_configs(name, problem, configs, fns_of, out, ref):
+def time_configs(name, problem, configs, fns_of, out, ref, op="fprop"):
     """[(median ms, config name)] of each configuration that compiles and matches ``ref``
-    (``out`` after the first of ``fns_of(bound run)``), fastest first; the others are
-    reported and left out."""
+    (``out`` after the first of ``fns_of(bound run)``; ``op``'s run), fastest first; the
+    others are reported and left out."""
     results = []
     for cfg in configs:
-        fns = fns_of(TritonBackend.bind(problem, cfg))
+        fns = fns_of(TritonBackend.bind(problem, cfg, op))
         try:
             fns[0]()
             err = relative_error(out, ref)

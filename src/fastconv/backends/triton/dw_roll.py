@@ -63,17 +63,18 @@ def dgrad_eligible(*, channels_last: bool, c_per_group: int, multiplier: int, ke
 
 
 @triton.jit
-def _add_tap(acc, xv, w_base, ok, r: tl.constexpr, s: tl.constexpr, R: tl.constexpr,
+def _add_tap(acc, xv, w_base, wmask, ok, r: tl.constexpr, s: tl.constexpr, R: tl.constexpr,
              S: tl.constexpr, FLIP: tl.constexpr, BLOCK_C: tl.constexpr,
              SKIP_PADDED: tl.constexpr):
     """``acc + xv·w[r, s]`` (tap ``r`` when it exists: an input row beyond the kernel's
     reach of this accumulator adds nothing). The tap's offset is a compile-time constant
-    (see ``pack_weight``)."""
+    (see ``pack_weight``); ``wmask``: the tile's outputs (channels past K hold no weight)."""
     if r < R:
         if FLIP:
-            wv = tl.load(w_base + ((R - 1 - r) * S + S - 1 - s) * BLOCK_C)
+            wv = tl.load(w_base + ((R - 1 - r) * S + S - 1 - s) * BLOCK_C, mask=wmask,
+                         other=0.0)
         else:
-            wv = tl.load(w_base + (r * S + s) * BLOCK_C)
+            wv = tl.load(w_base + (r * S + s) * BLOCK_C, mask=wmask, other=0.0)
         acc = _tap(acc, xv, wv, ok, SKIP_PADDED)
     return acc
 
@@ -125,25 +126,25 @@ def _roll(x_base, w_base, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, q
                     iw = iw0 + s * dil_w
                     ok = omask & (iw >= 0) & (iw < W)
                     xv = tl.load(row + s * dil_w * sxw, mask=ok, other=0.0).to(ACC)
-                    a0 = _add_tap(a0, xv, w_base, ok, (NA - 1) * SH + u, s, R, S, FLIP,
+                    a0 = _add_tap(a0, xv, w_base, omask, ok, (NA - 1) * SH + u, s, R, S, FLIP,
                                    BLOCK_C, SKIP_PADDED)
                     if NA > 1:
-                        a1 = _add_tap(a1, xv, w_base, ok, (NA - 2) * SH + u, s, R, S, FLIP,
+                        a1 = _add_tap(a1, xv, w_base, omask, ok, (NA - 2) * SH + u, s, R, S, FLIP,
                                        BLOCK_C, SKIP_PADDED)
                     if NA > 2:
-                        a2 = _add_tap(a2, xv, w_base, ok, (NA - 3) * SH + u, s, R, S, FLIP,
+                        a2 = _add_tap(a2, xv, w_base, omask, ok, (NA - 3) * SH + u, s, R, S, FLIP,
                                        BLOCK_C, SKIP_PADDED)
                     if NA > 3:
-                        a3 = _add_tap(a3, xv, w_base, ok, (NA - 4) * SH + u, s, R, S, FLIP,
+                        a3 = _add_tap(a3, xv, w_base, omask, ok, (NA - 4) * SH + u, s, R, S, FLIP,
                                        BLOCK_C, SKIP_PADDED)
                     if NA > 4:
-                        a4 = _add_tap(a4, xv, w_base, ok, (NA - 5) * SH + u, s, R, S, FLIP,
+                        a4 = _add_tap(a4, xv, w_base, omask, ok, (NA - 5) * SH + u, s, R, S, FLIP,
                                        BLOCK_C, SKIP_PADDED)
                     if NA > 5:
-                        a5 = _add_tap(a5, xv, w_base, ok, (NA - 6) * SH + u, s, R, S, FLIP,
+                        a5 = _add_tap(a5, xv, w_base, omask, ok, (NA - 6) * SH + u, s, R, S, FLIP,
                                        BLOCK_C, SKIP_PADDED)
                     if NA > 6:
-                        a6 = _add_tap(a6, xv, w_base, ok, (NA - 7) * SH + u, s, R, S, FLIP,
+                        a6 = _add_tap(a6, xv, w_base, omask, ok, (NA - 7) * SH + u, s, R, S, FLIP,
                                        BLOCK_C, SKIP_PADDED)
         if t >= 0:
             _finish(a0, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, omask,
@@ -208,15 +209,22 @@ def _dw_roll_kernel(
 
 def pack_weight(w4: torch.Tensor, block_c: int) -> torch.Tensor:
     """A depthwise weight (K, 1, R, S) as the kernel reads it: fp32 (float64 stays), blocks
-    of ``block_c`` channels, each block tap by tap with its channels fastest, zeros past K:
-    (⌈K/block_c⌉, R·S, block_c). A tap's offset in a block is then a compile-time constant
-    (an immediate of the load), with no per-tap address kept live across the row loop."""
+    of ``block_c`` channels, each block tap by tap with its channels fastest:
+    (⌈K/block_c⌉, R·S, block_c), the last block's slots past K left unwritten (the kernel
+    masks them). A tap's offset in a block is then a compile-time constant (an immediate
+    of the load), with no per-tap address kept live across the row loop. One copy kernel
+    (two where K is not a multiple of ``block_c``)."""
     k, _, r, s = w4.shape
     acc = torch.float64 if w4.dtype == torch.float64 else torch.float32
-    blocks = cdiv(k, block_c)
-    packed = w4.new_zeros((blocks * block_c, r * s), dtype=acc)
-    packed[:k] = w4.detach().reshape(k, r * s)
-    return packed.view(blocks, block_c, r * s).transpose(1, 2).contiguous()
+    full, tail = divmod(k, block_c)
+    packed = torch.empty((full + (tail > 0), r * s, block_c), dtype=acc, device=w4.device)
+    by_channel = packed.transpose(1, 2)  # (blocks, block_c, R·S)
+    flat = w4.detach().reshape(k, r * s)
+    if full:
+        by_channel[:full].copy_(flat[:full * block_c].view(full, block_c, r * s))
+    if tail:
+        by_channel[full, :tail].copy_(flat[full * block_c:])
+    return packed
 
 
 def launch_fprop(x4, wp, out4, scale, shift, res4, *, kernel, stride, pad, dilation,

@@ -1,0 +1,146 @@
+"""Time dw_roll.py's tiles against cuDNN on the depthwise_models layers (GPU; CUDA-graph
+replay over four rotated input sets, so small layers do not stay in L2), channels-last:
+the forward and, where the kernel takes it (stride 1), the data gradient.
+
+Per layer and op: cuDNN's time (torch, cudnn.benchmark), each roll tile's time through
+TritonBackend.bind (the launch the library makes, the weight repacked inside the graph as a
+captured call does), depthwise.py's best earlier channels-last tile, and the binding floor:
+the larger of (input + output bytes) / measured copy bandwidth and the multiply-adds /
+measured fp32 FMA rate of the CUDA cores.
+Usage: python benchmarks/sweep_dw_roll.py [--dtype bf16|fp16] [--ops fprop,dgrad] [names]
+"""
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from sweep_fprop import time_configs  # (run as a script: benchmarks/ is on sys.path)
+
+from fastconv import ConvProblem
+from fastconv.backends.triton import TritonBackend
+from fastconv.bench.report import geomean
+from fastconv.bench.runner import measure_ceilings, time_graph
+from fastconv.bench.suites import SUITES
+from fastconv.precision import Precision
+
+SETS = 4
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@triton.jit
+def _fma_chains(out_ptr, ITERS: tl.constexpr, BLOCK: tl.constexpr):
+    """Eight independent FMA chains per element: the CUDA cores' fp32 FMA rate."""
+    x = tl.arange(0, BLOCK).to(tl.float32) * 1e-6 + tl.program_id(0)
+    a0, a1, a2, a3 = x, x + 1.0, x + 2.0, x + 3.0
+    a4, a5, a6, a7 = x + 4.0, x + 5.0, x + 6.0, x + 7.0
+    for _ in range(ITERS):
+        a0 = a0 * 0.9999 + 0.5
+        a1 = a1 * 0.9999 + 0.5
+        a2 = a2 * 0.9999 + 0.5
+        a3 = a3 * 0.9999 + 0.5
+        a4 = a4 * 0.9999 + 0.5
+        a5 = a5 * 0.9999 + 0.5
+        a6 = a6 * 0.9999 + 0.5
+        a7 = a7 * 0.9999 + 0.5
+    tl.store(out_ptr + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK),
+             a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7)
+
+
+def fma_rate() -> float:
+    """Measured fp32 FMAs per second on the CUDA cores."""
+    block, iters = 256, 4096
+    grid = 64 * torch.cuda.get_device_properties(0).multi_processor_count
+    out = torch.empty(grid * block, device="cuda")
+    ms = statistics.median(time_graph(
+        [lambda: _fma_chains[(grid,)](out, ITERS=iters, BLOCK=block, num_warps=8)],
+        reps=10, calls=2))
+    return grid * block * iters * 8 / (ms * 1e-3)
+
+
+def _tensors(case, dtype):
+    x = torch.randn(case.n, case.c, *case.spatial, device="cuda").to(dtype)
+    w = (torch.randn(case.k, 1, *case.kernel, device="cuda") / case.kernel[0]).to(dtype)
+    return x.contiguous(memory_format=torch.channels_last), w
+
+
+def _conv(case, x, w):
+    return F.conv2d(x, w, None, case.stride, case.padding_arg(), case.dilation, case.groups)
+
+
+def _dgrad(case, g, w, x_shape):
+    return torch.nn.grad.conv2d_input(x_shape, w, g, case.stride, case.padding_arg(),
+                                      case.dilation, case.groups)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    parser.add_argument("--ops", default="fprop,dgrad")
+    parser.add_argument("--old", action="store_true",
+                        help="also time depthwise.py's earlier channels-last tiles")
+    parser.add_argument("names", nargs="*")
+    args = parser.parse_args()
+    dtype = DTYPES[args.dtype]
+    torch.backends.cudnn.benchmark = True
+    hbm = measure_ceilings(Precision.BF16)["hbm_gbps"] * 1e9
+    fmas = fma_rate()
+    print(f"measured: copy {hbm / 1e9:.0f} GB/s, fp32 FMA {fmas / 1e12:.1f} T/s "
+          f"({torch.cuda.get_device_name()})")
+    print(f"{'case':<20} {'op':<6} {'cudnn ms':>9} {'best ms':>9} {'floor ms':>9} "
+          f"{'%floor':>6} {'ratio':>6}  best tile  (runners-up)")
+    ratios: dict[str, list[float]] = {}
+    cases = [c for c in SUITES["depthwise_models"] if not args.names or c.name in args.names]
+    for op in args.ops.split(","):
+        for case in cases:
+            sets = [_tensors(case, dtype) for _ in range(SETS)]
+            x0, w0 = sets[0]
+            problem = ConvProblem.from_tensors(x0, w0, None, case.stride, case.padding_arg(),
+                                               case.dilation, case.groups, rank=2)
+            configs = TritonBackend.candidates(problem, op)
+            if not args.old:
+                configs = [c for c in configs if c.roll]
+            if not configs:
+                continue
+            y0 = _conv(case, x0, w0)
+            if op == "fprop":
+                t_cudnn = statistics.median(time_graph(
+                    [lambda x=x, w=w: _conv(case, x, w) for x, w in sets]))
+                ref = _conv(case, x0.double(), w0.double())
+                outs = [torch.empty_like(y0) for _ in sets]
+
+                def fns(run, outs=outs):
+                    return [lambda x=x, w=w, o=o: run(x, w, None, None, None, None, o)
+                            for (x, w), o in zip(sets, outs)]
+            else:
+                grads = [torch.randn_like(y0) for _ in sets]
+                t_cudnn = statistics.median(time_graph(
+                    [lambda g=g, w=w: _dgrad(case, g, w, x0.shape)
+                     for g, (_, w) in zip(grads, sets)]))
+                ref = _dgrad(case, grads[0].double(), w0.double(), x0.shape)
+                outs = [torch.empty_like(x0) for _ in sets]
+
+                def fns(run, outs=outs, grads=grads):
+                    return [lambda g=g, w=w, o=o: run(g, w, o)
+                            for g, (_, w), o in zip(grads, sets, outs)]
+            results = time_configs(case.name, problem, configs, fns, outs[0], ref, op)
+            if not results:
+                continue
+            best_ms, best = results[0]
+            nbytes = (x0.numel() + y0.numel()) * x0.element_size()
+            floor_ms = max(nbytes / hbm, y0.numel() * case.kernel[0] * case.kernel[1] / fmas) \
+                * 1e3
+            ratios.setdefault(op, []).append(t_cudnn / best_ms)
+            others = ", ".join(f"{n} {t:.4f}" for t, n in results[1:4])
+            print(f"{case.name:<20} {op:<6} {t_cudnn:9.4f} {best_ms:9.4f} {floor_ms:9.4f} "
+                  f"{100 * floor_ms / best_ms:6.0f} {t_cudnn / best_ms:6.2f}  {best}  "
+                  f"({others})", flush=True)
+    for op, r in ratios.items():
+        print(f"{op}: geomean cuDNN/best-tile time ratio {geomean(r):.3f} over {len(r)} layers "
+              f"(min {min(r):.2f}, max {max(r):.2f})")
+
+
+if __name__ == "__main__":
+    main()
