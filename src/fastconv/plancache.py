@@ -68,7 +68,10 @@ def cache_dir() -> str | None:
 #: 3: pair-word depthwise tiles for 16-bit channels-first forwards (dw_pairs.py).
 #: 4: depthwise plane tiles (channels-first tiles over an image's flattened positions).
 #: 6: forward row tiles for channels-first rank-1 problems (5: their first, untuned list).
-CANDIDATES_REVISION = 6
+#: 7: dw_roll.py's tiles (channels-last depthwise forward, stride-1 data gradient); the
+#:    shipped H100 database was carried over without its 48 depthwise entries, the only
+#:    ones whose candidate lists changed.
+CANDIDATES_REVISION = 7
 
 
 @functools.lru_cache(maxsize=1)
