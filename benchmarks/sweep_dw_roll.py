@@ -21,12 +21,18 @@ from sweep_fprop import time_configs  # (run as a script: benchmarks/ is on sys.
 
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
+from fastconv.backends.triton.depthwise import DwConfig
 from fastconv.bench.report import geomean
 from fastconv.bench.runner import measure_ceilings, time_graph
 from fastconv.bench.suites import SUITES
 from fastconv.precision import Precision
 
 SETS = 4
+#: --grid: tiles of 4 to 16 elements per thread, 1 to 32 rows per program
+GRID = [DwConfig(a, b, w, roll=r) for a, b, w, r in (
+    (16, 32, 4, 8), (32, 32, 8, 8), (8, 32, 2, 8), (16, 16, 2, 8), (32, 16, 4, 8),
+    (16, 32, 4, 16), (8, 64, 4, 8), (16, 32, 2, 32), (16, 32, 2, 4), (32, 32, 4, 16),
+    (64, 32, 8, 8), (16, 64, 8, 8))]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -70,9 +76,12 @@ def _conv(case, x, w):
     return F.conv2d(x, w, None, case.stride, case.padding_arg(), case.dilation, case.groups)
 
 
-def _dgrad(case, g, w, x_shape):
-    return torch.nn.grad.conv2d_input(x_shape, w, g, case.stride, case.padding_arg(),
-                                      case.dilation, case.groups)
+def _dgrad(case, g, w, x):
+    """cuDNN's data gradient as torch's autograd runs it: the real input gives the layout
+    (torch.nn.grad.conv2d_input passes an NCHW stand-in, which runs 3-9x slower here)."""
+    return torch.ops.aten.convolution_backward(
+        g, x, w, None, [case.stride] * 2, [case.padding] * 2, [case.dilation] * 2, False,
+        [0, 0], case.groups, [True, False, False])[0]
 
 
 def main():
@@ -81,6 +90,8 @@ def main():
     parser.add_argument("--ops", default="fprop,dgrad")
     parser.add_argument("--old", action="store_true",
                         help="also time depthwise.py's earlier channels-last tiles")
+    parser.add_argument("--grid", action="store_true",
+                        help="also time a grid of roll tiles beyond the listed candidates")
     parser.add_argument("names", nargs="*")
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
@@ -102,6 +113,8 @@ def main():
             configs = TritonBackend.candidates(problem, op)
             if not args.old:
                 configs = [c for c in configs if c.roll]
+            if args.grid and configs:
+                configs += [c for c in GRID if c not in configs]
             if not configs:
                 continue
             y0 = _conv(case, x0, w0)
@@ -117,9 +130,9 @@ def main():
             else:
                 grads = [torch.randn_like(y0) for _ in sets]
                 t_cudnn = statistics.median(time_graph(
-                    [lambda g=g, w=w: _dgrad(case, g, w, x0.shape)
-                     for g, (_, w) in zip(grads, sets)]))
-                ref = _dgrad(case, grads[0].double(), w0.double(), x0.shape)
+                    [lambda g=g, x=x, w=w: _dgrad(case, g, w, x)
+                     for g, (x, w) in zip(grads, sets)]))
+                ref = _dgrad(case, grads[0].double(), w0.double(), x0.double())
                 outs = [torch.empty_like(x0) for _ in sets]
 
                 def fns(run, outs=outs, grads=grads):

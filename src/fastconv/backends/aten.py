@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..precision import Precision
-from ..problem import ConvProblem
+from ..problem import ConvProblem, empty_in_layout
 from .base import Backend
 
 
@@ -124,8 +124,17 @@ def _bind_backward(problem: ConvProblem, input_grad: bool):
                output_padding=[0] * problem.rank, groups=problem.groups)
 
     def run_dgrad(grad_out, weight, out):
-        shape = problem.input_shape() if symmetric else (problem.n, problem.c, *padded)
-        fake_input = grad_out.new_empty(1).expand(shape)
+        # The input's values are never read, but its layout picks cuDNN's: an expanded
+        # (stride-0) stand-in reads as NCHW, and a depthwise weight (K, 1, R, S) is both
+        # layouts at once, so a channels-last problem ran in NCHW at 3-9x the time
+        # (benchmarks/NOTES.md, issue 23). The stand-in is an empty tensor in the problem's
+        # layout (the output buffer itself where it has the input's shape).
+        if symmetric and out is not None:
+            fake_input = out
+        else:
+            shape = problem.input_shape() if symmetric else (problem.n, problem.c, *padded)
+            fake_input = empty_in_layout(shape, problem.layout, grad_out.dtype,
+                                         grad_out.device)
         with _precision(problem):
             gi = torch.ops.aten.convolution_backward(grad_out, fake_input, weight, None,
                                                      output_mask=[True, False, False], **geo)[0]
