@@ -339,14 +339,10 @@ def clear() -> None:
 
 
 def _rule(problem: ConvProblem, names: list[str], op: str) -> str:
-    """Heuristic backend pick: aten on the CPU (the interpreter is for tests), else a
-    backend that declares itself ``preferred`` for the problem (measured), else Triton
+    """Heuristic backend pick: aten on the CPU (the interpreter is for tests), else Triton
     when it can fuse an epilogue that torch would run as separate kernels."""
     if len(names) == 1:
         return names[0]
-    for name in names:
-        if problem.device == "cuda" and backends.REGISTRY[name].preferred(problem, op):
-            return name
     if op == "fprop" and problem.device == "cuda" and "triton" in names \
             and not problem.epilogue.is_identity and not problem.depthwise:
         return "triton"

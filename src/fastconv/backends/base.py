@@ -85,12 +85,6 @@ class Backend:
         return [f"{config!r} is not one of {cls.NAME}'s configurations for this {op}"]
 
     @classmethod
-    def preferred(cls, problem: ConvProblem, op: str = "fprop") -> bool:
-        """Whether the heuristic (no timing) should pick this backend for ``op`` of
-        ``problem``: only where its first candidate was measured to beat the others."""
-        return False
-
-    @classmethod
     def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list[Any]:
         """The configurations worth trying for ``op`` of ``problem`` (first = the
         heuristic's pick)."""

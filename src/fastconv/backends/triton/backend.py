@@ -95,14 +95,6 @@ class TritonBackend(Backend):
         return [f"not a Triton tile configuration: {config!r}"]
 
     @classmethod
-    def preferred(cls, problem: ConvProblem, op: str = "fprop") -> bool:
-        """The data gradient of a 16-bit channels-last depthwise convolution that
-        dw_roll.py takes: 1.3-7.4x cuDNN's on the H100, every layer of the depthwise_models
-        suite (benchmarks/NOTES.md, issue 23)."""
-        return (op == "dgrad" and problem.dtype in (torch.float16, torch.bfloat16)
-                and _roll_problem(problem, op))
-
-    @classmethod
     def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list:
         from .depthwise import candidates as direct
 

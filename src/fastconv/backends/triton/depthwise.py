@@ -65,9 +65,10 @@ _CL = [(64, 64, 4), (128, 32, 4), (32, 128, 4), (16, 128, 4), (256, 16, 4)]
 _ROWS = [(4, 256, 4), (8, 128, 4), (2, 512, 4), (16, 64, 4), (1, 1024, 4)]
 _PAIRS = [(8, 128, 4), (2, 256, 4), (4, 128, 4), (8, 64, 4), (16, 64, 8)]
 _PLANE = [(16, 64, 4), (8, 128, 4), (32, 64, 8), (16, 128, 8)]
-# (columns, channels, warps, rows per program); not yet swept
-_ROLL = [(16, 64, 4, 8), (16, 32, 2, 8), (32, 32, 4, 8), (8, 64, 2, 8), (16, 64, 4, 16),
-         (32, 64, 8, 8)]
+# (columns, channels, warps, rows per program): the best of 18 tiles on seven
+# depthwise_models layers (H100, benchmarks/sweep_dw_roll.py --grid, issue 23), most wins first
+_ROLL = [(16, 32, 4, 16), (16, 32, 2, 32), (32, 32, 8, 8), (8, 64, 4, 8), (32, 16, 4, 8),
+         (16, 32, 2, 8)]
 _ROLL_CPU = [(4, 8, 4, 3)]
 
 
