@@ -107,6 +107,42 @@ def test_pairs_candidates_are_correct(dtype):
             assert relative_error(out, ref) <= TOLERANCE[PRECISIONS[dtype]], \
                 (case.name, config.name())
 
+@pytest.mark.parametrize("dtype", list(PRECISIONS), ids=str)
+def test_roll_candidates_are_correct(dtype):
+    """Every dw_roll.py tile, forward with a folded-BN epilogue and (stride 1) the data
+    gradient, channels-last, into poisoned outputs against float64: ConvNeXt's 7x7, a 3x3
+    stride-2 and a 5x5 layer at batch 4."""
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.epilogue import Epilogue
+
+    names = ("dwm_96_56_k7", "dwm_144_56_k3_s2", "dwm_672_14_k5", "dwm_768_7_k7")
+    for case in [c for c in suites.get("depthwise_models") if c.name in names]:
+        x, w = _tensors(case, dtype, True)
+        x, w = x.detach(), w.detach()
+        shift = torch.randn(case.k, device="cuda")
+        ref = F.relu(_conv(case, x.double(), w.double(), False)
+                     + shift.double().view(1, -1, 1, 1))
+        problem = fastconv.ConvProblem.from_tensors(
+            x, w, None, case.stride, case.padding_arg(), case.dilation, case.groups, rank=2,
+            epilogue=Epilogue("relu", has_shift=True))
+        g = torch.randn_like(ref)
+        xr = x.double().requires_grad_()
+        (want_dx,) = torch.autograd.grad(_conv(case, xr, w.double(), False), xr, g)
+        tol = TOLERANCE[PRECISIONS[dtype]]
+        configs = [c for c in TritonBackend.candidates(problem) if c.roll]
+        assert configs, case.name
+        for config in configs:
+            out = torch.full(problem.output_shape(), float("nan"), device="cuda",
+                             dtype=dtype).contiguous(memory_format=torch.channels_last)
+            TritonBackend.bind(problem, config)(x, w, None, None, shift, None, out)
+            assert not out.isnan().any(), (case.name, config.name())
+            assert relative_error(out, ref) <= tol, (case.name, config.name())
+            if case.stride == 1:
+                dx = torch.full_like(x, float("nan"))
+                TritonBackend.bind(problem, config, "dgrad")(g.to(dtype), w, dx)
+                assert relative_error(dx, want_dx) <= tol, (case.name, config.name(), "dx")
+
+
 def _grouped_layers(dtype, channels_last, names=None):
     """ResNeXt's grouped 3x3 layers (suite grouped, or those of ``names``) at batch 2:
     (name, problem, x, w, dy, float64 results by op) with ``x`` in the layout asked for."""
