@@ -15,15 +15,13 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from sweep_fprop import time_configs  # (run as a script: benchmarks/ is on sys.path)
 
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
 from fastconv.backends.triton.depthwise import DwConfig
 from fastconv.bench.report import geomean
-from fastconv.bench.runner import measure_ceilings, time_graph
+from fastconv.bench.runner import cuda_core_tflops, measure_ceilings, time_graph
 from fastconv.bench.suites import SUITES
 from fastconv.precision import Precision
 
@@ -34,36 +32,6 @@ GRID = [DwConfig(a, b, w, roll=r) for a, b, w, r in (
     (16, 32, 4, 16), (8, 64, 4, 8), (16, 32, 2, 32), (16, 32, 2, 4), (32, 32, 4, 16),
     (64, 32, 8, 8), (16, 64, 8, 8))]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@triton.jit
-def _fma_chains(out_ptr, ITERS: tl.constexpr, BLOCK: tl.constexpr):
-    """Eight independent FMA chains per element: the CUDA cores' fp32 FMA rate."""
-    x = tl.arange(0, BLOCK).to(tl.float32) * 1e-6 + tl.program_id(0)
-    a0, a1, a2, a3 = x, x + 1.0, x + 2.0, x + 3.0
-    a4, a5, a6, a7 = x + 4.0, x + 5.0, x + 6.0, x + 7.0
-    for _ in range(ITERS):
-        a0 = a0 * 0.9999 + 0.5
-        a1 = a1 * 0.9999 + 0.5
-        a2 = a2 * 0.9999 + 0.5
-        a3 = a3 * 0.9999 + 0.5
-        a4 = a4 * 0.9999 + 0.5
-        a5 = a5 * 0.9999 + 0.5
-        a6 = a6 * 0.9999 + 0.5
-        a7 = a7 * 0.9999 + 0.5
-    tl.store(out_ptr + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK),
-             a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7)
-
-
-def fma_rate() -> float:
-    """Measured fp32 FMAs per second on the CUDA cores."""
-    block, iters = 256, 4096
-    grid = 64 * torch.cuda.get_device_properties(0).multi_processor_count
-    out = torch.empty(grid * block, device="cuda")
-    ms = statistics.median(time_graph(
-        [lambda: _fma_chains[(grid,)](out, ITERS=iters, BLOCK=block, num_warps=8)],
-        reps=10, calls=2))
-    return grid * block * iters * 8 / (ms * 1e-3)
 
 
 def _tensors(case, dtype):
@@ -97,7 +65,7 @@ def main():
     dtype = DTYPES[args.dtype]
     torch.backends.cudnn.benchmark = True
     hbm = measure_ceilings(Precision.BF16)["hbm_gbps"] * 1e9
-    fmas = fma_rate()
+    fmas = cuda_core_tflops() * 1e12 / 2
     print(f"measured: copy {hbm / 1e9:.0f} GB/s, fp32 FMA {fmas / 1e12:.1f} T/s "
           f"({torch.cuda.get_device_name()})")
     print(f"{'case':<20} {'op':<6} {'cudnn ms':>9} {'best ms':>9} {'floor ms':>9} "

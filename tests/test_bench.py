@@ -232,6 +232,11 @@ def test_roofline_percent_uses_the_tighter_floor():
     assert rows[0]["roofline_pct"] == pytest.approx(100 * 2.5 / 10)  # 2e12 / 800e12 s = 2.5 ms
     assert rows[1]["roofline_pct"] == pytest.approx(100 * 1.0 / 2)   # 4e9 / 4000e9 s = 1 ms
     assert "roofline_pct" not in rows[2]
+    # depthwise rows: the compute floor at the CUDA cores' rate, not the tensor cores'
+    dw = [dict(precision="bf16", flops=1e12, min_bytes=1e9, ms_p50=40.0, cuda_cores=True)]
+    report.add_roofline(dw, {"bf16_tflops": 800.0, "cuda_core_tflops": 50.0,
+                             "hbm_gbps": 4000.0})
+    assert dw[0]["roofline_pct"] == pytest.approx(100 * 20.0 / 40)  # 1e12 / 50e12 s = 20 ms
 
 
 @pytest.mark.parametrize("mode", ["train", "eval", "fwd"])

@@ -82,11 +82,14 @@ def geomean(values) -> float:
 
 def add_roofline(rows: list[dict], ceilings: dict[str, float]) -> None:
     """Give every timed row ``roofline_pct``: the roofline bound's time — the tighter of the
-    compute floor (FLOP at the measured matrix-product rate) and the memory floor (minimum
-    bytes at the measured copy bandwidth) — as a percentage of the measured median."""
+    compute floor (FLOP at the measured matrix-product rate; for rows marked ``cuda_cores``,
+    depthwise convolutions, which no tensor core runs, at the measured CUDA-core FMA rate)
+    and the memory floor (minimum bytes at the measured copy bandwidth) — as a percentage
+    of the measured median."""
     hbm = ceilings.get("hbm_gbps")
     for r in rows:
-        peak = ceilings.get(f"{r['precision']}_tflops")
+        peak = ceilings.get("cuda_core_tflops" if r.get("cuda_cores")
+                            else f"{r['precision']}_tflops")
         if not r.get("ms_p50") or not peak or not hbm or "flops" not in r:
             continue  # (whole-model rows carry no FLOP count)
         bound_ms = max(r["flops"] / peak / 1e9, r["min_bytes"] / hbm / 1e6)

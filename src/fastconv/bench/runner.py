@@ -125,7 +125,23 @@ def measure_ceilings(precision: Precision) -> dict[str, float]:
     dst = torch.empty_like(src)
     copy_ms = statistics.median(time_calls([lambda: dst.copy_(src)], reps=20))
     return {f"{precision.value}_tflops": 2 * n**3 / ms / 1e9,
-            "hbm_gbps": 2 * src.numel() * 4 / copy_ms / 1e6}
+            "hbm_gbps": 2 * src.numel() * 4 / copy_ms / 1e6,
+            "cuda_core_tflops": cuda_core_tflops()}
+
+
+def cuda_core_tflops() -> float:
+    """The CUDA cores' fp32 FMA rate (2 FLOP each), measured: the compute ceiling of work
+    that runs no tensor-core instruction (depthwise convolutions)."""
+    from .ceiling_kernels import fma_chains
+
+    block, iters, chains = 256, 4096, 8
+    grid = 64 * torch.cuda.get_device_properties(torch.cuda.current_device()) \
+        .multi_processor_count
+    out = torch.empty(grid * block, device="cuda")
+    ms = statistics.median(time_graph(
+        [lambda: fma_chains[(grid,)](out, ITERS=iters, BLOCK=block, num_warps=8)],
+        reps=10, calls=2))
+    return 2 * grid * block * iters * chains / ms / 1e9
 
 
 #: Interleaved rounds of the providers' eager timings (``GpuTimer.eager_rounds``).
@@ -485,7 +501,8 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
         ready = {}  # provider -> (row, its calls); the others' rows carry their error
         for provider in providers:
             row = dict(case=case.name, provider=provider, precision=precision.value,
-                       mode=mode, layout=layout, flops=flops, min_bytes=min_bytes)
+                       mode=mode, layout=layout, flops=flops, min_bytes=min_bytes,
+                       cuda_cores=problem.depthwise)
             rows.append(row)
             compiled: dict = {}
             try:
