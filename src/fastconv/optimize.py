@@ -403,10 +403,25 @@ def compile_model(model: nn.Module, precision: str | None = None, *,
 class _Tracer(torch.fx.Tracer):
     """torch.fx's tracer with every BatchNorm a leaf: a BatchNorm subclass holding its
     activation (timm's BatchNormAct2d) stays one call, as torch's own BatchNorms do, instead
-    of being traced into (where its input looks used several times)."""
+    of being traced into (where its input looks used several times). Stochastic depth
+    (torchvision's StochasticDepth, timm's DropPath and DropBlock2d) stays a module too:
+    traced into, its ``self.training`` became a constant of the graph, so a model optimized
+    for training dropped paths in eval() as well, and one optimized for inference never
+    dropped any in train()."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return _known_norm(m) or super().is_leaf_module(m, module_qualified_name)
+        return (_known_norm(m) or _stochastic_depth(m)
+                or super().is_leaf_module(m, module_qualified_name))
+
+
+#: Modules whose forward branches on ``self.training`` (random in training, identity in
+#: eval), from the libraries whose models optimize() is measured on.
+_STOCHASTIC = {("torchvision.ops.stochastic_depth", "StochasticDepth"),
+               ("timm.layers.drop", "DropPath"), ("timm.layers.drop", "DropBlock2d")}
+
+
+def _stochastic_depth(m: nn.Module) -> bool:
+    return (type(m).__module__, type(m).__name__) in _STOCHASTIC
 
 
 def _known_norm(m: nn.Module) -> bool:
