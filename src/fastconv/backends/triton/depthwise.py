@@ -257,6 +257,17 @@ def _dw_fprop_kernel(
         acc = _fprop_taps(x_base, w_ptr, k, kmask, mask, ih0, iw0, H, W, dil_h, dil_w,
                           sxc, sxh, sxw, swk, swc, swr, sws, CG, R, S, ACC, False,
                           BLOCK_A, BLOCK_B, UNROLL_ROWS)
+    _finish(acc, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, mask,
+            son, sok, sop, soq, srn, srk, srp, srq, negative_slope, HAS_SCALE, HAS_SHIFT,
+            HAS_RES, ACT, ACC)
+
+
+@triton.jit
+def _finish(acc, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, mask,
+            son, sok, sop, soq, srn, srk, srp, srq, negative_slope,
+            HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
+            ACT: tl.constexpr, ACC: tl.constexpr):
+    """The forward's epilogue (scale, shift, residual, activation) and store of a tile."""
     if HAS_SCALE:
         acc = acc * tl.load(scale_ptr + k, mask=kmask, other=0.0).to(ACC)
     if HAS_SHIFT:

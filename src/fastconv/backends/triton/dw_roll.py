@@ -32,8 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .depthwise import _acc, _any_nonfinite, _strides, _tap
-from .fprop import _activation
+from .depthwise import _acc, _any_nonfinite, _finish, _strides, _tap
 from .launch import Prepared, cdiv, prepare
 
 __all__ = ["eligible", "dgrad_eligible", "launch_fprop"]
@@ -77,24 +76,6 @@ def _add_tap(acc, xv, w_base, wmask, ok, r: tl.constexpr, s: tl.constexpr, R: tl
             wv = tl.load(w_base + (r * S + s) * BLOCK_C, mask=wmask, other=0.0)
         acc = _tap(acc, xv, wv, ok, SKIP_PADDED)
     return acc
-
-
-@triton.jit
-def _finish(acc, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, omask,
-            son, sok, sop, soq, srn, srk, srp, srq, negative_slope,
-            HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
-            ACT: tl.constexpr, ACC: tl.constexpr):
-    """The epilogue of output row ``p`` and its store."""
-    if HAS_SCALE:
-        acc = acc * tl.load(scale_ptr + k, mask=kmask, other=0.0).to(ACC)
-    if HAS_SHIFT:
-        acc = acc + tl.load(shift_ptr + k, mask=kmask, other=0.0).to(ACC)
-    if HAS_RES:
-        acc = acc + tl.load(res_ptr + n * srn + k * srk + p * srp + q * srq, mask=omask,
-                            other=0.0).to(ACC)
-    acc = _activation(acc, ACT, negative_slope)
-    tl.store(out_ptr + n * son + k * sok + p * sop + q * soq,
-             acc.to(out_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
