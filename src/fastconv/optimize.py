@@ -439,7 +439,35 @@ def _known_norm(m: nn.Module) -> bool:
 def _trace(model: nn.Module) -> torch.fx.GraphModule:
     tracer = _Tracer()
     graph = tracer.trace(model)
+    _live_training_flags(graph)
     return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+#: Functions whose ``training`` argument a traced forward passes as ``self.training``
+#: (timm's heads: ``F.dropout(x, p, training=self.training)``).
+_TRAINING_ARG = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
+                 F.feature_alpha_dropout}
+
+
+def _live_training_flags(graph: torch.fx.Graph) -> None:
+    """Tracing reads ``self.training`` once, so a dropout call's ``training=`` argument
+    became a constant of the graph: a model traced for training would drop units in eval()
+    too (timm's classifiers, drop_rate 0.2 by default), one traced for inference never in
+    train(). Each such argument now reads the traced module's own flag at run time, which
+    train()/eval() set."""
+    flag = None
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _TRAINING_ARG:
+            continue
+        if flag is None:
+            inputs = [n for n in graph.nodes if n.op == "placeholder"]
+            with graph.inserting_after(inputs[-1]) if inputs else \
+                    graph.inserting_before(node):
+                flag = graph.get_attr("training")
+        if isinstance(node.kwargs.get("training"), bool):
+            node.update_kwarg("training", flag)
+        elif len(node.args) > 2 and isinstance(node.args[2], bool):
+            node.update_arg(2, flag)
 
 
 def _inner_activation(bn: nn.Module) -> tuple[str, float] | str | None:
