@@ -351,11 +351,11 @@ class _Geometry:
         from . import depthwise, dw_pairs
 
         problem = self.problem
+        if config.roll:
+            return self.bind_roll(config, op)
         cl = problem.layout == "nhwc"
         geo = dict(stride=self.stride, pad=self.pad, dilation=self.dilation,
                    channels_last=cl, config=config)
-        if config.roll:
-            return self.bind_roll(config, op)
         if op == "dgrad":
             def run_dgrad(grad_out, weight, out):
                 if out is None:
