@@ -5,12 +5,14 @@
 # Usage (device machine, repository root): bash benchmarks/firstcall.sh CASE... ; env:
 # BUDGET (--tune-budget, default "default"), MODE (default eval), PRECISION (bf16), OUT,
 # RUNS (default 1): with 2, fastconv runs a second process that keeps the first's plan and
-# Triton caches (a user's second run; results under CASE-fastconv-run2).
+# Triton caches (a user's second run; results under CASE-fastconv-run2); PROVIDERS (default
+# "torch fastconv"); TAG (appended to the result names, e.g. to compare
+# FASTCONV_COMPILE_WORKERS settings in one call).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT/firstcall"
 for case in "$@"; do
-  runs="torch fastconv"
+  runs=${PROVIDERS:-torch fastconv}
   [ "${RUNS:-1}" = 2 ] && runs="$runs fastconv-run2"
   for run in $runs; do
     provider=${run%-run2}
@@ -18,17 +20,18 @@ for case in "$@"; do
     FASTCONV_CACHE_DIR=/tmp/fc-plans TRITON_CACHE_DIR=/tmp/fc-triton timeout ${CASE_TIMEOUT:-150} \
       python3 -m fastconv.cli bench --suite models --cases "$case" --mode "${MODE:-eval}" \
       --precision "${PRECISION:-bf16}" --provider "$provider" --tune-budget "${BUDGET:-default}" \
-      --reps 20 --out "$OUT/firstcall/$case-$run" > "$OUT/firstcall/$case-$run.log" 2>&1 \
+      --reps 20 --out "$OUT/firstcall/$case-$run${TAG:-}" > "$OUT/firstcall/$case-$run${TAG:-}.log" 2>&1 \
       || echo "$case $run: exit $?"
   done
 done
 python3 - "$OUT/firstcall" <<'PY'
 import glob, json, sys
-print(f"{'case':34s} {'provider':14s} {'first call s':>12s} {'eager ms':>9s} {'graph ms':>9s}")
+print(f"{'case':34s} {'run':22s} {'first call s':>12s} {'builds s':>8s} {'eager ms':>9s} {'graph ms':>9s}")
 for f in sorted(glob.glob(sys.argv[1] + "/*/*.json")):
     doc = json.load(open(f))
-    run = "-run2" if f.split("/")[-2].endswith("-run2") else ""
+    run = f.split("/")[-2][len(doc["rows"][0]["case"]) + 1:] if doc["rows"] else ""
     for r in doc["rows"]:
-        print(f"{r['case']:34s} {r['provider'] + run:14s} {r.get('first_call_s') or float('nan'):12.1f} "
+        print(f"{r['case']:34s} {run:22s} {r.get('first_call_s') or float('nan'):12.1f} "
+              f"{r.get('builds_left_s') or float('nan'):8.1f} "
               f"{r.get('ms_p50') or float('nan'):9.3f} {r.get('graph_ms_p50') or float('nan'):9.3f}")
 PY

@@ -573,3 +573,31 @@ def test_a_bad_budget_is_a_clear_error(monkeypatch, text):
         dispatch._budget_from_environment()
     with pytest.raises(fastconv.ConvError, match="per_problem_s"):
         dispatch.tuning_budget(per_problem_s=0)
+
+
+def test_a_backend_s_candidates_compile_ahead_at_once_and_time_as_built(fakes, clock,
+                                                                       monkeypatch):
+    """A backend that builds in the background gets every candidate's build started before
+    the first is timed; each is timed once its build is done, and a build still running
+    when the problem's budget is spent leaves its candidate (and the rest) untimed."""
+    import concurrent.futures as cf
+
+    run, calls = fakes
+    builds = {}
+
+    class _Ahead(_Fake):
+        @classmethod
+        def compile_ahead(cls, run_one):
+            run_one()  # (collecting: what it would compile)
+            future = builds[len(builds)] = cf.Future()
+            if len(builds) != 3:  # the third candidate's build never finishes
+                future.set_result("built")
+            return [future]
+    monkeypatch.setattr(backends, "REGISTRY", {"fake": _Ahead})
+    dispatch.tuning_budget(per_problem_s=0.2)
+    rows = dispatch.explain(_problem(), mode="benchmark", run=run).rows
+    assert len(builds) == 3 and calls[:3] == [("fake", c) for c in "abc"]  # all ahead first
+    assert calls[3:] == [("fake", "a"), ("fake", "b")]  # then timed as built
+    assert [r.timed for r in rows] == [True, True, False]
+    assert rows[2].note.startswith(dispatch.BUDGET_NOTE)
+    builds[2].set_result("built")

@@ -254,3 +254,56 @@ def test_a_database_choice_runs_once_inside_the_budget_or_gives_way_to_aten(data
     ran.clear()
     assert dispatch.choose(problems[0], run=run, mode="benchmark").backend == "tile"
     assert ran == []  # adopted once: no second run
+
+
+def test_a_database_choice_compiling_in_the_background_runs_aten_meanwhile(database,
+                                                                            monkeypatch):
+    """A database choice whose kernels a backend compiles in the background: aten runs the
+    calls made before they are built (a provisional choice, not stored), the choice is
+    adopted at the first call after, and ``finish_builds`` waits for them."""
+    import concurrent.futures as cf
+    import threading
+
+    from fastconv import backends, dispatch
+    from fastconv.backends.base import Backend
+
+    build = cf.Future()
+    started = []
+
+    class _Tile(Backend):
+        NAME = "tile"
+        SUPPORTED_DTYPES = frozenset({torch.float32})
+        SUPPORTED_DEVICES = frozenset({"cpu", "cuda"})
+
+        @classmethod
+        def candidates(cls, problem, op="fprop"):
+            return ["t"]
+
+        @classmethod
+        def compile_ahead(cls, run):
+            started.append(run)
+            return [build]
+    monkeypatch.setitem(backends.REGISTRY, "tile", _Tile)
+    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": [], "tile": []})
+    monkeypatch.setattr(dispatch, "_AHEAD", {})
+    problem = dataclasses.replace(fastconv.ConvProblem.from_tensors(
+        torch.randn(2, 3, 9, 7), torch.randn(4, 3, 3, 3), None, padding=1, rank=2),
+        device="cuda")
+    key = dispatch._cache_key(problem, "auto", "benchmark", "fprop", False, "eager")
+    database(entries={key: {"backend": "tile", "config": "t", "ms": 0.1}})
+    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
+    ran = []
+
+    def run(cls, config):
+        ran.append(cls.NAME)
+    for _ in range(2):
+        choice = dispatch.choose(problem, run=run, mode="benchmark")
+        assert (choice.backend, choice.provisional) == ("aten", True)
+    assert len(started) == 1 and ran == []  # one build started; nothing timed or run
+    assert dispatch.CACHE.get(key)["source"] == "database"  # still to be adopted
+    threading.Timer(0.05, build.set_result, ["built"]).start()
+    assert dispatch.finish_builds(timeout=10)
+    choice = dispatch.choose(problem, run=run, mode="benchmark")
+    assert (choice.backend, choice.provisional, ran) == ("tile", False, ["tile"])
+    assert "source" not in dispatch.CACHE.get(key)

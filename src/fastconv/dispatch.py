@@ -27,7 +27,9 @@ Modes:
   tuning redoes it); one made after the per-process budget was spent (only the first
   candidate timed) stays in memory, so a later process tunes it with its own budget. Tuning
   one problem for more than ``PROGRESS_AFTER_S`` shows a progress line on a terminal
-  (``FASTCONV_PROGRESS=0``: none).
+  (``FASTCONV_PROGRESS=0``: none). Triton candidates are compiled ahead, all of a problem's at
+  once, by worker processes (``Backend.compile_ahead``; ``FASTCONV_COMPILE_WORKERS``), and
+  timed as their compiles finish.
 * ``pinned`` — what ``pin()`` fixed for a problem; nothing is timed (problems never pinned
   take the heuristic's choice).
 
@@ -44,6 +46,7 @@ once and share one entry.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import os
@@ -83,6 +86,9 @@ class Choice:
     gpu_ms: float | None = None  # its GPU time per call
     host_ms: float | None = None  # its host time per call
     graph_ms: float | None = None  # its GPU time per call replayed from a CUDA graph
+    # aten's stand-in while the stored choice's kernels compile in the background: not to
+    # be kept by the caller (the next call asks again)
+    provisional: bool = False
 
     def name(self) -> str:
         return self.backend + _config_suffix(self.config)
@@ -239,7 +245,8 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
         choice = _decode(hit, problem, op, _names(problem, backend, det), key) \
             if _usable(hit) else None
         if choice is not None and "source" in hit:
-            choice = _adopt(choice, hit, key, problem, mode, run)
+            choice = _adopt(choice, hit, key, problem, mode, op, run,
+                            _names(problem, backend, det))
         if choice is None:
             starved = TUNING.spent_s >= TUNING.per_process_s  # before this problem's timing
             choice, rows = _decide(problem, backend, mode, op, det, run)
@@ -262,25 +269,55 @@ def _usable(hit: dict | None) -> bool:
     return hit is not None and not (TUNING.exhaustive and hit.get("partial"))
 
 
-def _adopt(choice: Choice, hit: dict, key: str, problem: ConvProblem, mode: str,
-           run) -> Choice | None:
-    """A tuning-database choice, first used: run once now (a Triton kernel compiles, a cuDNN
-    plan builds: seconds for some) and charged to the tuning budget, so that a first call
-    stays bounded. None once the process's budget is spent and it needs more than aten (the
-    caller decides as for a new problem), or where it fails to run."""
+def _adopt(choice: Choice, hit: dict, key: str, problem: ConvProblem, mode: str, op: str,
+           run, names: list[str]) -> Choice | None:
+    """A tuning-database choice, first used: run once now (a cuDNN plan builds: seconds for
+    some) and charged to the tuning budget, so that a first call stays bounded. A Triton
+    choice's kernels are compiled by background workers first (``compile_ahead``): until
+    they are, aten runs the call (a provisional choice, not stored). None once the process's
+    budget is spent and it needs more than aten (the caller decides as for a new problem),
+    or where it fails to run."""
     if mode == "benchmark" and run is not None and problem.device == "cuda" \
             and not _capturing():
         if choice.backend != "aten" and TUNING.spent_s >= TUNING.per_process_s:
             return None
+        cls = backends.REGISTRY[choice.backend]
         start = _clock()
         try:
-            run(backends.REGISTRY[choice.backend], choice.config)
+            if "aten" in names and not _built(key, cls, lambda: run(cls, choice.config)):
+                return Choice("aten", backends.REGISTRY["aten"].candidates(problem, op)[0],
+                              provisional=True)
+            run(cls, choice.config)
         except Exception:
             return None
         finally:
             TUNING.spent_s += _clock() - start
     CACHE.put(key, {k: v for k, v in hit.items() if k != "source"}, persist=False)
     return choice
+
+
+#: cache key -> the futures of the background builds its stored choice needs
+_AHEAD: dict[str, list] = {}
+
+
+def _built(key: str, cls, run: Callable[[], object]) -> bool:
+    """Whether what ``run`` needs is built (or builds inline: no background build, or one
+    that failed, which ``run`` then reports); starts the build on first sight."""
+    jobs = _AHEAD.get(key)
+    if jobs is None:
+        jobs = cls.compile_ahead(run)
+        if jobs is None:
+            return True
+        _AHEAD[key] = jobs
+    return all(j.done() for j in jobs)
+
+
+def finish_builds(timeout: float | None = None) -> bool:
+    """Wait for the background builds that stored choices wait on (a CUDA-graph capture
+    calls this first: a choice still provisional would be captured as aten for good);
+    False if ``timeout`` seconds passed first."""
+    jobs = [j for js in list(_AHEAD.values()) for j in js if not j.done()]
+    return not concurrent.futures.wait(jobs, timeout=timeout).not_done
 
 
 def _key_lock(key: str) -> threading.Lock:
@@ -408,12 +445,14 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
         except Exception as exc:  # e.g. a cuDNN graph that does not build here
             rows.append(Row(name, None, None, f"no candidates: {_short(exc)}"))
             continue
+        ahead = _compile_ahead(cls, configs, run)
         for i, config in enumerate(configs):
-            if spent_all():
+            if not spent_all():
+                progress.show(name + _config_suffix(config), len(configs) - i - 1,
+                              order[b + 1:], _clock() - start)
+            if spent_all() or not _wait_built(ahead[i], start, any(r.timed for r in rows)):
                 rows += [Row(name, c, note=skipped) for c in configs[i:]]
                 break
-            progress.show(name + _config_suffix(config), len(configs) - i - 1,
-                          order[b + 1:], _clock() - start)
             try:
                 gpu, host = time_costs(lambda cls=cls, config=config: run(cls, config))
             except torch.OutOfMemoryError as exc:
@@ -428,6 +467,31 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
     TUNING.spent_s += _clock() - start
     progress.done()
     return rows
+
+
+def _compile_ahead(cls, configs: list, run) -> list[list | None]:
+    """Every configuration's background build started at once (None: builds inline)."""
+    ahead = []
+    for config in configs:
+        try:
+            ahead.append(cls.compile_ahead(lambda config=config: run(cls, config)))
+        except Exception:  # timing it reports the failure
+            ahead.append(None)
+    return ahead
+
+
+def _wait_built(jobs: list | None, start: float, bounded: bool) -> bool:
+    """Wait for a candidate's background build, within the problem's budget where
+    ``bounded`` (some candidate was timed already); False if the budget ran out first."""
+    if not jobs:
+        return True
+    if not bounded:
+        concurrent.futures.wait(jobs)
+        return True
+    left = min(TUNING.per_problem_s - (_clock() - start),
+               TUNING.per_process_s - TUNING.spent_s - (_clock() - start))
+    return not concurrent.futures.wait(jobs, timeout=max(0.0, left) if left < 1e9 else None
+                                       ).not_done
 
 
 def _time_graphed(row: Row, run, cls, config) -> None:

@@ -203,6 +203,9 @@ class OptimizedModel(nn.Module):
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side), torch.no_grad(), dispatch.settings(graph=True):
                 for _ in range(3):  # dispatch, compilation and allocations happen here
+                    # (choices whose kernels compile in the background run aten meanwhile:
+                    # wait for them, so that the capture takes what was chosen)
+                    dispatch.finish_builds()
                     self._run(*static)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
@@ -300,6 +303,8 @@ class _Step(nn.Module):
     def forward(self, *args):
         from .batchnorm import fused_passes
 
+        if not torch.cuda.is_current_stream_capturing():
+            dispatch.finish_builds()  # the kernels a warm-up step set compiling (_replay)
         with fused_passes():  # warm-up and capture alike (eager calls take torch's BN)
             return self.owner._run(*args, cache=False)
 

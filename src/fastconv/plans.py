@@ -43,14 +43,16 @@ from .problem import ConvProblem
 class _Plan:
     """A validated problem bound to the backend and configuration that runs it."""
 
-    __slots__ = ("problem", "run", "backend", "native_grad")
+    __slots__ = ("problem", "run", "backend", "native_grad", "provisional")
 
     def __init__(self, problem: ConvProblem, run, backend: str = "",
-                 native_grad: bool = False):
+                 native_grad: bool = False, provisional: bool = False):
         self.problem = problem
         self.run = run
         self.backend = backend
         self.native_grad = native_grad  # run() is torch ops that torch's autograd differentiates
+        # aten while the chosen kernels compile (dispatch.Choice.provisional): not kept
+        self.provisional = provisional
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -93,7 +95,7 @@ def _sig(t):
 
 
 def _remember(sig, plan) -> None:
-    if sig is None:
+    if sig is None or plan.provisional:
         return
     if len(_PLANS) >= PLANS_MAX:
         _PLANS.pop(next(iter(_PLANS)))
@@ -160,7 +162,8 @@ def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, grou
     # candidate with its own backward.
     cls = backends.REGISTRY[choice.backend]
     return _Plan(problem, _bound(problem, cls, choice.config), choice.backend,
-                 native_grad=_native(cls, choice.config, problem))
+                 native_grad=_native(cls, choice.config, problem),
+                 provisional=choice.provisional)
 
 
 def forward_problem(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
@@ -356,7 +359,7 @@ def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation,
 
         choice = dispatch.choose(problem, backend, run=_rotating(trial, sets), op=op)
         plan = _Plan(problem, backends.REGISTRY[choice.backend].bind(problem, choice.config, op),
-                     choice.backend)
+                     choice.backend, provisional=choice.provisional)
         _remember(sig, plan)
     return plan
 

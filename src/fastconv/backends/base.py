@@ -91,6 +91,14 @@ class Backend:
         return [None]
 
     @classmethod
+    def compile_ahead(cls, run: Callable[[], object]) -> list | None:
+        """Start building, in the background, what ``run()`` (one call of a configuration)
+        would build on its first call; returns the futures of that work (empty: nothing
+        left to build), or None where this backend builds nothing ahead (the default).
+        ``run()`` is called, and its results are not meaningful."""
+        return None
+
+    @classmethod
     def bind(cls, problem: ConvProblem, config: Any,
              op: str = "fprop") -> Callable[..., torch.Tensor]:
         """A callable for this problem, operation and configuration. The functional API

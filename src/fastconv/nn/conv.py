@@ -88,9 +88,10 @@ class _FastconvMixin:
                torch._C._get_cudnn_allow_tf32(), dispatch.current())
         cached = self.__dict__.get("_plan")
         if cached is None or cached[0] != key:
-            cached = self.__dict__["_plan"] = (key, self._new_plan(
-                input, weight, bias, padding, activation, negative_slope, residual, grad,
-                cast))
+            cached = (key, self._new_plan(input, weight, bias, padding, activation,
+                                          negative_slope, residual, grad, cast))
+            if cached[1] is None or not cached[1].provisional:
+                self.__dict__["_plan"] = cached
         plan = cached[1]
         return None if plan is None else plan.run(input, weight, bias, None, None, residual,
                                                   None)

@@ -57,6 +57,18 @@ class TritonBackend(Backend):
         return True, ""
 
     @classmethod
+    def compile_ahead(cls, run) -> list | None:
+        """The kernels ``run()`` would compile, compiled by worker processes
+        (``compiles.py``); None under the interpreter or with no workers."""
+        from . import compiles
+
+        if _interpreted() or compiles.workers() == 0:
+            return None
+        with compiles.collecting() as jobs:
+            run()
+        return jobs
+
+    @classmethod
     def not_supported_reasons(cls, problem: ConvProblem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
         interp = _interpreted()

@@ -79,7 +79,8 @@ class Prepared:
 
 
 def _launch(kernel, grid: tuple, args: tuple, meta: dict) -> tuple | None:
-    """The launch; returns its cache entry (None on Triton's own path)."""
+    """The launch; returns its cache entry (None on Triton's own path, and where the kernel
+    was not compiled but recorded: ``compiles.collecting``)."""
     hooks = knobs.runtime
     if INTERPRETED or _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
         kernel[grid](*args, **meta)
@@ -98,6 +99,8 @@ def _launch(kernel, grid: tuple, args: tuple, meta: dict) -> tuple | None:
     entry = None if cache is None else cache.get(key)
     if entry is None:
         compiled = kernel[grid](*args, **meta)
+        if compiled is None:  # not compiled: recorded for the workers (compiles.collecting)
+            return None
         entry = _entry(kernel, compiled, grid, len(args), meta)
         _COMPILED.setdefault(kernel, {})[key] = entry
         return entry

@@ -1,0 +1,170 @@
+"""Triton kernels compiled ahead, in worker processes, while the caller goes on.
+
+A first call of a model compiles one Triton kernel after another: 1-3 s each on the GPU
+host, most of it in Triton's MLIR and LLVM passes, which hold the GIL (two threads compile
+four kernels 1.4x faster than one, not 2x). So the kernels are compiled by worker
+processes instead, into Triton's on-disk kernel cache; the caller's own compile is then
+that cache's hit (milliseconds).
+
+``collecting()`` runs a launch without compiling: Triton's ``jit_cache_hook`` is asked
+before every compile and, inside the block, records the kernel's specialisation (Triton's
+own serialised form, what ``JITFunction.preload`` reads) and says "skip". The launch then
+launches nothing (``launch._launch`` returns None); kernels compiled before still launch.
+Each recorded specialisation becomes one job of a process pool (``spawn``: CUDA is never
+initialised in a worker; the GPU's target travels with the job). A worker imports the
+kernel's module and calls ``preload``, which compiles for that target into the cache the
+worker inherited (``TRITON_CACHE_DIR`` and the other cache-keyed settings come with the
+environment).
+
+``FASTCONV_COMPILE_WORKERS``: the number of worker processes (default: the CPU cores less
+one, at most 8); 0 turns this off (every kernel compiles in the caller, as Triton does).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import contextvars
+import importlib
+import multiprocessing
+import os
+import threading
+
+from triton import knobs
+
+from ...errors import ConvError
+
+_COLLECTING: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "fastconv_collecting", default=None)
+_LOCK = threading.Lock()
+_POOL: cf.ProcessPoolExecutor | None = None
+_JOBS: dict[str, cf.Future] = {}  # specialisation (JSON) -> its compile
+_CHAINED: list = []  # a jit_cache_hook installed before ours, still called first
+
+
+def workers() -> int:
+    """How many worker processes compile (``FASTCONV_COMPILE_WORKERS``); 0: none."""
+    raw = os.environ.get("FASTCONV_COMPILE_WORKERS", "")
+    if raw.strip() == "":
+        return max(1, min(8, (os.cpu_count() or 2) - 1))
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConvError(f"FASTCONV_COMPILE_WORKERS: got {raw!r}; allowed: an integer >= 0")
+    return n
+
+
+class collecting:
+    """``with collecting() as jobs:`` a launch inside compiles nothing; ``jobs`` holds the
+    futures of the compiles it would have needed (submitted to the pool as they are
+    found). Kernels already compiled in this process launch as usual."""
+
+    def __enter__(self) -> list[cf.Future]:
+        _install_hook()
+        self.jobs: list[cf.Future] = []
+        self._token = _COLLECTING.set(self.jobs)
+        return self.jobs
+
+    def __exit__(self, *exc) -> None:
+        _COLLECTING.reset(self._token)
+
+
+def pending() -> list[cf.Future]:
+    """The compiles not finished yet."""
+    with _LOCK:
+        return [f for f in _JOBS.values() if not f.done()]
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until every submitted compile has finished (or failed); False if ``timeout``
+    seconds passed first."""
+    done, not_done = cf.wait(pending(), timeout=timeout)
+    return not not_done
+
+
+def _install_hook() -> None:
+    with _LOCK:
+        current = knobs.runtime.jit_cache_hook
+        if current is _hook:
+            return
+        _CHAINED[:] = [current] if current is not None else []
+        knobs.runtime.jit_cache_hook = _hook
+
+
+def _hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+    """Triton asks before compiling: True skips the compile (inside ``collecting``)."""
+    for other in _CHAINED:
+        if other(key=key, repr=repr, fn=fn, compile=compile,
+                 is_manual_warmup=is_manual_warmup, already_compiled=already_compiled):
+            return True
+    jobs = _COLLECTING.get()
+    if jobs is None:
+        return None
+    jobs.append(_submit(fn.module, fn.name, compile["specialization_data"]))
+    return True
+
+
+def _submit(module: str, name: str, data: str) -> cf.Future:
+    from triton.runtime import driver
+
+    target = driver.active.get_current_target()
+    with _LOCK:
+        job = _JOBS.get(data)
+        if job is None:
+            job = _JOBS[data] = _pool().submit(
+                _compile, module, name, data, (target.backend, target.arch, target.warp_size))
+        return job
+
+
+def _pool() -> cf.ProcessPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = cf.ProcessPoolExecutor(max(1, workers()),
+                                       mp_context=multiprocessing.get_context("spawn"))
+        atexit.register(_POOL.shutdown, wait=False, cancel_futures=True)
+    return _POOL
+
+
+# ------------------------------------------------------------------------- worker side
+class _TargetDriver:
+    """What ``preload`` and ``compile`` ask of Triton's driver in a worker: the device and
+    its target, sent by the caller. Nothing here touches a GPU."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def is_active(self) -> bool:
+        return True
+
+
+def _compile(module: str, name: str, data: str, target: tuple) -> str:
+    """Worker: compile one recorded specialisation into the kernel cache; returns the
+    kernel's name."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    driver.set_active(_TargetDriver(GPUTarget(*target)))
+    kernel = importlib.import_module(module)
+    for part in name.split("."):
+        kernel = getattr(kernel, part)
+    while not hasattr(kernel, "preload"):  # an autotuner or heuristics wrapper
+        kernel = kernel.fn
+    kernel.preload(data)
+    return name
+
+
+def reset() -> None:
+    """Forget finished and pending jobs (tests); a running pool keeps running."""
+    with _LOCK:
+        _JOBS.clear()

@@ -1,0 +1,115 @@
+"""Triton kernels compiled ahead by worker processes (backends/triton/compiles.py), and the
+provisional plans that run meanwhile. The workers compile for an H100 target here too (no
+GPU is needed to compile), so the round trip is real: recorded in the caller, compiled in
+a spawned worker, then found in Triton's on-disk cache by the caller's own compile."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from fastconv import dispatch, plans
+from fastconv.backends.triton import compiles
+from fastconv.errors import ConvError
+
+_ROUND_TRIP = textwrap.dedent("""
+    import faulthandler, os, sys
+    faulthandler.dump_traceback_later(240, exit=True)
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    from fastconv.backends.triton import compiles
+    from fastconv.backends.triton.fprop import _splitk_reduce_kernel as kernel
+
+    driver.set_active(compiles._TargetDriver(GPUTarget("cuda", 90, 32)))  # no GPU here
+    ws, out = torch.empty(3 * 40 * 24), torch.empty(40, 24, dtype=torch.bfloat16)
+    args = (ws, out, out, out, out, 40, 24, 5, 8, 960, 960, 1, 192, 24, 0, 0, 0, 0, 0.0)
+    meta = dict(HAS_SCALE=False, HAS_SHIFT=False, HAS_RES=False, ACT=1, INT64=False,
+                SPLIT_K=3, BLOCK_M=32, BLOCK_N=32)
+    with compiles.collecting() as jobs:
+        assert kernel[(2, 1)](*args, **meta) is None  # recorded, not compiled or launched
+        assert kernel[(2, 1)](*args, **meta) is None  # the same job again
+    assert len(jobs) == 2 and jobs[0] is jobs[1], jobs
+    assert compiles.wait(timeout=200) and jobs[0].result() == "_splitk_reduce_kernel"
+    cache = os.environ["TRITON_CACHE_DIR"]
+    built = sorted(os.listdir(cache))
+    assert any(f.endswith(".cubin") for d in built for f in os.listdir(os.path.join(cache, d)))
+    compiled = kernel.warmup(*args, grid=(2, 1), **meta)  # outside collecting: compiles
+    assert compiled is not None and sorted(os.listdir(cache)) == built  # a cache hit
+    print("round trip ok")
+""")
+
+
+def test_a_recorded_kernel_compiles_in_a_worker_into_the_callers_cache(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               FASTCONV_COMPILE_WORKERS="2")
+    done = subprocess.run([sys.executable, "-c", _ROUND_TRIP], env=env, capture_output=True,
+                          text=True, timeout=280)
+    assert done.returncode == 0 and "round trip ok" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("text, want", [("", None), ("0", 0), (" 3 ", 3)])
+def test_the_number_of_workers_from_the_environment(monkeypatch, text, want):
+    monkeypatch.setenv("FASTCONV_COMPILE_WORKERS", text)
+    got = compiles.workers()
+    assert got == want if want is not None else 1 <= got <= 8
+
+
+@pytest.mark.parametrize("text", ["-1", "many"])
+def test_a_bad_number_of_workers_is_a_clear_error(monkeypatch, text):
+    monkeypatch.setenv("FASTCONV_COMPILE_WORKERS", text)
+    with pytest.raises(ConvError, match="FASTCONV_COMPILE_WORKERS.*integer >= 0"):
+        compiles.workers()
+
+
+def test_a_hook_installed_before_is_still_asked_first(monkeypatch):
+    from triton import knobs
+
+    asked = []
+
+    def theirs(**kw):
+        asked.append(kw["key"])
+        return kw["key"] == "skip"
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", theirs)
+    monkeypatch.setattr(compiles, "_CHAINED", [])
+    compiles._install_hook()
+    hook = knobs.runtime.jit_cache_hook
+    assert hook is compiles._hook
+    kw = dict(repr="", fn=None, compile={}, is_manual_warmup=False, already_compiled=False)
+    assert hook(key="skip", **kw) is True  # theirs said skip
+    assert hook(key="go", **kw) is None  # not collecting: Triton compiles as usual
+    assert asked == ["skip", "go"]
+
+
+def test_a_provisional_plan_is_not_kept(monkeypatch):
+    """While a stored choice's kernels compile, the calls run aten through plans that are
+    made again at the next call: the functional cache and a module keep none of them."""
+    made = []
+    real = dispatch.choose
+
+    def provisional(*args, **kwargs):
+        choice = real(*args, **kwargs)
+        made.append(choice.backend)
+        return dispatch.Choice(choice.backend, choice.config, provisional=True)
+    monkeypatch.setattr(dispatch, "choose", provisional)
+    plans.clear_plans()
+    x, w = torch.randn(2, 3, 9, 8), torch.randn(5, 3, 3, 3)
+    import fastconv
+
+    for _ in range(2):
+        torch.testing.assert_close(fastconv.conv2d(x, w, padding=1),
+                                   torch.nn.functional.conv2d(x, w, padding=1))
+    conv = fastconv.nn.Conv2d(3, 5, 3, padding=1)
+    for _ in range(2):
+        conv(x)
+    assert len(made) == 4  # dispatched at every call
+    assert not plans._PLANS and conv.__dict__.get("_plan") is None
+    monkeypatch.setattr(dispatch, "choose", real)
+    conv(x)
+    conv(x)
+    assert len(made) == 4 and conv.__dict__.get("_plan") is not None  # kept once final
