@@ -6,6 +6,8 @@ files): the current-format choices that every candidate was timed for, keyed as
     python benchmarks/build_tuning_db.py --capability 9.0 CACHE.json [CACHE.json ...]
 
 Entries of later files override earlier ones. Every input must come from one environment.
+``--keep`` starts from the GPU's current database file (its entries for problems the caches
+do not hold stay), which must have been measured in that environment too.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--capability", required=True, help="the GPU's compute capability, e.g. 9.0")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the current database's entries the caches do not replace")
     args = ap.parse_args()
     env, entries = None, {}
     for path in args.files:
@@ -45,6 +49,12 @@ def main() -> int:
         entries.update(theirs)
     major, minor = args.capability.split(".")
     key = plancache.database_key(env, (int(major), int(minor)))
+    if args.keep and os.path.exists(plancache.database_path(env["gpu"])):
+        with open(plancache.database_path(env["gpu"]), encoding="utf-8") as f:
+            old = json.load(f)
+        if old["key"] != key:
+            raise SystemExit(f"--keep: the current database has key {old['key']}, not {key}")
+        entries = {**old["entries"], **entries}
     kept = {k: {f: v for f, v in e.items() if f != "used"} for k, e in sorted(entries.items())
             if k.endswith(SUFFIXES) and not e.get("partial")}
     out = plancache.database_path(env["gpu"])

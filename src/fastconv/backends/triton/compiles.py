@@ -14,7 +14,7 @@ Each recorded specialisation becomes one job of a process pool (``spawn``: CUDA 
 initialised in a worker; the GPU's target travels with the job). A worker imports the
 kernel's module and calls ``preload``, which compiles for that target into the cache the
 worker inherited (``TRITON_CACHE_DIR`` and the other cache-keyed settings come with the
-environment).
+environment), then builds the kernel's launcher there too.
 
 ``FASTCONV_COMPILE_WORKERS``: the number of worker processes (default: the CPU cores less
 one, at most 8); 0 turns this off (every kernel compiles in the caller, as Triton does).
@@ -160,8 +160,23 @@ def _compile(module: str, name: str, data: str, target: tuple) -> str:
         kernel = getattr(kernel, part)
     while not hasattr(kernel, "preload"):  # an autotuner or heuristics wrapper
         kernel = kernel.fn
-    kernel.preload(data)
+    compiled = kernel.preload(data)
+    if target[0] == "cuda":
+        _build_launcher(compiled)
     return name
+
+
+def _build_launcher(compiled) -> None:
+    """The kernel's host-side launcher, a C module Triton builds (a C compiler run, about a
+    second) into the same cache at the caller's first launch of each signature; built here,
+    that launch finds it. Best effort: Triton versions differ in how they launch, and the
+    build needs the CUDA driver library (not on a CPU-only machine)."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(compiled.src, compiled.metadata)
+    except Exception:
+        pass
 
 
 def reset() -> None:
