@@ -70,7 +70,9 @@ def cache_dir() -> str | None:
 #: 6: forward row tiles for channels-first rank-1 problems (5: their first, untuned list).
 #: 7: dw_roll.py's tiles (channels-last depthwise forward, stride-1 data gradient); the
 #:    shipped H100 database was carried over without its 48 depthwise entries, the only
-#:    ones whose candidate lists changed.
+#:    ones whose candidate lists changed; since refilled (benchmarks/tune_models.sh: the
+#:    eval bf16 layers of timm mobilenetv3, efficientnet_b0, convnext_tiny, resnext50,
+#:    torchvision resnet50 b64 and deeplabv3 b8).
 CANDIDATES_REVISION = 7
 
 
