@@ -72,7 +72,8 @@ def cache_dir() -> str | None:
 #:    shipped H100 database was carried over without its 48 depthwise entries, the only
 #:    ones whose candidate lists changed; since refilled (benchmarks/tune_models.sh: the
 #:    eval bf16 layers of timm mobilenetv3, efficientnet_b0, convnext_tiny, resnext50,
-#:    torchvision resnet50 b64 and deeplabv3 b8).
+#:    torchvision resnet50 b64, deeplabv3 b8, mobilenet_v3_large, efficientnet_b0,
+#:    convnext_tiny and regnet_y_1_6gf).
 CANDIDATES_REVISION = 7
 
 
