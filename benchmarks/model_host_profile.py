@@ -46,6 +46,8 @@ def main() -> None:
         for name, fn in (("torch", torch_fn), ("fastconv", fast)):
             for _ in range(3):
                 fn(x)
+                # (kernels left compiling in the background run as aten until built)
+                fastconv.dispatch.finish_builds()
             print(f"{args.model} b{args.batch} {name}: {_wall(fn, x, args.calls):.2f} ms per "
                   f"eager forward (wall, synchronised)")
             prof = cProfile.Profile()
