@@ -18,7 +18,7 @@ from fastconv.backends.triton import compiles
 from fastconv.errors import ConvError
 
 _ROUND_TRIP = textwrap.dedent("""
-    import faulthandler, os, sys
+    import faulthandler, os, sys, time
     faulthandler.dump_traceback_later(240, exit=True)
     import torch
     from triton.backends.compiler import GPUTarget
@@ -27,6 +27,7 @@ _ROUND_TRIP = textwrap.dedent("""
     from fastconv.backends.triton.fprop import _splitk_reduce_kernel as kernel
 
     driver.set_active(compiles._TargetDriver(GPUTarget("cuda", 90, 32)))  # no GPU here
+    compiles.IDLE_S = 0.5
     ws, out = torch.empty(3 * 40 * 24), torch.empty(40, 24, dtype=torch.bfloat16)
     args = (ws, out, out, out, out, 40, 24, 5, 8, 960, 960, 1, 192, 24, 0, 0, 0, 0, 0.0)
     meta = dict(HAS_SCALE=False, HAS_SHIFT=False, HAS_RES=False, ACT=1, INT64=False,
@@ -41,6 +42,10 @@ _ROUND_TRIP = textwrap.dedent("""
     assert any(f.endswith(".cubin") for d in built for f in os.listdir(os.path.join(cache, d)))
     compiled = kernel.warmup(*args, grid=(2, 1), **meta)  # outside collecting: compiles
     assert compiled is not None and sorted(os.listdir(cache)) == built  # a cache hit
+    deadline = time.monotonic() + 30
+    while compiles._POOL is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert compiles._POOL is None  # the idle workers stopped
     print("round trip ok")
 """)
 

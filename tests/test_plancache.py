@@ -18,6 +18,7 @@ import torch
 
 import fastconv
 from fastconv import plancache
+from fastconv.backends.base import Backend
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock")
 
@@ -213,22 +214,24 @@ def test_the_shipped_databases_are_well_formed():
                                        for k in data["entries"])
 
 
+class _Tile(Backend):
+    """A fake backend with one configuration."""
+    NAME = "tile"
+    SUPPORTED_DTYPES = frozenset({torch.float32})
+    SUPPORTED_DEVICES = frozenset({"cpu", "cuda"})
+
+    @classmethod
+    def candidates(cls, problem, op="fprop"):
+        return ["t"]
+
+
 def test_a_database_choice_runs_once_inside_the_budget_or_gives_way_to_aten(database,
                                                                             monkeypatch):
     """The first use of a database choice runs it once (compiling it) and charges that to
     the tuning budget; once the process's budget is spent, a choice that needs more than
     aten is not taken (the new-problem rule applies: aten, timed alone)."""
     from fastconv import backends, dispatch
-    from fastconv.backends.base import Backend
 
-    class _Tile(Backend):
-        NAME = "tile"
-        SUPPORTED_DTYPES = frozenset({torch.float32})
-        SUPPORTED_DEVICES = frozenset({"cpu", "cuda"})
-
-        @classmethod
-        def candidates(cls, problem, op="fprop"):
-            return ["t"]
     monkeypatch.setitem(backends.REGISTRY, "tile", _Tile)
     monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": [], "tile": []})
     now = [0.0]
@@ -265,25 +268,16 @@ def test_a_database_choice_compiling_in_the_background_runs_aten_meanwhile(datab
     import threading
 
     from fastconv import backends, dispatch
-    from fastconv.backends.base import Backend
 
     build = cf.Future()
     started = []
 
-    class _Tile(Backend):
-        NAME = "tile"
-        SUPPORTED_DTYPES = frozenset({torch.float32})
-        SUPPORTED_DEVICES = frozenset({"cpu", "cuda"})
-
-        @classmethod
-        def candidates(cls, problem, op="fprop"):
-            return ["t"]
-
+    class _Building(_Tile):
         @classmethod
         def compile_ahead(cls, run):
             started.append(run)
             return [build]
-    monkeypatch.setitem(backends.REGISTRY, "tile", _Tile)
+    monkeypatch.setitem(backends.REGISTRY, "tile", _Building)
     monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": [], "tile": []})
     monkeypatch.setattr(dispatch, "_AHEAD", {})
     problem = dataclasses.replace(fastconv.ConvProblem.from_tensors(

@@ -18,6 +18,8 @@ environment), then builds the kernel's launcher there too.
 
 ``FASTCONV_COMPILE_WORKERS``: the number of worker processes (default: the CPU cores less
 one, at most 8); 0 turns this off (every kernel compiles in the caller, as Triton does).
+The workers start at the first job and stop ``IDLE_S`` seconds after the last one ends (each
+holds an imported torch: hundreds of MB); a pool whose worker died is replaced.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ _LOCK = threading.Lock()
 _POOL: cf.ProcessPoolExecutor | None = None
 _JOBS: dict[str, cf.Future] = {}  # specialisation (JSON) -> its compile
 _CHAINED: list = []  # a jit_cache_hook installed before ours, still called first
+IDLE_S = 10.0  # seconds without jobs after which the workers stop
 
 
 def workers() -> int:
@@ -110,11 +113,17 @@ def _submit(module: str, name: str, data: str) -> cf.Future:
     from triton.runtime import driver
 
     target = driver.active.get_current_target()
+    args = (_compile, module, name, data, (target.backend, target.arch, target.warp_size))
     with _LOCK:
         job = _JOBS.get(data)
         if job is None:
-            job = _JOBS[data] = _pool().submit(
-                _compile, module, name, data, (target.backend, target.arch, target.warp_size))
+            try:
+                job = _pool().submit(*args)
+            except cf.process.BrokenProcessPool:  # a worker died: a new pool
+                _close()
+                job = _pool().submit(*args)
+            _JOBS[data] = job
+            job.add_done_callback(_idle_check)
         return job
 
 
@@ -123,8 +132,39 @@ def _pool() -> cf.ProcessPoolExecutor:
     if _POOL is None:
         _POOL = cf.ProcessPoolExecutor(max(1, workers()),
                                        mp_context=multiprocessing.get_context("spawn"))
-        atexit.register(_POOL.shutdown, wait=False, cancel_futures=True)
     return _POOL
+
+
+def _close() -> None:
+    """Stop the workers (jobs still queued are cancelled; called holding ``_LOCK``)."""
+    global _POOL
+    if _POOL is not None:
+        _POOL.shutdown(wait=False, cancel_futures=True)
+        _POOL = None
+
+
+def _idle_check(_job=None) -> None:
+    """After a job ends: stop the workers once ``IDLE_S`` pass with none running."""
+    if not pending():
+        timer = threading.Timer(IDLE_S, _close_if_idle)
+        timer.daemon = True
+        timer.start()
+
+
+def _close_if_idle() -> None:
+    with _LOCK:
+        if all(f.done() for f in _JOBS.values()):
+            _close()
+
+
+def _close_at_exit() -> None:
+    with _LOCK:
+        _close()
+
+
+# At exit, queued compiles are dropped: registered where the executors' own exit hook (which
+# would wait for every queued job) runs after it.
+getattr(threading, "_register_atexit", atexit.register)(_close_at_exit)
 
 
 # ------------------------------------------------------------------------- worker side
