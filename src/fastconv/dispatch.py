@@ -242,11 +242,10 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
             return choice
     with _key_lock(key):
         hit = CACHE.get(key)  # another thread may have decided while we waited
-        choice = _decode(hit, problem, op, _names(problem, backend, det), key) \
-            if _usable(hit) else None
+        names = _names(problem, backend, det)
+        choice = _decode(hit, problem, op, names, key) if _usable(hit) else None
         if choice is not None and "source" in hit:
-            choice = _adopt(choice, hit, key, problem, mode, op, run,
-                            _names(problem, backend, det))
+            choice = _adopt(choice, hit, key, problem, mode, op, run, names)
         if choice is None:
             starved = TUNING.spent_s >= TUNING.per_process_s  # before this problem's timing
             choice, rows = _decide(problem, backend, mode, op, det, run)
@@ -490,8 +489,8 @@ def _wait_built(jobs: list | None, start: float, bounded: bool) -> bool:
         return True
     left = min(TUNING.per_problem_s - (_clock() - start),
                TUNING.per_process_s - TUNING.spent_s - (_clock() - start))
-    return not concurrent.futures.wait(jobs, timeout=max(0.0, left) if left < 1e9 else None
-                                       ).not_done
+    timeout = None if math.isinf(left) else max(0.0, left)
+    return not concurrent.futures.wait(jobs, timeout=timeout).not_done
 
 
 def _time_graphed(row: Row, run, cls, config) -> None:

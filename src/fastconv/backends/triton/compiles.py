@@ -217,9 +217,3 @@ def _build_launcher(compiled) -> None:
         CudaLauncher(compiled.src, compiled.metadata)
     except Exception:
         pass
-
-
-def reset() -> None:
-    """Forget finished and pending jobs (tests); a running pool keeps running."""
-    with _LOCK:
-        _JOBS.clear()
