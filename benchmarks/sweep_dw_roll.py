@@ -1,13 +1,15 @@
 """Time dw_roll.py's tiles against cuDNN on the depthwise_models layers (GPU; CUDA-graph
 replay over four rotated input sets, so small layers do not stay in L2), channels-last:
-the forward and, where the kernel takes it (stride 1), the data gradient.
+the forward and, where the kernel takes it (stride 1), the data gradient; and dw_wgrad.py's
+tiles for the weight gradient.
 
 Per layer and op: cuDNN's time (torch, cudnn.benchmark), each roll tile's time through
 TritonBackend.bind (the launch the library makes, the weight repacked inside the graph as a
 captured call does), depthwise.py's best earlier channels-last tile, and the binding floor:
 the larger of (input + output bytes) / measured copy bandwidth and the multiply-adds /
 measured fp32 FMA rate of the CUDA cores.
-Usage: python benchmarks/sweep_dw_roll.py [--dtype bf16|fp16] [--ops fprop,dgrad] [names]
+Usage: python benchmarks/sweep_dw_roll.py [--dtype bf16|fp16] [--ops fprop,dgrad,wgrad]
+       [--grid] [--old] [names]
 """
 
 import argparse
@@ -31,6 +33,11 @@ GRID = [DwConfig(a, b, w, roll=r) for a, b, w, r in (
     (16, 32, 4, 8), (32, 32, 8, 8), (8, 32, 2, 8), (16, 16, 2, 8), (32, 16, 4, 8),
     (16, 32, 4, 16), (8, 64, 4, 8), (16, 32, 2, 32), (16, 32, 2, 4), (32, 32, 4, 16),
     (64, 32, 8, 8), (16, 64, 8, 8))]
+#: --grid for the weight gradient: 64 to 256 elements of [columns x channels] per program
+#: (x 4-8 column taps, x one accumulator per kernel row), whole images or strips of rows
+WGRAD_GRID = [DwConfig(a, b, w, roll=r) for a, b, w, r in (
+    (4, 32, 4, 32), (8, 32, 4, 64), (4, 64, 4, 64), (8, 8, 2, 64), (16, 8, 4, 64),
+    (4, 32, 8, 64), (8, 16, 2, 64), (2, 32, 2, 64), (4, 16, 4, 16), (16, 16, 4, 64))]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -50,6 +57,13 @@ def _dgrad(case, g, w, x):
     return torch.ops.aten.convolution_backward(
         g, x, w, None, [case.stride] * 2, [case.padding] * 2, [case.dilation] * 2, False,
         [0, 0], case.groups, [True, False, False])[0]
+
+
+def _wgrad(case, g, w, x):
+    """cuDNN's weight gradient as torch's autograd runs it."""
+    return torch.ops.aten.convolution_backward(
+        g, x, w, None, [case.stride] * 2, [case.padding] * 2, [case.dilation] * 2, False,
+        [0, 0], case.groups, [False, True, False])[1]
 
 
 def main():
@@ -82,7 +96,8 @@ def main():
             if not args.old:
                 configs = [c for c in configs if c.roll]
             if args.grid and configs:
-                configs += [c for c in GRID if c not in configs]
+                configs += [c for c in (WGRAD_GRID if op == "wgrad" else GRID)
+                            if c not in configs]
             if not configs:
                 continue
             y0 = _conv(case, x0, w0)
@@ -97,15 +112,16 @@ def main():
                             for (x, w), o in zip(sets, outs)]
             else:
                 grads = [torch.randn_like(y0) for _ in sets]
+                grad = _dgrad if op == "dgrad" else _wgrad
                 t_cudnn = statistics.median(time_graph(
-                    [lambda g=g, x=x, w=w: _dgrad(case, g, w, x)
+                    [lambda g=g, x=x, w=w: grad(case, g, w, x)
                      for g, (x, w) in zip(grads, sets)]))
-                ref = _dgrad(case, grads[0].double(), w0.double(), x0.double())
-                outs = [torch.empty_like(x0) for _ in sets]
+                ref = grad(case, grads[0].double(), w0.double(), x0.double())
+                outs = [torch.empty_like(x0 if op == "dgrad" else w0) for _ in sets]
 
-                def fns(run, outs=outs, grads=grads):
-                    return [lambda g=g, w=w, o=o: run(g, w, o)
-                            for g, (_, w), o in zip(grads, sets, outs)]
+                def fns(run, outs=outs, grads=grads, op=op):
+                    return [lambda g=g, a=(w if op == "dgrad" else x), o=o: run(g, a, o)
+                            for g, (x, w), o in zip(grads, sets, outs)]
             results = time_configs(case.name, problem, configs, fns, outs[0], ref, op)
             if not results:
                 continue

@@ -146,6 +146,27 @@ def test_wgrad_split_k_is_deterministic_and_matches(c, k, channels_last):
     assert relative_error(runs[0], ref) < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["aten", "triton"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_grad_ops_return_the_promised_strides(backend, channels_last):
+    """The gradient ops return their operand's strides (what their fakes promise to a
+    compiled graph), without a copy of the plan's result where only a size-1 dimension's
+    stride differs (a depthwise weight (K, 1, R, S))."""
+    from fastconv import ops
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 6, 7, 5, dtype=torch.float64).to(memory_format=fmt)
+    w = torch.randn(6, 1, 3, 3, dtype=torch.float64).to(memory_format=fmt)
+    dy = torch.randn(2, 6, 7, 5, dtype=torch.float64).to(memory_format=fmt)
+    geo = ([1, 1], [1, 1], [1, 1], [1, 1], 6, backend, "ieee")
+    dx = ops.input_grad_impl(dy, x, w, *geo)
+    dw = ops.weight_grad_impl(dy, x, w, *geo)
+    assert dx.stride() == x.stride() and dw.stride() == w.stride()
+    ref_dx = torch.nn.grad.conv2d_input(x.shape, w, dy, 1, 1, groups=6)
+    ref_dw = torch.nn.grad.conv2d_weight(x, w.shape, dy, 1, 1, groups=6)
+    assert relative_error(dx, ref_dx) < 1e-12 and relative_error(dw, ref_dw) < 1e-12
+
+
 def test_backends_agree_on_gradients():
     x = torch.randn(2, 4, 7, 6, requires_grad=True)
     w = torch.randn(6, 2, 3, 3, requires_grad=True)

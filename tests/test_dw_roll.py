@@ -96,12 +96,13 @@ def test_which_problems_the_kernel_takes():
                                         k // 2, dilation, 4, rank=2)
     assert TritonBackend.candidates(problem(x))[0] == roll  # the heuristic's pick
     assert TritonBackend.candidates(problem(x), "dgrad")[0] == roll
-    assert not any(c.roll for c in TritonBackend.candidates(problem(x), "wgrad"))
+    assert TritonBackend.candidates(problem(x), "wgrad")[0] == roll  # dw_wgrad.py's walk
+    assert not any(c.roll for c in TritonBackend.candidates(problem(x, k=9), "wgrad"))
     assert not any(c.roll for c in TritonBackend.candidates(problem(cf)))
     assert not any(c.roll for c in TritonBackend.candidates(problem(x, dilation=2)))
     assert TritonBackend.candidates(problem(x, k=13, stride=2))[0] == roll  # 7 pending rows
     assert not any(c.roll for c in TritonBackend.candidates(problem(x, k=15, stride=2)))
-    for p, op in ((problem(x), "wgrad"), (problem(cf), "fprop"),
+    for p, op in ((problem(x, k=9), "wgrad"), (problem(cf), "fprop"),
                   (problem(x, dilation=2), "fprop"), (problem(x, stride=2), "dgrad"),
                   (problem(x, mult=2), "dgrad")):
         assert any("roll" in e for e in TritonBackend.config_errors(p, roll, op)), (p, op)

@@ -110,8 +110,8 @@ def test_pairs_candidates_are_correct(dtype):
 @pytest.mark.parametrize("dtype", list(PRECISIONS), ids=str)
 def test_roll_candidates_are_correct(dtype):
     """Every dw_roll.py tile, forward with a folded-BN epilogue and (stride 1) the data
-    gradient, channels-last, into poisoned outputs against float64: ConvNeXt's 7x7, a 3x3
-    stride-2 and a 5x5 layer at batch 4."""
+    gradient, and every dw_wgrad.py tile, channels-last, into poisoned outputs against
+    float64: ConvNeXt's 7x7, a 3x3 stride-2 and a 5x5 layer at batch 4."""
     from fastconv.backends.triton.backend import TritonBackend
     from fastconv.epilogue import Epilogue
 
@@ -141,6 +141,15 @@ def test_roll_candidates_are_correct(dtype):
                 dx = torch.full_like(x, float("nan"))
                 TritonBackend.bind(problem, config, "dgrad")(g.to(dtype), w, dx)
                 assert relative_error(dx, want_dx) <= tol, (case.name, config.name(), "dx")
+        # dw_wgrad.py's tiles: the weight gradient of the bare convolution (every stride)
+        wr = w.double().requires_grad_()
+        (want_dw,) = torch.autograd.grad(_conv(case, x.double(), wr, False), wr, g)
+        configs = [c for c in TritonBackend.candidates(problem, "wgrad") if c.roll]
+        assert configs, case.name
+        for config in configs:
+            dw = torch.full_like(w, float("nan"))
+            TritonBackend.bind(problem, config, "wgrad")(g.to(dtype), x, dw)
+            assert relative_error(dw, want_dw) <= tol, (case.name, config.name(), "dw")
 
 
 def _grouped_layers(dtype, channels_last, names=None):

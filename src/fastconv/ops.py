@@ -73,9 +73,7 @@ def input_grad_impl(grad_out: Tensor, input: Tensor, weight: Tensor, stride: lis
         return torch.empty_like(input)
     dx = run_grad("dgrad", grad_out, input, weight, stride, pad_pre, pad_post, dilation,
                   groups, backend, precision)
-    if dx.stride() != input.stride():  # the registered fake promises empty_like(input)
-        dx = torch.empty_like(input).copy_(dx)
-    return dx
+    return _with_strides_of(dx, input)  # the registered fake promises empty_like(input)
 
 
 conv_input_grad = torch.library.custom_op("fastconv::conv_input_grad", input_grad_impl,
@@ -91,12 +89,26 @@ def weight_grad_impl(grad_out: Tensor, input: Tensor, weight: Tensor, stride: li
                      pad_pre: list[int], pad_post: list[int], dilation: list[int], groups: int,
                      backend: str, precision: str) -> Tensor:
     """The gradient of ``conv(input, weight)`` with respect to ``weight`` (shape and layout
-    of ``weight``; its values are not read). Deterministic with the Triton kernels."""
-    out = torch.empty_like(weight)
+    of ``weight``; its values are not read). Deterministic with the Triton kernels. As
+    ``input_grad_impl``, the plan allocates the result: copying aten's result into a
+    preallocated tensor was one more kernel per call (0.92-0.98x torch's wgrad under CUDA
+    graphs on the depthwise layers, benchmarks/NOTES.md, issue 23)."""
     if grad_out.numel() == 0:
-        return out.zero_()
-    return run_grad("wgrad", grad_out, input, weight, stride, pad_pre, pad_post,
-                               dilation, groups, backend, precision, out)
+        return torch.zeros_like(weight)
+    dw = run_grad("wgrad", grad_out, input, weight, stride, pad_pre, pad_post, dilation,
+                  groups, backend, precision)
+    return _with_strides_of(dw, weight)
+
+
+def _with_strides_of(t: Tensor, like: Tensor) -> Tensor:
+    """``t`` (shaped as ``like``) with ``like``'s strides, as the ops' fakes promise: itself,
+    a view where the strides differ only along dimensions of size 1 (the same addresses: a
+    depthwise weight (K, 1, R, S) is both layouts), else a copy."""
+    if t.stride() == like.stride():
+        return t
+    if all(a == b or n == 1 for a, b, n in zip(t.stride(), like.stride(), t.shape)):
+        return t.as_strided(t.shape, like.stride())
+    return torch.empty_like(like).copy_(t)
 
 
 conv_weight_grad = torch.library.custom_op("fastconv::conv_weight_grad", weight_grad_impl,

@@ -114,7 +114,7 @@ class TritonBackend(Backend):
             return direct(problem.layout == "nhwc", problem.device == "cuda",
                           pairs=op == "fprop" and _pairs_problem(problem),
                           plane=problem.rank == 2, narrow=problem.out_size[-1] < 64,
-                          roll=_roll_problem(problem, op))
+                          roll=_roll_problem(problem, op), wgrad=op == "wgrad")
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]
         if op == "dgrad" or (op == "fprop" and problem.transposed):
@@ -222,8 +222,9 @@ def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
         return errors
     if config.roll and not _roll_problem(problem, op):
         errors.append("roll: only the forward of a channels-last depthwise convolution with "
-                      "unit row dilation and at most 7 output rows per input row, and its "
-                      "data gradient at stride 1 with one output channel per input")
+                      "unit row dilation and at most 7 output rows per input row, its "
+                      "data gradient at stride 1 with one output channel per input, and its "
+                      "weight gradient for kernels of at most 7 rows and 8 columns")
     if config.roll and (config.pairs or config.plane):
         errors.append("roll: not with pairs or plane")
     if config.block_a * config.block_b > 8192:
@@ -246,15 +247,18 @@ def _direct_depthwise(problem: ConvProblem) -> bool:
 
 def _roll_problem(problem: ConvProblem, op: str) -> bool:
     """Whether dw_roll.py's kernel can run ``op`` of a depthwise problem."""
-    from . import dw_roll
+    from . import dw_roll, dw_wgrad
 
-    if not _direct_depthwise(problem) or op not in ("fprop", "dgrad"):
+    if not _direct_depthwise(problem):
         return False
     two_d = problem.rank == 2
     geo = dict(channels_last=problem.layout == "nhwc", c_per_group=problem.c_per_group,
                kernel=problem.kernel if two_d else (1, *problem.kernel),
                stride=problem.stride if two_d else (1, *problem.stride),
                dilation=problem.dilation if two_d else (1, *problem.dilation))
+    if op == "wgrad":
+        del geo["stride"]
+        return dw_wgrad.eligible(**geo)
     if op == "dgrad":
         return dw_roll.dgrad_eligible(multiplier=problem.k_per_group, **geo)
     return dw_roll.eligible(**geo)
@@ -411,11 +415,23 @@ class _Geometry:
         return run
 
     def bind_roll(self, config, op: str):
-        """dw_roll.py's forward or data gradient (``_roll_problem``)."""
-        from . import dw_roll
+        """dw_roll.py's forward or data gradient, or dw_wgrad.py's weight gradient
+        (``_roll_problem``)."""
+        from . import dw_roll, dw_wgrad
 
         problem = self.problem
         kernel = problem.kernel if self.two_d else (1, *problem.kernel)
+        if op == "wgrad":
+            def run_wgrad(grad_out, input, out):
+                if out is None:
+                    out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
+                                      device=grad_out.device)
+                d4, x4, o4 = self.four_d(grad_out, input, out)
+                dw_wgrad.launch_wgrad(d4, x4, o4, stride=self.stride, pad=self.pad,
+                                      dilation=self.dilation, config=config,
+                                      int64=self.needs_int64(d4, x4))
+                return out
+            return run_wgrad
         if op == "dgrad":
             def run_dgrad(grad_out, weight, out):
                 if out is None:

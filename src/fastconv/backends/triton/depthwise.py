@@ -70,18 +70,22 @@ _PLANE = [(16, 64, 4), (8, 128, 4), (32, 64, 8), (16, 128, 8)]
 _ROLL = [(16, 32, 4, 16), (16, 32, 2, 32), (32, 32, 8, 8), (8, 64, 4, 8), (32, 16, 4, 8),
          (16, 32, 2, 8)]
 _ROLL_CPU = [(4, 8, 4, 3)]
+# dw_wgrad.py's tiles (columns, channels, warps, rows per program): a first guess, to be swept
+_ROLL_WGRAD = [(4, 32, 4, 64), (8, 16, 4, 64), (8, 32, 8, 64), (4, 16, 2, 64),
+               (16, 16, 8, 32), (2, 64, 4, 64)]
 
 
 def candidates(channels_last: bool, on_gpu: bool, *, pairs: bool = False,
                plane: bool = False, narrow: bool = False,
-               roll: bool = False) -> list[DwConfig]:
+               roll: bool = False, wgrad: bool = False) -> list[DwConfig]:
     """Tiles for the layout, the heuristic's pick first. Channels-first, optionally:
     ``pairs`` tiles (a 16-bit forward that dw_pairs.py can run; first, as they won every
     causal conv1d layer they were timed on) and ``plane`` tiles (rank 2; first for
     ``narrow`` outputs, under 64 columns, where a row tile idles most of its lanes).
-    Channels-last, optionally: ``roll`` tiles (dw_roll.py's walk down the rows; first)."""
-    rolled = [DwConfig(*t, roll=rows) for *t, rows in (_ROLL if on_gpu else _ROLL_CPU)] \
-        if roll and channels_last else []
+    Channels-last, optionally: ``roll`` tiles (first): dw_roll.py's walk down the rows, or
+    dw_wgrad.py's for the weight gradient (``wgrad``)."""
+    tiles = _ROLL_CPU if not on_gpu else _ROLL_WGRAD if wgrad else _ROLL
+    rolled = [DwConfig(*t, roll=rows) for *t, rows in tiles] if roll and channels_last else []
     if not on_gpu:
         if channels_last:
             return rolled + [DwConfig(8, 16, 4)]

@@ -1,0 +1,201 @@
+"""Depthwise weight gradient for channels-last tensors: rolling ``dy`` rows down the image,
+one accumulator per tap, no reduction until the end.
+
+``dw[k, r, s] = Σ_{n,p,q} dy[n, p, q, k] · x[n, p·σ − π + r, q·σ_w − π_w + s·δ_w, k/KG]``.
+depthwise.py's wgrad loads every tap's shifted window for a block of positions and reduces
+it across the block at once: ``R·S`` loads and ``R·S`` cross-thread sums (and a select
+into the ``[taps × channels]`` accumulator) per block, the cost of a 7x7 layer being the
+sums and selects, not the multiply-adds.
+
+Here a program owns a ``[BLOCK_Q columns × BLOCK_C channels]`` strip of ``ROWS``
+consecutive output rows of one image (the forward walk of dw_roll.py, transposed). It
+keeps the ``NA = ⌈R/σ⌉`` most recent ``dy`` rows (``d0`` oldest … ``d6``), as
+``[SP × BLOCK_Q × BLOCK_C]`` tiles (the row broadcast over ``SP = next_pow2(S)`` column
+taps), and one accumulator of that shape per kernel row ``r`` (``a0 … a6``). Each step
+loads the ``σ`` input rows that the newest ``dy`` row needs first, each once, as one
+``[SP × BLOCK_Q × BLOCK_C]`` tile of its ``S`` column-shifted windows (from L1), and adds
+its product with every pending ``dy`` row it meets into that pair's tap row:
+``a_r += X · d_i`` with ``r = (NA − 1 − i)·σ + u``. Per ``dy`` element: one load, ``σ``
+input-row loads, ``R·SP`` multiply-adds, no reduction. At the end each ``a_r`` is summed
+over its columns into ``part[program, r, s, k]`` (fp32), and a second kernel sums the
+programs' partials in a fixed order into ``dw`` (deterministic: no atomics).
+
+Requirements (``eligible``): channels-last (NHWC / NLC), depthwise (one input channel per
+group; any channel multiplier), unit row dilation, ``R ≤ 7``, ``S ≤ 8``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .depthwise import _acc, _and_row, _strides
+from .launch import INTERPRETED, cdiv, launch
+
+__all__ = ["eligible", "launch_wgrad"]
+
+#: Kernel rows and columns the accumulators cover (``a0 … a6``; ``SP ≤ 8`` column taps).
+MAX_R, MAX_S = 7, 8
+
+
+def eligible(*, channels_last: bool, c_per_group: int, kernel: tuple,
+             dilation: tuple) -> bool:
+    """Whether the weight gradient can run here (4-D terms: rank 1 is H = 1)."""
+    return (channels_last and c_per_group == 1 and dilation[0] == 1
+            and kernel[0] <= MAX_R and kernel[1] <= MAX_S)
+
+
+@triton.jit
+def _pick(d0, d1, d2, d3, d4, d5, d6, i: tl.constexpr):
+    """``d{i}`` (``i`` known at compile time)."""
+    if i == 0:
+        v = d0
+    elif i == 1:
+        v = d1
+    elif i == 2:
+        v = d2
+    elif i == 3:
+        v = d3
+    elif i == 4:
+        v = d4
+    elif i == 5:
+        v = d5
+    else:
+        v = d6
+    return v
+
+
+@triton.jit
+def _add(a0, a1, a2, a3, a4, a5, a6, v, r: tl.constexpr):
+    """The accumulators with ``v`` added to ``a{r}``."""
+    if r == 0:
+        a0 += v
+    elif r == 1:
+        a1 += v
+    elif r == 2:
+        a2 += v
+    elif r == 3:
+        a3 += v
+    elif r == 4:
+        a4 += v
+    elif r == 5:
+        a5 += v
+    else:
+        a6 += v
+    return a0, a1, a2, a3, a4, a5, a6
+
+
+@triton.jit
+def _dw_wgrad_kernel(
+    dy_ptr, x_ptr, part_ptr,
+    H, W, K, P, Q, KG, ROWS,
+    stride_w, pad_h, pad_w, dil_w,
+    sdn, sdk, sdp, sdq, sxn, sxc, sxh, sxw,
+    R: tl.constexpr, S: tl.constexpr, SP: tl.constexpr, SH: tl.constexpr, NA: tl.constexpr,
+    ACC: tl.constexpr, INT64: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # program (image n, row block, column block) x channel block, as dw_roll's forward
+    pid = tl.program_id(0)
+    q_blocks = tl.cdiv(Q, BLOCK_Q)
+    row_blocks = tl.cdiv(P, ROWS)
+    qb = pid % q_blocks
+    rest = pid // q_blocks
+    pb = rest % row_blocks
+    n = rest // row_blocks
+    if INT64:
+        n = n.to(tl.int64)
+    s3 = tl.arange(0, SP)[:, None, None]
+    q3 = (qb * BLOCK_Q + tl.arange(0, BLOCK_Q))[None, :, None]
+    k3 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]
+    dmask = (q3 < Q) & (k3 < K) & (s3 >= 0)  # [SP, BQ, BC]: every tap slot reads the row
+    iw = q3 * stride_w - pad_w + s3 * dil_w
+    xmask = dmask & (s3 < S) & (iw >= 0) & (iw < W)
+    x_base = x_ptr + n * sxn + (k3 // KG) * sxc + iw * sxw
+    d_base = dy_ptr + n * sdn + k3 * sdk + q3 * sdq + s3 * 0
+    p0 = pb * ROWS
+    p_end = tl.minimum(p0 + ROWS, P)
+    zero = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    a0, a1, a2, a3, a4, a5, a6 = zero, zero, zero, zero, zero, zero, zero
+    d0, d1, d2, d3, d4, d5, d6 = zero, zero, zero, zero, zero, zero, zero
+    for t in range(1 - NA, p_end - p0):
+        # d{i} holds dy row p + i; the newest, p + NA - 1, enters now (zero past the strip)
+        pn = p0 + t + NA - 1
+        dn = tl.load(d_base + pn * sdp, mask=_and_row(dmask, pn < p_end), other=0.0).to(ACC)
+        if NA == 1:
+            d0 = dn
+        elif NA == 2:
+            d1 = dn
+        elif NA == 3:
+            d2 = dn
+        elif NA == 4:
+            d3 = dn
+        elif NA == 5:
+            d4 = dn
+        elif NA == 6:
+            d5 = dn
+        else:
+            d6 = dn
+        for u in tl.static_range(SH):
+            # the input row that meets dy row p + i at kernel row r = (NA - 1 - i)·SH + u
+            ih = pn * SH - pad_h + u
+            if (ih >= 0) & (ih < H):
+                xv = tl.load(x_base + ih * sxh, mask=xmask, other=0.0).to(ACC)
+                for i in tl.static_range(NA):
+                    if (NA - 1 - i) * SH + u < R:
+                        a0, a1, a2, a3, a4, a5, a6 = _add(
+                            a0, a1, a2, a3, a4, a5, a6,
+                            xv * _pick(d0, d1, d2, d3, d4, d5, d6, i), (NA - 1 - i) * SH + u)
+        d0 = d1
+        d1 = d2
+        d2 = d3
+        d3 = d4
+        d4 = d5
+        d5 = d6
+    # the accumulators summed over their columns: part[pid, r, s, k]
+    s2 = tl.arange(0, SP)[:, None]
+    k2 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    pmask = (s2 < S) & (k2 < K)
+    base = part_ptr + pid.to(tl.int64) * (R * S * K) + s2 * K + k2
+    for r in tl.static_range(R):
+        acc = _pick(a0, a1, a2, a3, a4, a5, a6, r)
+        tl.store(base + r * (S * K), tl.sum(acc, axis=1), mask=pmask)
+
+
+@triton.jit
+def _sum_parts_kernel(part_ptr, dw_ptr, PARTS, K, swk, swr, sws,
+                      R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    # dw[k, 0, r, s] = Σ_j part[j, r, s, k], j in order
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # (r, s, k) flattened, k fastest
+    mask = e < R * S * K
+    acc = tl.zeros([BLOCK], ACC)
+    for j in range(PARTS):
+        acc += tl.load(part_ptr + j * (R * S * K) + e, mask=mask, other=0.0)
+    k = e % K
+    rs = e // K
+    r = rs // S
+    s = rs - r * S
+    tl.store(dw_ptr + k * swk + r * swr + s * sws, acc.to(dw_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, config, int64: bool) -> None:
+    """``dw`` (K, 1, R, S) of a depthwise convolution (``eligible``) on 4-D (N, C, H, W)-
+    indexed channels-last views, written into ``dw4`` (any strides). ``config``: a
+    ``DwConfig`` with ``roll`` rows per program, ``block_a`` columns, ``block_b`` channels."""
+    n, c, h, w = x4.shape
+    _, k, p, q = dy4.shape
+    r, s = dw4.shape[2:]
+    programs = n * cdiv(p, config.roll) * cdiv(q, config.block_a)
+    acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
+    part = torch.empty((programs, r, s, k), device=dy4.device, dtype=acc)
+    launch(_dw_wgrad_kernel, (programs, cdiv(k, config.block_b)),
+           dy4, x4, part, h, w, k, p, q, k // c, config.roll, stride[1], pad[0], pad[1],
+           dilation[1], *_strides(dy4), *_strides(x4),
+           R=r, S=s, SP=triton.next_power_of_2(s), SH=stride[0], NA=-(-r // stride[0]),
+           ACC=_acc(dy4.dtype), INT64=int64, BLOCK_Q=config.block_a, BLOCK_C=config.block_b,
+           num_warps=config.num_warps)
+    block = 128 if INTERPRETED or not dy4.is_cuda else 256
+    launch(_sum_parts_kernel, (cdiv(r * s * k, block),), part, dw4, programs, k,
+           dw4.stride(0), dw4.stride(2), dw4.stride(3), R=r, S=s, ACC=_acc(dy4.dtype),
+           BLOCK=block, num_warps=4)

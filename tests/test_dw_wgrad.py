@@ -1,0 +1,79 @@
+"""dw_wgrad.py's channels-last depthwise weight gradient against float64 torch: poisoned
+outputs, odd sizes, rank 1 and 2, strides, multipliers, column dilation, kernels taller
+than the input, strips of rows shorter than the image, and the same bits on every run."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastconv.backends.triton import depthwise
+from fastconv.backends.triton.backend import TritonBackend
+from fastconv.precision import relative_error
+from fastconv.problem import ConvProblem
+
+# (N, C, multiplier, spatial, kernel, stride, padding, dilation)
+CASES = [
+    (2, 6, 1, (9, 11), 3, 1, 1, 1),
+    (2, 5, 1, (10, 7), 3, 2, 1, 1),            # stride 2, odd sizes
+    (1, 4, 2, (7, 8), 5, 2, 2, 1),             # multiplier 2
+    (2, 3, 1, (9, 10), 7, 1, 3, 1),            # 7x7: seven pending dy rows
+    (2, 3, 1, (4, 5), 7, 1, 3, 1),             # kernel taller than the input
+    (2, 6, 1, (6, 5), 2, 3, 0, 1),             # stride > kernel
+    (1, 11, 1, (13, 12), 5, 1, 2, 1),          # channels past a block
+    (2, 7, 1, (23,), 4, 1, ((3, 0),), 1),      # rank 1, causal
+    (3, 6, 1, (19,), 5, 2, 2, 2),              # rank 1, stride and column dilation
+]
+CONFIGS = [depthwise.DwConfig(4, 8, 4, roll=3), depthwise.DwConfig(2, 4, 1, roll=64)]
+
+
+def _cl(t):
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 \
+        else t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _conv(x, w, stride, padding, dilation, groups):
+    conv = F.conv1d if x.dim() == 3 else F.conv2d
+    if isinstance(padding, tuple):  # causal: torch pads symmetrically only
+        x = F.pad(x, padding[0])
+        padding = 0
+    return conv(x, w, None, stride, padding, dilation, groups)
+
+
+PAIRS = [(case, CONFIGS[0]) for case in CASES] + [(CASES[i], CONFIGS[1]) for i in (1, 3, 7)]
+
+
+@pytest.mark.parametrize(("case", "config"), PAIRS,
+                         ids=lambda v: v.name() if isinstance(v, depthwise.DwConfig)
+                         else f"r{len(v[3])}k{v[4]}s{v[5]}m{v[2]}")
+def test_weight_gradient(case, config):
+    n, c, mult, spatial, k, stride, padding, dilation = case
+    x = _cl(torch.randn(n, c, *spatial, dtype=torch.float64, requires_grad=True).detach())
+    w = torch.randn(c * mult, 1, *([k] * len(spatial)), dtype=torch.float64,
+                    requires_grad=True)
+    y = _conv(x, w, stride, padding, dilation, c)
+    g = _cl(torch.randn_like(y))
+    (want,) = torch.autograd.grad(y, w, g)
+    problem = ConvProblem.from_tensors(x, w.detach(), None, stride, padding, dilation, c,
+                                       rank=len(spatial))
+    assert TritonBackend.config_errors(problem, config, "wgrad") == []
+    bound = TritonBackend.bind(problem, config, "wgrad")
+    runs = []
+    for _ in range(2):
+        dw = torch.full_like(w, float("nan"))  # poisoned
+        bound(g, x, dw)
+        runs.append(dw)
+    assert not runs[0].isnan().any()
+    assert torch.equal(runs[0], runs[1])  # partials summed in a fixed order
+    assert relative_error(runs[0], want) < 1e-12
+    assert relative_error(bound(g, x, None), want) < 1e-12  # allocated by the plan
+
+
+def test_fp32_accumulation_of_half_inputs():
+    x = _cl(torch.randn(2, 5, 9, 7).to(torch.bfloat16))
+    w = torch.randn(5, 1, 3, 3)
+    g = _cl(torch.randn(2, 5, 9, 7).to(torch.bfloat16))
+    want = torch.nn.grad.conv2d_weight(x.double(), w.shape, g.double(), 1, 1, groups=5)
+    problem = ConvProblem.from_tensors(x, w.to(torch.bfloat16), None, 1, 1, 1, 5, rank=2)
+    dw = TritonBackend.bind(problem, CONFIGS[0], "wgrad")(g, x, None)
+    assert dw.dtype == torch.bfloat16
+    assert relative_error(dw, want) < 1e-2  # the bf16 rounding of the result
