@@ -115,9 +115,23 @@ def _dw_wgrad_kernel(
     d_base = dy_ptr + n * sdn + k3 * sdk + q3 * sdq + s3 * 0
     p0 = pb * ROWS
     p_end = tl.minimum(p0 + ROWS, P)
-    zero = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    a0, a1, a2, a3, a4, a5, a6 = zero, zero, zero, zero, zero, zero, zero
-    d0, d1, d2, d3, d4, d5, d6 = zero, zero, zero, zero, zero, zero, zero
+    # one tl.zeros each: Triton finds a loop's carried values by identity, so `d0 = d1`
+    # between two names of one zero tensor would read as d0 unchanged (compiled, it then
+    # stays zero; the interpreter does not show it)
+    a0 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    a1 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    a2 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    a3 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    a4 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    a5 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    a6 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    d0 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    d1 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    d2 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    d3 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    d4 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    d5 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+    d6 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
     for t in range(1 - NA, p_end - p0):
         # d{i} holds dy row p + i; the newest, p + NA - 1, enters now (zero past the strip)
         pn = p0 + t + NA - 1
