@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fastconv.backends.triton import depthwise
+from fastconv.backends.triton import depthwise, dw_wgrad
 from fastconv.backends.triton.backend import TritonBackend
 from fastconv.precision import relative_error
 from fastconv.problem import ConvProblem
@@ -66,6 +66,11 @@ def test_weight_gradient(case, config):
     assert torch.equal(runs[0], runs[1])  # partials summed in a fixed order
     assert relative_error(runs[0], want) < 1e-12
     assert relative_error(bound(g, x, None), want) < 1e-12  # allocated by the plan
+    if len(spatial) == 2 and n > 1:  # several images per program, one partial each
+        dw = torch.full_like(w, float("nan"))
+        dw_wgrad.launch_wgrad(g, x, dw, stride=(stride,) * 2, pad=(padding,) * 2,
+                              dilation=(1, dilation), config=config, int64=False, images=n)
+        assert relative_error(dw, want) < 1e-12
 
 
 def test_fp32_accumulation_of_half_inputs():

@@ -8,7 +8,8 @@ into the ``[taps × channels]`` accumulator) per block, the cost of a 7x7 layer 
 sums and selects, not the multiply-adds.
 
 Here a program owns a ``[BLOCK_Q columns × BLOCK_C channels]`` strip of ``ROWS``
-consecutive output rows of one image (the forward walk of dw_roll.py, transposed). It
+consecutive output rows, in each of ``IMGS`` images one after another (the forward walk of
+dw_roll.py, transposed). It
 keeps the ``NA = ⌈R/σ⌉`` most recent ``dy`` rows (``d0`` oldest … ``d6``), as
 ``[SP × BLOCK_Q × BLOCK_C]`` tiles (the row broadcast over ``SP = next_pow2(S)`` column
 taps), and one accumulator of that shape per kernel row ``r`` (``a0 … a6``). Each step
@@ -18,7 +19,8 @@ its product with every pending ``dy`` row it meets into that pair's tap row:
 ``a_r += X · d_i`` with ``r = (NA − 1 − i)·σ + u``. Per ``dy`` element: one load, ``σ``
 input-row loads, ``R·SP`` multiply-adds, no reduction. At the end each ``a_r`` is summed
 over its columns into ``part[program, r, s, k]`` (fp32), and a second kernel sums the
-programs' partials in a fixed order into ``dw`` (deterministic: no atomics).
+programs' partials in a fixed order into ``dw`` (deterministic: no atomics); ``IMGS`` keeps
+their number near four programs per multiprocessor.
 
 Requirements (``eligible``): channels-last (NHWC / NLC), depthwise (one input channel per
 group; any channel multiplier), unit row dilation, ``R ≤ 7``, ``S ≤ 8``.
@@ -89,30 +91,28 @@ def _add(a0, a1, a2, a3, a4, a5, a6, v, r: tl.constexpr):
 @triton.jit
 def _dw_wgrad_kernel(
     dy_ptr, x_ptr, part_ptr,
-    H, W, K, P, Q, KG, ROWS,
+    N, H, W, K, P, Q, KG, ROWS, IMGS,
     stride_w, pad_h, pad_w, dil_w,
     sdn, sdk, sdp, sdq, sxn, sxc, sxh, sxw,
     R: tl.constexpr, S: tl.constexpr, SP: tl.constexpr, SH: tl.constexpr, NA: tl.constexpr,
     ACC: tl.constexpr, INT64: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    # program (image n, row block, column block) x channel block, as dw_roll's forward
+    # program (IMGS images, row block, column block) x channel block
     pid = tl.program_id(0)
     q_blocks = tl.cdiv(Q, BLOCK_Q)
     row_blocks = tl.cdiv(P, ROWS)
     qb = pid % q_blocks
     rest = pid // q_blocks
     pb = rest % row_blocks
-    n = rest // row_blocks
-    if INT64:
-        n = n.to(tl.int64)
+    n0 = (rest // row_blocks) * IMGS
     s3 = tl.arange(0, SP)[:, None, None]
     q3 = (qb * BLOCK_Q + tl.arange(0, BLOCK_Q))[None, :, None]
     k3 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]
     dmask = (q3 < Q) & (k3 < K) & (s3 >= 0)  # [SP, BQ, BC]: every tap slot reads the row
     iw = q3 * stride_w - pad_w + s3 * dil_w
     xmask = dmask & (s3 < S) & (iw >= 0) & (iw < W)
-    x_base = x_ptr + n * sxn + (k3 // KG) * sxc + iw * sxw
-    d_base = dy_ptr + n * sdn + k3 * sdk + q3 * sdq + s3 * 0
+    x_off = (k3 // KG) * sxc + iw * sxw
+    d_off = k3 * sdk + q3 * sdq + s3 * 0
     p0 = pb * ROWS
     p_end = tl.minimum(p0 + ROWS, P)
     # one tl.zeros each: Triton finds a loop's carried values by identity, so `d0 = d1`
@@ -125,47 +125,54 @@ def _dw_wgrad_kernel(
     a4 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
     a5 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
     a6 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    d0 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    d1 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    d2 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    d3 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    d4 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    d5 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    d6 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    for t in range(1 - NA, p_end - p0):
-        # d{i} holds dy row p + i; the newest, p + NA - 1, enters now (zero past the strip)
-        pn = p0 + t + NA - 1
-        dn = tl.load(d_base + pn * sdp, mask=_and_row(dmask, pn < p_end), other=0.0).to(ACC)
-        if NA == 1:
-            d0 = dn
-        elif NA == 2:
-            d1 = dn
-        elif NA == 3:
-            d2 = dn
-        elif NA == 4:
-            d3 = dn
-        elif NA == 5:
-            d4 = dn
-        elif NA == 6:
-            d5 = dn
-        else:
-            d6 = dn
-        for u in tl.static_range(SH):
-            # the input row that meets dy row p + i at kernel row r = (NA - 1 - i)·SH + u
-            ih = pn * SH - pad_h + u
-            if (ih >= 0) & (ih < H):
-                xv = tl.load(x_base + ih * sxh, mask=xmask, other=0.0).to(ACC)
-                for i in tl.static_range(NA):
-                    if (NA - 1 - i) * SH + u < R:
-                        a0, a1, a2, a3, a4, a5, a6 = _add(
-                            a0, a1, a2, a3, a4, a5, a6,
-                            xv * _pick(d0, d1, d2, d3, d4, d5, d6, i), (NA - 1 - i) * SH + u)
-        d0 = d1
-        d1 = d2
-        d2 = d3
-        d3 = d4
-        d4 = d5
-        d5 = d6
+    for n in range(n0, tl.minimum(n0 + IMGS, N)):
+        if INT64:
+            n = n.to(tl.int64)
+        x_base = x_ptr + n * sxn + x_off
+        d_base = dy_ptr + n * sdn + d_off
+        d0 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+        d1 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+        d2 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+        d3 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+        d4 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+        d5 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+        d6 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+        for t in range(1 - NA, p_end - p0):
+            # d{i} holds dy row p + i; the newest, p + NA - 1, enters now (zero past the strip)
+            pn = p0 + t + NA - 1
+            dn = tl.load(d_base + pn * sdp, mask=_and_row(dmask, pn < p_end),
+                         other=0.0).to(ACC)
+            if NA == 1:
+                d0 = dn
+            elif NA == 2:
+                d1 = dn
+            elif NA == 3:
+                d2 = dn
+            elif NA == 4:
+                d3 = dn
+            elif NA == 5:
+                d4 = dn
+            elif NA == 6:
+                d5 = dn
+            else:
+                d6 = dn
+            for u in tl.static_range(SH):
+                # the input row that meets dy row p + i at kernel row r = (NA - 1 - i)·SH + u
+                ih = pn * SH - pad_h + u
+                if (ih >= 0) & (ih < H):
+                    xv = tl.load(x_base + ih * sxh, mask=xmask, other=0.0).to(ACC)
+                    for i in tl.static_range(NA):
+                        if (NA - 1 - i) * SH + u < R:
+                            a0, a1, a2, a3, a4, a5, a6 = _add(
+                                a0, a1, a2, a3, a4, a5, a6,
+                                xv * _pick(d0, d1, d2, d3, d4, d5, d6, i),
+                                (NA - 1 - i) * SH + u)
+            d0 = d1
+            d1 = d2
+            d2 = d3
+            d3 = d4
+            d4 = d5
+            d5 = d6
     # the accumulators summed over their columns: part[pid, r, s, k]
     s2 = tl.arange(0, SP)[:, None]
     k2 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
@@ -179,13 +186,17 @@ def _dw_wgrad_kernel(
 @triton.jit
 def _sum_parts_kernel(part_ptr, dw_ptr, PARTS, K, swk, swr, sws,
                       R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    # dw[k, 0, r, s] = Σ_j part[j, r, s, k], j in order
+                      BLOCK_J: tl.constexpr, BLOCK: tl.constexpr):
+    # dw[k, 0, r, s] = Σ_j part[j, r, s, k]: BLOCK_J partials loaded at once (independent
+    # loads in flight), summed by a fixed tree, chunks in order
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # (r, s, k) flattened, k fastest
     mask = e < R * S * K
+    j = tl.arange(0, BLOCK_J)[:, None]
     acc = tl.zeros([BLOCK], ACC)
-    for j in range(PARTS):
-        acc += tl.load(part_ptr + j * (R * S * K) + e, mask=mask, other=0.0)
+    for j0 in range(0, PARTS, BLOCK_J):
+        tile = tl.load(part_ptr + (j0 + j).to(tl.int64) * (R * S * K) + e[None, :],
+                       mask=(j0 + j < PARTS) & mask[None, :], other=0.0)
+        acc += tl.sum(tile, axis=0)
     k = e % K
     rs = e // K
     r = rs // S
@@ -193,23 +204,32 @@ def _sum_parts_kernel(part_ptr, dw_ptr, PARTS, K, swk, swr, sws,
     tl.store(dw_ptr + k * swk + r * swr + s * sws, acc.to(dw_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, config, int64: bool) -> None:
+def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, config, int64: bool,
+                 images: int | None = None) -> None:
     """``dw`` (K, 1, R, S) of a depthwise convolution (``eligible``) on 4-D (N, C, H, W)-
     indexed channels-last views, written into ``dw4`` (any strides). ``config``: a
-    ``DwConfig`` with ``roll`` rows per program, ``block_a`` columns, ``block_b`` channels."""
+    ``DwConfig`` with ``roll`` rows per program, ``block_a`` columns, ``block_b`` channels.
+    ``images``: per program (fewer partials to sum); by default as many as leave about four
+    programs per multiprocessor."""
     n, c, h, w = x4.shape
     _, k, p, q = dy4.shape
     r, s = dw4.shape[2:]
-    programs = n * cdiv(p, config.roll) * cdiv(q, config.block_a)
+    tiles = cdiv(p, config.roll) * cdiv(q, config.block_a)
+    if images is None:
+        images = 1
+        if dy4.is_cuda and not INTERPRETED:
+            sms = torch.cuda.get_device_properties(dy4.device).multi_processor_count
+            images = max(1, n * tiles * cdiv(k, config.block_b) // (4 * sms))
+    programs = cdiv(n, images) * tiles
     acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
     part = torch.empty((programs, r, s, k), device=dy4.device, dtype=acc)
     launch(_dw_wgrad_kernel, (programs, cdiv(k, config.block_b)),
-           dy4, x4, part, h, w, k, p, q, k // c, config.roll, stride[1], pad[0], pad[1],
-           dilation[1], *_strides(dy4), *_strides(x4),
+           dy4, x4, part, n, h, w, k, p, q, k // c, config.roll, images, stride[1], pad[0],
+           pad[1], dilation[1], *_strides(dy4), *_strides(x4),
            R=r, S=s, SP=triton.next_power_of_2(s), SH=stride[0], NA=-(-r // stride[0]),
            ACC=_acc(dy4.dtype), INT64=int64, BLOCK_Q=config.block_a, BLOCK_C=config.block_b,
            num_warps=config.num_warps)
-    block = 128 if INTERPRETED or not dy4.is_cuda else 256
+    block = 16 if INTERPRETED or not dy4.is_cuda else 64
     launch(_sum_parts_kernel, (cdiv(r * s * k, block),), part, dw4, programs, k,
            dw4.stride(0), dw4.stride(2), dw4.stride(3), R=r, S=s, ACC=_acc(dy4.dtype),
-           BLOCK=block, num_warps=4)
+           BLOCK_J=8 if INTERPRETED or not dy4.is_cuda else 32, BLOCK=block, num_warps=4)
