@@ -18,7 +18,7 @@ CASES = [
     (1, 4, 2, (7, 8), 5, 2, 2, 1),             # multiplier 2
     (2, 3, 1, (9, 10), 7, 1, 3, 1),            # 7x7: seven pending dy rows
     (2, 3, 1, (4, 5), 7, 1, 3, 1),             # kernel taller than the input
-    (2, 6, 1, (6, 5), 2, 3, 0, 1),             # stride > kernel
+    (2, 6, 1, (6, 5), 1, 2, 0, 1),             # stride > kernel
     (1, 11, 1, (13, 12), 5, 1, 2, 1),          # channels past a block
     (2, 7, 1, (23,), 4, 1, ((3, 0),), 1),      # rank 1, causal
     (3, 6, 1, (19,), 5, 2, 2, 2),              # rank 1, stride and column dilation

@@ -224,7 +224,8 @@ def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
         errors.append("roll: only the forward of a channels-last depthwise convolution with "
                       "unit row dilation and at most 7 output rows per input row, its "
                       "data gradient at stride 1 with one output channel per input, and its "
-                      "weight gradient for kernels of at most 7 rows and 8 columns")
+                      "weight gradient at row stride 1 or 2 for kernels of at most 7 rows and 8 "
+                      "columns")
     if config.roll and (config.pairs or config.plane):
         errors.append("roll: not with pairs or plane")
     if config.block_a * config.block_b > 8192:
@@ -257,7 +258,6 @@ def _roll_problem(problem: ConvProblem, op: str) -> bool:
                stride=problem.stride if two_d else (1, *problem.stride),
                dilation=problem.dilation if two_d else (1, *problem.dilation))
     if op == "wgrad":
-        del geo["stride"]
         return dw_wgrad.eligible(**geo)
     if op == "dgrad":
         return dw_roll.dgrad_eligible(multiplier=problem.k_per_group, **geo)

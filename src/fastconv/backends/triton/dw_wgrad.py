@@ -23,7 +23,7 @@ programs' partials in a fixed order into ``dw`` (deterministic: no atomics); ``I
 their number near four programs per multiprocessor.
 
 Requirements (``eligible``): channels-last (NHWC / NLC), depthwise (one input channel per
-group; any channel multiplier), unit row dilation, ``R ≤ 7``, ``S ≤ 8``.
+group; any channel multiplier), unit row dilation, row stride 1 or 2, ``R ≤ 7``, ``S ≤ 8``.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ __all__ = ["eligible", "launch_wgrad"]
 MAX_R, MAX_S = 7, 8
 
 
-def eligible(*, channels_last: bool, c_per_group: int, kernel: tuple,
+def eligible(*, channels_last: bool, c_per_group: int, kernel: tuple, stride: tuple,
              dilation: tuple) -> bool:
     """Whether the weight gradient can run here (4-D terms: rank 1 is H = 1)."""
-    return (channels_last and c_per_group == 1 and dilation[0] == 1
+    return (channels_last and c_per_group == 1 and dilation[0] == 1 and stride[0] <= 2
             and kernel[0] <= MAX_R and kernel[1] <= MAX_S)
 
 
@@ -137,11 +137,32 @@ def _dw_wgrad_kernel(
         d4 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
         d5 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
         d6 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
+        # the next step's rows are loaded before this step's products (prefetched into
+        # registers: the loads' latency overlaps the multiply-adds; 8 warps per SM at most)
+        dn_next = tl.load(d_base + p0 * sdp, mask=_and_row(dmask, p0 < p_end), other=0.0)
+        ih = p0 * SH - pad_h
+        x0_next = tl.load(x_base + ih * sxh, mask=_and_row(xmask, (ih >= 0) & (ih < H)),
+                          other=0.0)
+        x1_next = x0_next
+        if SH == 2:
+            x1_next = tl.load(x_base + (ih + 1) * sxh,
+                              mask=_and_row(xmask, (ih + 1 >= 0) & (ih + 1 < H)), other=0.0)
         for t in range(1 - NA, p_end - p0):
-            # d{i} holds dy row p + i; the newest, p + NA - 1, enters now (zero past the strip)
+            # d{i} holds dy row p + i; the newest, pn = p + NA - 1, enters now (zero past
+            # the strip), with the SH input rows it meets first
             pn = p0 + t + NA - 1
-            dn = tl.load(d_base + pn * sdp, mask=_and_row(dmask, pn < p_end),
-                         other=0.0).to(ACC)
+            dn = dn_next.to(ACC)
+            x0 = x0_next.to(ACC)
+            x1 = x1_next.to(ACC)
+            dn_next = tl.load(d_base + (pn + 1) * sdp, mask=_and_row(dmask, pn + 1 < p_end),
+                              other=0.0)
+            ih = (pn + 1) * SH - pad_h
+            x0_next = tl.load(x_base + ih * sxh,
+                              mask=_and_row(xmask, (ih >= 0) & (ih < H)), other=0.0)
+            if SH == 2:
+                x1_next = tl.load(x_base + (ih + 1) * sxh,
+                                  mask=_and_row(xmask, (ih + 1 >= 0) & (ih + 1 < H)),
+                                  other=0.0)
             if NA == 1:
                 d0 = dn
             elif NA == 2:
@@ -157,16 +178,13 @@ def _dw_wgrad_kernel(
             else:
                 d6 = dn
             for u in tl.static_range(SH):
-                # the input row that meets dy row p + i at kernel row r = (NA - 1 - i)·SH + u
-                ih = pn * SH - pad_h + u
-                if (ih >= 0) & (ih < H):
-                    xv = tl.load(x_base + ih * sxh, mask=xmask, other=0.0).to(ACC)
-                    for i in tl.static_range(NA):
-                        if (NA - 1 - i) * SH + u < R:
-                            a0, a1, a2, a3, a4, a5, a6 = _add(
-                                a0, a1, a2, a3, a4, a5, a6,
-                                xv * _pick(d0, d1, d2, d3, d4, d5, d6, i),
-                                (NA - 1 - i) * SH + u)
+                # input row pn·SH − π + u meets dy row p + i at kernel row (NA − 1 − i)·SH + u
+                xv = x0 if u == 0 else x1
+                for i in tl.static_range(NA):
+                    if (NA - 1 - i) * SH + u < R:
+                        a0, a1, a2, a3, a4, a5, a6 = _add(
+                            a0, a1, a2, a3, a4, a5, a6,
+                            xv * _pick(d0, d1, d2, d3, d4, d5, d6, i), (NA - 1 - i) * SH + u)
             d0 = d1
             d1 = d2
             d2 = d3
