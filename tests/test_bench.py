@@ -313,3 +313,18 @@ def test_model_comparisons_turn_dropout_and_stochastic_depth_off():
     assert all(m.training for m in net.modules())  # restored
     with torch.no_grad():
         assert not torch.equal(net(x), net(x))  # (on: the test can fail)
+
+
+def test_choice_label_names_a_gradients_graph_choice(monkeypatch):
+    """A gradient whose CUDA-graph choice differs from its eager one shows both."""
+    from fastconv import ConvProblem, dispatch
+
+    def cached(problem, backend, mode=None, op="fprop", grad=False):
+        return dispatch.Choice("triton" if dispatch.current()[2] else "aten", None)
+
+    monkeypatch.setattr(runner.dispatch, "cached", cached)
+    problem = ConvProblem.from_tensors(torch.randn(1, 4, 5, 5), torch.randn(4, 1, 3, 3), None,
+                                       1, 1, 1, 4, rank=2)
+    assert runner._choices(problem, "auto", "wgrad") == "wgrad=aten graph:wgrad=triton"
+    monkeypatch.setattr(runner.dispatch, "cached", lambda *a, **k: dispatch.Choice("aten", None))
+    assert runner._choices(problem, "auto", "dgrad") == "dgrad=aten"

@@ -438,8 +438,8 @@ def _mode_cost(problem: ConvProblem, mode: str) -> tuple[int, int]:
 
 
 def _choices(problem: ConvProblem, backend: str, mode: str) -> str:
-    """What dispatch picked for each operation the mode ran (eagerly; ``graph:`` the forward
-    chosen for a CUDA graph where that differs)."""
+    """What dispatch picked for each operation the mode ran (eagerly; ``graph:`` the choice
+    for a CUDA graph where that differs)."""
     parts = []
     if mode in ("fwd", "train", "eval"):
         hit = dispatch.cached(problem, backend, grad=mode == "train")
@@ -460,6 +460,10 @@ def _choices(problem: ConvProblem, backend: str, mode: str) -> str:
             hit = dispatch.cached(bare, backend, op=op)
             # never dispatched: the forward ran on aten and torch's autograd did the backward
             parts.append(f"{label}={hit.name() if hit else 'torch-autograd'}")
+            with dispatch.settings(graph=True):
+                graphed = dispatch.cached(bare, backend, op=op)
+            if graphed is not None and hit is not None and graphed.name() != hit.name():
+                parts.append(f"graph:{label}={graphed.name()}")
     return " ".join(parts)
 
 
