@@ -21,7 +21,7 @@ from sweep_fprop import time_configs  # (run as a script: benchmarks/ is on sys.
 
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
-from fastconv.backends.triton.depthwise import DwConfig
+from fastconv.backends.triton.depthwise import _ROLL_WGRAD, DwConfig
 from fastconv.bench.report import geomean
 from fastconv.bench.runner import cuda_core_tflops, measure_ceilings, time_graph
 from fastconv.bench.suites import SUITES
@@ -95,6 +95,10 @@ def main():
             configs = TritonBackend.candidates(problem, op)
             if not args.old:
                 configs = [c for c in configs if c.roll]
+            listed = [DwConfig(*t, roll=rows) for *t, rows in _ROLL_WGRAD]
+            if op == "wgrad" and not configs and not args.old \
+                    and TritonBackend.config_errors(problem, listed[0], op) == []:
+                configs = listed  # (candidates only where they won; the kernel takes these)
             if args.grid and configs:
                 configs += [c for c in (WGRAD_GRID if op == "wgrad" else GRID)
                             if c not in configs]

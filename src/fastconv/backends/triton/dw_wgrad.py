@@ -28,6 +28,8 @@ group; any channel multiplier), unit row dilation, row stride 1 or 2, ``R ≤ 7`
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -202,6 +204,97 @@ def _dw_wgrad_kernel(
 
 
 @triton.jit
+def _upd(acc, j: tl.constexpr, v):
+    """The tuple ``acc`` with ``v`` added to its element ``j``."""
+    return acc[:j] + (acc[j] + v,) + acc[j + 1:]
+
+
+@triton.jit
+def _dw_wgrad_taps_kernel(
+    dy_ptr, x_ptr, part_ptr,
+    N, H, W, K, P, Q, KG, ROWS, IMGS,
+    stride_w, pad_h, pad_w, dil_w,
+    sdn, sdk, sdp, sdq, sxn, sxc, sxh, sxw,
+    R: tl.constexpr, S: tl.constexpr, SH: tl.constexpr, NA: tl.constexpr,
+    ACC: tl.constexpr, INT64: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # as _dw_wgrad_kernel, with [BLOCK_Q x BLOCK_C] tiles and one accumulator per tap (a
+    # tuple of R·S tiles): the input row is loaded as S shifted tiles, dy rows are not
+    # repeated per column tap
+    pid = tl.program_id(0)
+    q_blocks = tl.cdiv(Q, BLOCK_Q)
+    row_blocks = tl.cdiv(P, ROWS)
+    qb = pid % q_blocks
+    rest = pid // q_blocks
+    pb = rest % row_blocks
+    n0 = (rest // row_blocks) * IMGS
+    q = (qb * BLOCK_Q + tl.arange(0, BLOCK_Q))[:, None]
+    k1 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    k = k1[None, :]
+    dmask = (q < Q) & (k < K)
+    iw0 = q * stride_w - pad_w
+    x_off = (k // KG) * sxc + iw0 * sxw
+    d_off = k * sdk + q * sdq
+    p0 = pb * ROWS
+    p_end = tl.minimum(p0 + ROWS, P)
+    acc = (tl.zeros([BLOCK_Q, BLOCK_C], ACC),) * (R * S)  # carried as one tuple
+    for n in range(n0, tl.minimum(n0 + IMGS, N)):
+        if INT64:
+            n = n.to(tl.int64)
+        x_base = x_ptr + n * sxn + x_off
+        d_base = dy_ptr + n * sdn + d_off
+        d0 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
+        d1 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
+        d2 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
+        d3 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
+        d4 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
+        d5 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
+        d6 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
+        dn_next = tl.load(d_base + p0 * sdp, mask=_and_row(dmask, p0 < p_end), other=0.0)
+        for t in range(1 - NA, p_end - p0):
+            pn = p0 + t + NA - 1
+            dn = dn_next.to(ACC)
+            dn_next = tl.load(d_base + (pn + 1) * sdp, mask=_and_row(dmask, pn + 1 < p_end),
+                              other=0.0)
+            if NA == 1:
+                d0 = dn
+            elif NA == 2:
+                d1 = dn
+            elif NA == 3:
+                d2 = dn
+            elif NA == 4:
+                d3 = dn
+            elif NA == 5:
+                d4 = dn
+            elif NA == 6:
+                d5 = dn
+            else:
+                d6 = dn
+            for u in tl.static_range(SH):
+                ih = pn * SH - pad_h + u
+                row = x_base + ih * sxh
+                row_ok = (ih >= 0) & (ih < H)
+                for s in tl.static_range(S):
+                    iw = iw0 + s * dil_w
+                    xv = tl.load(row + s * dil_w * sxw,
+                                 mask=_and_row(dmask & (iw >= 0) & (iw < W), row_ok),
+                                 other=0.0).to(ACC)
+                    for i in tl.static_range(NA):
+                        if (NA - 1 - i) * SH + u < R:
+                            acc = _upd(acc, ((NA - 1 - i) * SH + u) * S + s,
+                                       xv * _pick(d0, d1, d2, d3, d4, d5, d6, i))
+            d0 = d1
+            d1 = d2
+            d2 = d3
+            d3 = d4
+            d4 = d5
+            d5 = d6
+    base = part_ptr + pid.to(tl.int64) * (R * S * K) + k1
+    for j in tl.static_range(R * S):
+        tl.store(base + j * K, tl.sum(acc[j], axis=0), mask=k1 < K)
+
+
+@triton.jit
 def _sum_parts_kernel(part_ptr, dw_ptr, PARTS, K, swk, swr, sws,
                       R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr,
                       BLOCK_J: tl.constexpr, BLOCK: tl.constexpr):
@@ -241,12 +334,15 @@ def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, config, int64: bool,
     programs = cdiv(n, images) * tiles
     acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
     part = torch.empty((programs, r, s, k), device=dy4.device, dtype=acc)
-    launch(_dw_wgrad_kernel, (programs, cdiv(k, config.block_b)),
-           dy4, x4, part, n, h, w, k, p, q, k // c, config.roll, images, stride[1], pad[0],
-           pad[1], dilation[1], *_strides(dy4), *_strides(x4),
-           R=r, S=s, SP=triton.next_power_of_2(s), SH=stride[0], NA=-(-r // stride[0]),
-           ACC=_acc(dy4.dtype), INT64=int64, BLOCK_Q=config.block_a, BLOCK_C=config.block_b,
-           num_warps=config.num_warps)
+    args = (dy4, x4, part, n, h, w, k, p, q, k // c, config.roll, images, stride[1], pad[0],
+            pad[1], dilation[1], *_strides(dy4), *_strides(x4))
+    meta = dict(R=r, S=s, SH=stride[0], NA=-(-r // stride[0]), ACC=_acc(dy4.dtype), INT64=int64,
+                BLOCK_Q=config.block_a, BLOCK_C=config.block_b, num_warps=config.num_warps)
+    if os.environ.get("FASTCONV_DW_WGRAD_TAPS") == "1":
+        launch(_dw_wgrad_taps_kernel, (programs, cdiv(k, config.block_b)), *args, **meta)
+    else:
+        launch(_dw_wgrad_kernel, (programs, cdiv(k, config.block_b)), *args,
+               SP=triton.next_power_of_2(s), **meta)
     block = 16 if INTERPRETED or not dy4.is_cuda else 64
     launch(_sum_parts_kernel, (cdiv(r * s * k, block),), part, dw4, programs, k,
            dw4.stride(0), dw4.stride(2), dw4.stride(3), R=r, S=s, ACC=_acc(dy4.dtype),
