@@ -9,26 +9,25 @@ sums and selects, not the multiply-adds.
 
 Here a program owns a ``[BLOCK_Q columns × BLOCK_C channels]`` strip of ``ROWS``
 consecutive output rows, in each of ``IMGS`` images one after another (the forward walk of
-dw_roll.py, transposed). It
-keeps the ``NA = ⌈R/σ⌉`` most recent ``dy`` rows (``d0`` oldest … ``d6``), as
-``[SP × BLOCK_Q × BLOCK_C]`` tiles (the row broadcast over ``SP = next_pow2(S)`` column
-taps), and one accumulator of that shape per kernel row ``r`` (``a0 … a6``). Each step
-loads the ``σ`` input rows that the newest ``dy`` row needs first, each once, as one
-``[SP × BLOCK_Q × BLOCK_C]`` tile of its ``S`` column-shifted windows (from L1), and adds
-its product with every pending ``dy`` row it meets into that pair's tap row:
-``a_r += X · d_i`` with ``r = (NA − 1 − i)·σ + u``. Per ``dy`` element: one load, ``σ``
-input-row loads, ``R·SP`` multiply-adds, no reduction. At the end each ``a_r`` is summed
-over its columns into ``part[program, r, s, k]`` (fp32), and a second kernel sums the
-programs' partials in a fixed order into ``dw`` (deterministic: no atomics); ``IMGS`` keeps
-their number near four programs per multiprocessor.
+dw_roll.py, transposed). It keeps the ``NA = ⌈R/σ⌉`` most recent ``dy`` rows (``d0``
+oldest … ``d6``) as tiles, and one accumulator tile per tap, ``R·S`` of them carried as one
+tuple. Each step loads the newest ``dy`` row (prefetched one step ahead, so that the load's
+latency overlaps the multiply-adds) and the ``σ`` input rows it meets first, each as ``S``
+column-shifted tiles (from L1), and adds every shifted tile's product with each pending
+``dy`` row it meets into that tap: ``acc[r, s] += X_s · d_i`` with ``r = (NA − 1 − i)·σ + u``.
+Per ``dy`` element: one load, ``σ·S`` input loads, ``R·S`` multiply-adds, no reduction.
+At the end each accumulator is summed over its columns into ``part[program, r, s, k]``
+(fp32), and a second kernel sums the programs' partials in a fixed order into ``dw``
+(deterministic: no atomics); ``IMGS`` keeps their number near four programs per
+multiprocessor. (A first form held the ``S`` column taps as a third tile dimension, one
+accumulator per kernel row: each ``dy`` row was then repeated ``next_pow2(S)`` times in
+registers, and it ran at half this one's speed on the 7x7 layers; benchmarks/NOTES.md.)
 
 Requirements (``eligible``): channels-last (NHWC / NLC), depthwise (one input channel per
 group; any channel multiplier), unit row dilation, row stride 1 or 2, ``R ≤ 7``, ``S ≤ 8``.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -39,7 +38,7 @@ from .launch import INTERPRETED, cdiv, launch
 
 __all__ = ["eligible", "launch_wgrad"]
 
-#: Kernel rows and columns the accumulators cover (``a0 … a6``; ``SP ≤ 8`` column taps).
+#: Kernel rows (``d0 … d6``: pending dy rows) and columns (``R·S`` accumulators) it takes.
 MAX_R, MAX_S = 7, 8
 
 
@@ -71,23 +70,9 @@ def _pick(d0, d1, d2, d3, d4, d5, d6, i: tl.constexpr):
 
 
 @triton.jit
-def _add(a0, a1, a2, a3, a4, a5, a6, v, r: tl.constexpr):
-    """The accumulators with ``v`` added to ``a{r}``."""
-    if r == 0:
-        a0 += v
-    elif r == 1:
-        a1 += v
-    elif r == 2:
-        a2 += v
-    elif r == 3:
-        a3 += v
-    elif r == 4:
-        a4 += v
-    elif r == 5:
-        a5 += v
-    else:
-        a6 += v
-    return a0, a1, a2, a3, a4, a5, a6
+def _upd(acc, j: tl.constexpr, v):
+    """The tuple ``acc`` with ``v`` added to its element ``j``."""
+    return acc[:j] + (acc[j] + v,) + acc[j + 1:]
 
 
 @triton.jit
@@ -96,131 +81,10 @@ def _dw_wgrad_kernel(
     N, H, W, K, P, Q, KG, ROWS, IMGS,
     stride_w, pad_h, pad_w, dil_w,
     sdn, sdk, sdp, sdq, sxn, sxc, sxh, sxw,
-    R: tl.constexpr, S: tl.constexpr, SP: tl.constexpr, SH: tl.constexpr, NA: tl.constexpr,
-    ACC: tl.constexpr, INT64: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    # program (IMGS images, row block, column block) x channel block
-    pid = tl.program_id(0)
-    q_blocks = tl.cdiv(Q, BLOCK_Q)
-    row_blocks = tl.cdiv(P, ROWS)
-    qb = pid % q_blocks
-    rest = pid // q_blocks
-    pb = rest % row_blocks
-    n0 = (rest // row_blocks) * IMGS
-    s3 = tl.arange(0, SP)[:, None, None]
-    q3 = (qb * BLOCK_Q + tl.arange(0, BLOCK_Q))[None, :, None]
-    k3 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]
-    dmask = (q3 < Q) & (k3 < K) & (s3 >= 0)  # [SP, BQ, BC]: every tap slot reads the row
-    iw = q3 * stride_w - pad_w + s3 * dil_w
-    xmask = dmask & (s3 < S) & (iw >= 0) & (iw < W)
-    x_off = (k3 // KG) * sxc + iw * sxw
-    d_off = k3 * sdk + q3 * sdq + s3 * 0
-    p0 = pb * ROWS
-    p_end = tl.minimum(p0 + ROWS, P)
-    # one tl.zeros each: Triton finds a loop's carried values by identity, so `d0 = d1`
-    # between two names of one zero tensor would read as d0 unchanged (compiled, it then
-    # stays zero; the interpreter does not show it)
-    a0 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    a1 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    a2 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    a3 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    a4 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    a5 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    a6 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-    for n in range(n0, tl.minimum(n0 + IMGS, N)):
-        if INT64:
-            n = n.to(tl.int64)
-        x_base = x_ptr + n * sxn + x_off
-        d_base = dy_ptr + n * sdn + d_off
-        d0 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-        d1 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-        d2 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-        d3 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-        d4 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-        d5 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-        d6 = tl.zeros([SP, BLOCK_Q, BLOCK_C], ACC)
-        # the next step's rows are loaded before this step's products (prefetched into
-        # registers: the loads' latency overlaps the multiply-adds; 8 warps per SM at most)
-        dn_next = tl.load(d_base + p0 * sdp, mask=_and_row(dmask, p0 < p_end), other=0.0)
-        ih = p0 * SH - pad_h
-        x0_next = tl.load(x_base + ih * sxh, mask=_and_row(xmask, (ih >= 0) & (ih < H)),
-                          other=0.0)
-        x1_next = x0_next
-        if SH == 2:
-            x1_next = tl.load(x_base + (ih + 1) * sxh,
-                              mask=_and_row(xmask, (ih + 1 >= 0) & (ih + 1 < H)), other=0.0)
-        for t in range(1 - NA, p_end - p0):
-            # d{i} holds dy row p + i; the newest, pn = p + NA - 1, enters now (zero past
-            # the strip), with the SH input rows it meets first
-            pn = p0 + t + NA - 1
-            dn = dn_next.to(ACC)
-            x0 = x0_next.to(ACC)
-            x1 = x1_next.to(ACC)
-            dn_next = tl.load(d_base + (pn + 1) * sdp, mask=_and_row(dmask, pn + 1 < p_end),
-                              other=0.0)
-            ih = (pn + 1) * SH - pad_h
-            x0_next = tl.load(x_base + ih * sxh,
-                              mask=_and_row(xmask, (ih >= 0) & (ih < H)), other=0.0)
-            if SH == 2:
-                x1_next = tl.load(x_base + (ih + 1) * sxh,
-                                  mask=_and_row(xmask, (ih + 1 >= 0) & (ih + 1 < H)),
-                                  other=0.0)
-            if NA == 1:
-                d0 = dn
-            elif NA == 2:
-                d1 = dn
-            elif NA == 3:
-                d2 = dn
-            elif NA == 4:
-                d3 = dn
-            elif NA == 5:
-                d4 = dn
-            elif NA == 6:
-                d5 = dn
-            else:
-                d6 = dn
-            for u in tl.static_range(SH):
-                # input row pn·SH − π + u meets dy row p + i at kernel row (NA − 1 − i)·SH + u
-                xv = x0 if u == 0 else x1
-                for i in tl.static_range(NA):
-                    if (NA - 1 - i) * SH + u < R:
-                        a0, a1, a2, a3, a4, a5, a6 = _add(
-                            a0, a1, a2, a3, a4, a5, a6,
-                            xv * _pick(d0, d1, d2, d3, d4, d5, d6, i), (NA - 1 - i) * SH + u)
-            d0 = d1
-            d1 = d2
-            d2 = d3
-            d3 = d4
-            d4 = d5
-            d5 = d6
-    # the accumulators summed over their columns: part[pid, r, s, k]
-    s2 = tl.arange(0, SP)[:, None]
-    k2 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    pmask = (s2 < S) & (k2 < K)
-    base = part_ptr + pid.to(tl.int64) * (R * S * K) + s2 * K + k2
-    for r in tl.static_range(R):
-        acc = _pick(a0, a1, a2, a3, a4, a5, a6, r)
-        tl.store(base + r * (S * K), tl.sum(acc, axis=1), mask=pmask)
-
-
-@triton.jit
-def _upd(acc, j: tl.constexpr, v):
-    """The tuple ``acc`` with ``v`` added to its element ``j``."""
-    return acc[:j] + (acc[j] + v,) + acc[j + 1:]
-
-
-@triton.jit
-def _dw_wgrad_taps_kernel(
-    dy_ptr, x_ptr, part_ptr,
-    N, H, W, K, P, Q, KG, ROWS, IMGS,
-    stride_w, pad_h, pad_w, dil_w,
-    sdn, sdk, sdp, sdq, sxn, sxc, sxh, sxw,
     R: tl.constexpr, S: tl.constexpr, SH: tl.constexpr, NA: tl.constexpr,
     ACC: tl.constexpr, INT64: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    # as _dw_wgrad_kernel, with [BLOCK_Q x BLOCK_C] tiles and one accumulator per tap (a
-    # tuple of R·S tiles): the input row is loaded as S shifted tiles, dy rows are not
-    # repeated per column tap
+    # program (IMGS images, row block, column block) x channel block
     pid = tl.program_id(0)
     q_blocks = tl.cdiv(Q, BLOCK_Q)
     row_blocks = tl.cdiv(P, ROWS)
@@ -338,11 +202,7 @@ def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, config, int64: bool,
             pad[1], dilation[1], *_strides(dy4), *_strides(x4))
     meta = dict(R=r, S=s, SH=stride[0], NA=-(-r // stride[0]), ACC=_acc(dy4.dtype), INT64=int64,
                 BLOCK_Q=config.block_a, BLOCK_C=config.block_b, num_warps=config.num_warps)
-    if os.environ.get("FASTCONV_DW_WGRAD_TAPS") == "1":
-        launch(_dw_wgrad_taps_kernel, (programs, cdiv(k, config.block_b)), *args, **meta)
-    else:
-        launch(_dw_wgrad_kernel, (programs, cdiv(k, config.block_b)), *args,
-               SP=triton.next_power_of_2(s), **meta)
+    launch(_dw_wgrad_kernel, (programs, cdiv(k, config.block_b)), *args, **meta)
     block = 16 if INTERPRETED or not dy4.is_cuda else 64
     launch(_sum_parts_kernel, (cdiv(r * s * k, block),), part, dw4, programs, k,
            dw4.stride(0), dw4.stride(2), dw4.stride(3), R=r, S=s, ACC=_acc(dy4.dtype),
