@@ -34,10 +34,11 @@ GRID = [DwConfig(a, b, w, roll=r) for a, b, w, r in (
     (16, 32, 4, 16), (8, 64, 4, 8), (16, 32, 2, 32), (16, 32, 2, 4), (32, 32, 4, 16),
     (64, 32, 8, 8), (16, 64, 8, 8))]
 #: --grid for the weight gradient: 64 to 256 elements of [columns x channels] per program
-#: (x 4-8 column taps, x one accumulator per kernel row), whole images or strips of rows
+#: (x R·S accumulators), 1 to 8 warps, whole images or strips of rows
 WGRAD_GRID = [DwConfig(a, b, w, roll=r) for a, b, w, r in (
     (4, 32, 4, 32), (8, 32, 4, 64), (4, 64, 4, 64), (8, 8, 2, 64), (16, 8, 4, 64),
-    (4, 32, 8, 64), (8, 16, 2, 64), (2, 32, 2, 64), (4, 16, 4, 16), (16, 16, 4, 64))]
+    (4, 32, 8, 64), (8, 16, 2, 64), (2, 32, 2, 64), (4, 16, 4, 16), (16, 16, 4, 64),
+    (4, 16, 1, 64), (2, 32, 1, 64), (8, 8, 1, 64), (4, 32, 2, 64))]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -11,9 +11,9 @@ Here a program owns a ``[BLOCK_Q columns × BLOCK_C channels]`` strip of ``ROWS`
 consecutive output rows, in each of ``IMGS`` images one after another (the forward walk of
 dw_roll.py, transposed). It keeps the ``NA = ⌈R/σ⌉`` most recent ``dy`` rows (``d0``
 oldest … ``d6``) as tiles, and one accumulator tile per tap, ``R·S`` of them carried as one
-tuple. Each step loads the newest ``dy`` row (prefetched one step ahead, so that the load's
-latency overlaps the multiply-adds) and the ``σ`` input rows it meets first, each as ``S``
-column-shifted tiles (from L1), and adds every shifted tile's product with each pending
+tuple. Each step takes the newest ``dy`` row and the ``σ`` input rows it meets first, each
+as ``S`` column-shifted tiles (from L1), all loaded one step ahead (so that the loads'
+latency overlaps the multiply-adds), and adds every shifted tile's product with each pending
 ``dy`` row it meets into that tap: ``acc[r, s] += X_s · d_i`` with ``r = (NA − 1 − i)·σ + u``.
 Per ``dy`` element: one load, ``σ·S`` input loads, ``R·S`` multiply-adds, no reduction.
 At the end each accumulator is summed over its columns into ``part[program, r, s, k]``
@@ -70,6 +70,23 @@ def _pick(d0, d1, d2, d3, d4, d5, d6, i: tl.constexpr):
 
 
 @triton.jit
+def _input_rows(x_base, pn, H, W, pad_h, dil_w, sxh, sxw, iw0, dmask, S: tl.constexpr,
+                SH: tl.constexpr):
+    """The ``SH`` input rows that dy row ``pn`` meets first (``pn·SH − π + u``), each as ``S``
+    column-shifted tiles (zero outside the image): a tuple of ``SH·S`` tiles as stored."""
+    xs = ()
+    for u in tl.static_range(SH):
+        ih = pn * SH - pad_h + u
+        row_ok = (ih >= 0) & (ih < H)
+        for s in tl.static_range(S):
+            iw = iw0 + s * dil_w
+            xs = xs + (tl.load(x_base + ih * sxh + s * dil_w * sxw,
+                               mask=_and_row(dmask & (iw >= 0) & (iw < W), row_ok),
+                               other=0.0),)
+    return xs
+
+
+@triton.jit
 def _upd(acc, j: tl.constexpr, v):
     """The tuple ``acc`` with ``v`` added to its element ``j``."""
     return acc[:j] + (acc[j] + v,) + acc[j + 1:]
@@ -115,11 +132,15 @@ def _dw_wgrad_kernel(
         d5 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
         d6 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
         dn_next = tl.load(d_base + p0 * sdp, mask=_and_row(dmask, p0 < p_end), other=0.0)
+        xs_next = _input_rows(x_base, p0, H, W, pad_h, dil_w, sxh, sxw, iw0, dmask, S, SH)
         for t in range(1 - NA, p_end - p0):
             pn = p0 + t + NA - 1
             dn = dn_next.to(ACC)
+            xs = xs_next
             dn_next = tl.load(d_base + (pn + 1) * sdp, mask=_and_row(dmask, pn + 1 < p_end),
                               other=0.0)
+            xs_next = _input_rows(x_base, pn + 1, H, W, pad_h, dil_w, sxh, sxw, iw0, dmask, S,
+                                  SH)
             if NA == 1:
                 d0 = dn
             elif NA == 2:
@@ -135,14 +156,8 @@ def _dw_wgrad_kernel(
             else:
                 d6 = dn
             for u in tl.static_range(SH):
-                ih = pn * SH - pad_h + u
-                row = x_base + ih * sxh
-                row_ok = (ih >= 0) & (ih < H)
                 for s in tl.static_range(S):
-                    iw = iw0 + s * dil_w
-                    xv = tl.load(row + s * dil_w * sxw,
-                                 mask=_and_row(dmask & (iw >= 0) & (iw < W), row_ok),
-                                 other=0.0).to(ACC)
+                    xv = xs[u * S + s].to(ACC)
                     for i in tl.static_range(NA):
                         if (NA - 1 - i) * SH + u < R:
                             acc = _upd(acc, ((NA - 1 - i) * SH + u) * S + s,
