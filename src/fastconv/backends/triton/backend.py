@@ -114,9 +114,7 @@ class TritonBackend(Backend):
             return direct(problem.layout == "nhwc", problem.device == "cuda",
                           pairs=op == "fprop" and _pairs_problem(problem),
                           plane=problem.rank == 2, narrow=problem.out_size[-1] < 64,
-                          roll=_roll_problem(problem, op) and (
-                              op != "wgrad" or problem.kernel[0] <= _ROLL_WGRAD_MAX_R),
-                          wgrad=op == "wgrad")
+                          roll=_roll_problem(problem, op), wgrad=op == "wgrad")
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]
         if op == "dgrad" or (op == "fprop" and problem.transposed):
@@ -246,12 +244,6 @@ def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
 def _direct_depthwise(problem: ConvProblem) -> bool:
     """Depthwise problems (any channel multiplier) run on depthwise.py's direct kernels."""
     return problem.depthwise and not problem.transposed
-
-
-#: dw_wgrad.py's tiles are candidates for kernels of at most this many rows: they reached
-#: 0.85-1.10x cuDNN on the 3x3 layers at 56-112² and 0.31-0.75x on every 5x5 and 7x7 layer
-#: (H100, benchmarks/NOTES.md, issue 23), where compiling them only lengthens the tuning.
-_ROLL_WGRAD_MAX_R = 3
 
 
 def _roll_problem(problem: ConvProblem, op: str) -> bool:

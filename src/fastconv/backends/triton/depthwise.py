@@ -70,10 +70,10 @@ _PLANE = [(16, 64, 4), (8, 128, 4), (32, 64, 8), (16, 128, 8)]
 _ROLL = [(16, 32, 4, 16), (16, 32, 2, 32), (32, 32, 8, 8), (8, 64, 4, 8), (32, 16, 4, 8),
          (16, 32, 2, 8)]
 _ROLL_CPU = [(4, 8, 4, 3)]
-# dw_wgrad.py's tiles (columns, channels, warps, rows per program): the best of 16 on the 32
+# dw_wgrad.py's tiles (columns, channels, warps, rows per program): the best of 20 on the 32
 # depthwise_models layers (H100, benchmarks/sweep_dw_roll.py --ops wgrad --grid), most wins first
-_ROLL_WGRAD = [(16, 16, 4, 64), (16, 8, 4, 64), (8, 16, 2, 64), (2, 64, 4, 64), (4, 64, 4, 64),
-               (8, 32, 4, 64)]
+_ROLL_WGRAD = [(16, 16, 4, 64), (8, 32, 4, 64), (8, 16, 2, 64), (16, 8, 4, 64), (4, 32, 2, 64),
+               (4, 64, 4, 64)]
 
 
 def candidates(channels_last: bool, on_gpu: bool, *, pairs: bool = False,
