@@ -55,6 +55,7 @@ def fakes(monkeypatch, tmp_path):
     monkeypatch.delenv("FASTCONV_DISPATCH", raising=False)
     monkeypatch.delenv("FASTCONV_DETERMINISTIC", raising=False)
     monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache())
+    monkeypatch.setattr(dispatch, "_UPGRADES", {})
     calls = []
 
     def fake_time(fn):  # a candidate's TIMES entry: GPU ms, or (GPU ms, host ms)
@@ -601,3 +602,72 @@ def test_a_backend_s_candidates_compile_ahead_at_once_and_time_as_built(fakes, c
     assert [r.timed for r in rows] == [True, True, False]
     assert rows[2].note.startswith(dispatch.BUDGET_NOTE)
     builds[2].set_result("built")
+
+
+def _building(futures: dict, done: str):
+    """A fake backend that builds in the background: one future per configuration, already
+    finished for those in ``done``."""
+    import concurrent.futures as cf
+
+    class _Builds(_Fake):
+        BUILDS_AHEAD = True
+        TIMES = {"a": 3.0, "b": 1.0, "c": 0.5}
+
+        @classmethod
+        def compile_ahead(cls, run_one):
+            run_one()  # (collecting: what it would compile; returns its fake time)
+            config = "abc"[len(futures) % 3]
+            future = futures[config] = cf.Future()
+            if config in done:
+                future.set_result("built")
+            return [future]
+    return _Builds
+
+
+def test_candidates_left_building_are_timed_once_built(fakes, clock, monkeypatch, tmp_path):
+    """The budget stops timing while a candidate still builds: the best timed runs,
+    provisionally (plans do not keep it), until every build is done; the next call times
+    those candidates and stores the final choice, on disk too."""
+    run, calls = fakes
+    futures = {}
+    monkeypatch.setattr(backends, "REGISTRY", {"fake": _building(futures, done="ab")})
+    dispatch.tuning_budget(per_problem_s=0.2)
+    p = _problem()
+    first = dispatch.choose(p, run=run, mode="benchmark")
+    assert (first.config, first.provisional) == ("b", True)
+    calls.clear()
+    again = dispatch.choose(p, run=run, mode="benchmark")  # "c" still building
+    assert (again.config, again.provisional, calls) == ("b", True, [])
+    futures["c"].set_result("built")
+    final = dispatch.choose(p, run=run, mode="benchmark")
+    assert (final.config, final.provisional) == ("c", False) and calls == [("fake", "c")]
+    stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]
+    assert [e["config"] for e in stored.values()] == ["c", "c"]  # both rankings
+    assert not any(e.get("partial") for e in stored.values())
+    calls.clear()
+    assert dispatch.choose(p, run=run, mode="benchmark").config == "c" and calls == []
+
+
+def test_a_spent_budget_still_starts_background_builds(fakes, clock, monkeypatch):
+    """After the process's budget is spent a new problem times one candidate; a backend
+    that builds in the background still starts its builds (timed later), one that does not
+    is not even listed; a failed build is reported, not compiled at the call."""
+    run, calls = fakes
+    futures = {}
+    monkeypatch.setattr(backends, "REGISTRY", {"fake": _building(futures, done="a"),
+                                               "refuses": _Refuses})
+    dispatch.tuning_budget(per_problem_s=10, per_process_s=1)
+    dispatch.TUNING.spent_s = 5.0  # spent
+    p = _problem()
+    choice = dispatch.choose(p, run=run, mode="benchmark")
+    assert choice.provisional and set(futures) == {"a", "b", "c"}
+    rows = dispatch._UPGRADES[next(iter(dispatch._UPGRADES))].rows
+    assert [(r.name(), r.timed, bool(r.builds)) for r in rows if r.backend == "fake"] == \
+        [("fake:a", True, False), ("fake:b", False, True), ("fake:c", False, True)]
+    assert any(r.backend == "refuses" and "not listed" in r.note for r in rows)
+    futures["b"].set_exception(RuntimeError("ptxas died"))
+    futures["c"].set_result("built")
+    calls.clear()
+    final = dispatch.choose(p, run=run, mode="benchmark")
+    assert (final.config, final.provisional, calls) == ("c", False, [("fake", "c")])
+    assert any(r.note == "background build failed: RuntimeError: ptxas died" for r in rows)

@@ -29,7 +29,12 @@ Modes:
   one problem for more than ``PROGRESS_AFTER_S`` shows a progress line on a terminal
   (``FASTCONV_PROGRESS=0``: none). Triton candidates are compiled ahead, all of a problem's at
   once, by worker processes (``Backend.compile_ahead``; ``FASTCONV_COMPILE_WORKERS``), and
-  timed as their compiles finish.
+  timed as their compiles finish. Those the budget leaves untimed keep building (a backend
+  that builds in the background, ``BUILDS_AHEAD``, starts its builds even when the budget
+  was spent before its turn): until they are built the best candidate timed runs, as a
+  provisional choice; the first call after they are all built times them (milliseconds) and
+  stores the final choice, on disk too. So a process without a tuning-database entry reaches
+  the exhaustive choice within seconds to minutes of background compilation, not at once.
 * ``pinned`` — what ``pin()`` fixed for a problem; nothing is timed (problems never pinned
   take the heuristic's choice).
 
@@ -235,6 +240,8 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
     # (a capture made without settings(graph=True) finds the choice its eager warm-up stored)
     _, det, graph = current()
     key = _cache_key(problem, backend, mode, op, det, _cost(graph, grad))
+    if key in _UPGRADES:
+        return _upgrade(key, graph, run)
     hit = CACHE.get(key)
     if _usable(hit) and "source" not in hit:
         choice = _decode(hit, problem, op, _names(problem, backend, det), key)
@@ -253,13 +260,70 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
                 CACHE.put(key, _entry(choice), persist=False)
             else:  # one timing, both rankings stored (see the module docstring)
                 untimed = any(r.note.startswith(BUDGET_NOTE) for r in rows)
+                keys = [_cache_key(problem, backend, mode, op, det, _cost(g, grad))
+                        for g in (False, True)]
                 for g in (False, True):
                     best = _best(rows, g)
-                    CACHE.put(_cache_key(problem, backend, mode, op, det, _cost(g, grad)),
-                              _entry(best, partial=untimed), persist=not (untimed and starved))
+                    CACHE.put(keys[g], _entry(best, partial=untimed),
+                              persist=not (untimed and starved))
                     if g == graph:
                         choice = best
+                if any(r.builds for r in rows):  # timed later, once built (_upgrade)
+                    upgrade = _Upgrade(rows, keys, starved)
+                    for k in keys:
+                        _UPGRADES[k] = upgrade
+                    choice = dataclasses.replace(choice, provisional=True)
     return choice
+
+
+@dataclasses.dataclass
+class _Upgrade:
+    """A problem's timed rows whose untimed candidates are building in the background
+    (``Row.builds``), and the cache keys of its two rankings."""
+    rows: list
+    keys: list
+    starved: bool
+
+
+#: cache key -> the problem's pending upgrade (both rankings' keys share one)
+_UPGRADES: dict[str, _Upgrade] = {}
+
+
+def _upgrade(key: str, graph: bool, run) -> Choice:
+    """The choice for a problem whose budget-cut timing left candidates building: while any
+    build runs (or nothing can be timed now: no ``run``, a CUDA-graph capture), the best
+    timed so far, provisional (plans do not keep it, so a later call comes back here);
+    once all are built, those candidates are timed (milliseconds: their kernels are in the
+    cache), the two rankings stored again, and the best returned for good."""
+    up = _UPGRADES[key]
+    waiting = [r for r in up.rows if r.builds]
+    if run is None or _capturing() or not all(j.done() for r in waiting for j in r.builds):
+        return dataclasses.replace(_best(up.rows, graph), provisional=True)
+    with _key_lock(key):
+        if _UPGRADES.get(key) is up:
+            for r in waiting:
+                failed = next((j.exception() for j in r.builds if j.exception()), None)
+                r.builds, r.note = None, ""
+                if failed is not None:  # timing it would compile it here: seconds
+                    r.note = f"background build failed: {_short(failed)}"
+                    continue
+                cls = backends.REGISTRY[r.backend]
+                try:
+                    r.gpu_ms, r.host_ms = time_costs(
+                        lambda cls=cls, config=r.config: run(cls, config))
+                except torch.OutOfMemoryError as exc:
+                    torch.cuda.empty_cache()
+                    r.note = f"out of memory: {_short(exc)}"
+                except Exception as exc:
+                    r.note = _short(exc)
+                else:
+                    _time_graphed(r, run, cls, r.config)
+            untimed = any(r.note.startswith(BUDGET_NOTE) for r in up.rows)
+            for g, k in zip((False, True), up.keys):
+                CACHE.put(k, _entry(_best(up.rows, g), partial=untimed),
+                          persist=not (untimed and up.starved))
+                _UPGRADES.pop(k, None)
+    return _best(up.rows, graph)
 
 
 def _usable(hit: dict | None) -> bool:
@@ -370,8 +434,10 @@ def cached(problem: ConvProblem, backend: str = "auto", mode: str | None = None,
 
 
 def clear() -> None:
-    """Forget every choice (memory only; ``plancache`` clears the disk store)."""
+    """Forget every choice, and the upgrades waiting on background builds (memory only;
+    ``plancache`` clears the disk store)."""
     CACHE.clear()
+    _UPGRADES.clear()
 
 
 def _rule(problem: ConvProblem, names: list[str], op: str) -> str:
@@ -396,6 +462,8 @@ class Row:
     note: str = ""  # refusal or failure reason; empty when timed
     chosen: bool = False
     graph_ms: float | None = None  # GPU time per call from a CUDA graph on rotated operands
+    # left untimed by the budget, its background build started: timed once built
+    builds: list | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def name(self) -> str:
         return self.backend + _config_suffix(self.config)
@@ -435,10 +503,10 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
 
     skipped = f"{BUDGET_NOTE} ({TUNING.describe()})"
     for b, name in enumerate(order):
-        if spent_all():
+        cls = backends.REGISTRY[name]
+        if spent_all() and not cls.BUILDS_AHEAD:
             rows.append(Row(name, note=f"{skipped}; candidates not listed"))
             continue
-        cls = backends.REGISTRY[name]
         try:
             configs = cls.candidates(problem, op)
         except Exception as exc:  # e.g. a cuDNN graph that does not build here
@@ -450,7 +518,8 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
                 progress.show(name + _config_suffix(config), len(configs) - i - 1,
                               order[b + 1:], _clock() - start)
             if spent_all() or not _wait_built(ahead[i], start, any(r.timed for r in rows)):
-                rows += [Row(name, c, note=skipped) for c in configs[i:]]
+                rows += [Row(name, c, note=skipped, builds=a)
+                         for c, a in zip(configs[i:], ahead[i:])]
                 break
             try:
                 gpu, host = time_costs(lambda cls=cls, config=config: run(cls, config))

@@ -90,6 +90,11 @@ class Backend:
         heuristic's pick)."""
         return [None]
 
+    #: Whether ``compile_ahead`` builds in the background (cheap to start): dispatch then
+    #: starts a problem's builds even after the tuning budget is spent, to time them once
+    #: built (``dispatch`` module docstring).
+    BUILDS_AHEAD = False
+
     @classmethod
     def compile_ahead(cls, run: Callable[[], object]) -> list | None:
         """Start building, in the background, what ``run()`` (one call of a configuration)

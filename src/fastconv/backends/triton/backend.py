@@ -56,6 +56,8 @@ class TritonBackend(Backend):
             return False, "no GPU found and TRITON_INTERPRET=1 is not set"
         return True, ""
 
+    BUILDS_AHEAD = True
+
     @classmethod
     def compile_ahead(cls, run) -> list | None:
         """The kernels ``run()`` would compile, compiled by worker processes
