@@ -118,3 +118,34 @@ def test_a_provisional_plan_is_not_kept(monkeypatch):
     conv(x)
     conv(x)
     assert len(made) == 4 and conv.__dict__.get("_plan") is not None  # kept once final
+
+
+def test_a_provisional_plan_with_an_until_is_kept_until_its_builds_are_done(monkeypatch):
+    """A provisional choice that says when it expires (its builds' state) is kept by the
+    functional cache and a module, which make it again once ``until()`` is True."""
+    made, built = [], [False]
+    real = dispatch.choose
+
+    def provisional(*args, **kwargs):
+        choice = real(*args, **kwargs)
+        made.append(choice.backend)
+        if len(made) > 2:  # the final choice
+            return choice
+        return dispatch.Choice(choice.backend, choice.config, provisional=True,
+                               until=lambda: built[0])
+    monkeypatch.setattr(dispatch, "choose", provisional)
+    plans.clear_plans()
+    import fastconv
+
+    x, w = torch.randn(2, 3, 9, 8), torch.randn(5, 3, 3, 3)
+    conv = fastconv.nn.Conv2d(3, 5, 3, padding=1)
+    for _ in range(3):
+        fastconv.conv2d(x, w, padding=1)
+        conv(x)
+    assert len(made) == 2  # one plan each, kept
+    built[0] = True
+    for _ in range(3):
+        torch.testing.assert_close(fastconv.conv2d(x, w, padding=1),
+                                   torch.nn.functional.conv2d(x, w, padding=1))
+        conv(x)
+    assert len(made) == 4  # made again once, then kept (final)

@@ -638,7 +638,9 @@ def test_candidates_left_building_are_timed_once_built(fakes, clock, monkeypatch
     calls.clear()
     again = dispatch.choose(p, run=run, mode="benchmark")  # "c" still building
     assert (again.config, again.provisional, calls) == ("b", True, [])
+    assert not first.until()  # (a plan keeps it meanwhile)
     futures["c"].set_result("built")
+    assert first.until()
     final = dispatch.choose(p, run=run, mode="benchmark")
     assert (final.config, final.provisional) == ("c", False) and calls == [("fake", "c")]
     stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]

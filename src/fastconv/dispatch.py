@@ -91,9 +91,13 @@ class Choice:
     gpu_ms: float | None = None  # its GPU time per call
     host_ms: float | None = None  # its host time per call
     graph_ms: float | None = None  # its GPU time per call replayed from a CUDA graph
-    # aten's stand-in while the stored choice's kernels compile in the background: not to
-    # be kept by the caller (the next call asks again)
+    # a stand-in while candidates compile in the background (aten for a stored choice, the
+    # best timed for a problem whose budget-cut timing left builds running): a caller may
+    # keep it only while ``until()`` is False and asks again once it is True (no ``until``:
+    # at the next call)
     provisional: bool = False
+    until: Callable[[], bool] | None = dataclasses.field(default=None, compare=False,
+                                                         repr=False)
 
     def name(self) -> str:
         return self.backend + _config_suffix(self.config)
@@ -272,7 +276,8 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
                     upgrade = _Upgrade(rows, keys, starved)
                     for k in keys:
                         _UPGRADES[k] = upgrade
-                    choice = dataclasses.replace(choice, provisional=True)
+                    choice = dataclasses.replace(choice, provisional=True,
+                                                 until=upgrade.built)
     return choice
 
 
@@ -283,6 +288,14 @@ class _Upgrade:
     rows: list
     keys: list
     starved: bool
+    done: bool = False
+
+    def built(self) -> bool:
+        """Whether every build has finished (a provisional plan's ``until``: cheap once
+        true)."""
+        if not self.done:
+            self.done = all(j.done() for r in self.rows if r.builds for j in r.builds)
+        return self.done
 
 
 #: cache key -> the problem's pending upgrade (both rankings' keys share one)
@@ -297,8 +310,8 @@ def _upgrade(key: str, graph: bool, run) -> Choice:
     cache), the two rankings stored again, and the best returned for good."""
     up = _UPGRADES[key]
     waiting = [r for r in up.rows if r.builds]
-    if run is None or _capturing() or not all(j.done() for r in waiting for j in r.builds):
-        return dataclasses.replace(_best(up.rows, graph), provisional=True)
+    if run is None or _capturing() or not up.built():
+        return dataclasses.replace(_best(up.rows, graph), provisional=True, until=up.built)
     with _key_lock(key):
         if _UPGRADES.get(key) is up:
             for r in waiting:
@@ -348,8 +361,9 @@ def _adopt(choice: Choice, hit: dict, key: str, problem: ConvProblem, mode: str,
         start = _clock()
         try:
             if "aten" in names and not _built(key, cls, lambda: run(cls, choice.config)):
+                jobs = _AHEAD[key]
                 return Choice("aten", backends.REGISTRY["aten"].candidates(problem, op)[0],
-                              provisional=True)
+                              provisional=True, until=lambda: all(j.done() for j in jobs))
             run(cls, choice.config)
         except Exception:
             return None

@@ -43,16 +43,27 @@ from .problem import ConvProblem
 class _Plan:
     """A validated problem bound to the backend and configuration that runs it."""
 
-    __slots__ = ("problem", "run", "backend", "native_grad", "provisional")
+    __slots__ = ("problem", "run", "backend", "native_grad", "provisional", "until")
 
     def __init__(self, problem: ConvProblem, run, backend: str = "",
-                 native_grad: bool = False, provisional: bool = False):
+                 native_grad: bool = False, provisional: bool = False, until=None):
         self.problem = problem
         self.run = run
         self.backend = backend
         self.native_grad = native_grad  # run() is torch ops that torch's autograd differentiates
-        # aten while the chosen kernels compile (dispatch.Choice.provisional): not kept
+        # a stand-in while candidates compile (dispatch.Choice.provisional): kept while
+        # until() is False, made again after (no until: not kept)
         self.provisional = provisional
+        self.until = until
+
+    def expired(self) -> bool:
+        """Whether a provisional plan must be made again (its builds are done)."""
+        return self.until is None or self.until()
+
+
+def _fresh(plan: _Plan | None) -> _Plan | None:
+    """``plan``, or None where it is a provisional plan whose builds are done."""
+    return None if plan is not None and plan.provisional and plan.expired() else plan
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -95,7 +106,7 @@ def _sig(t):
 
 
 def _remember(sig, plan) -> None:
-    if sig is None or plan.provisional:
+    if sig is None or (plan.provisional and plan.until is None):
         return
     if len(_PLANS) >= PLANS_MAX:
         _PLANS.pop(next(iter(_PLANS)))
@@ -136,6 +147,8 @@ def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilatio
         plan = _PLANS.get(sig)
     except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
         sig, plan = None, None
+    if plan is not None and plan.provisional and plan.expired():  # (inline: the hot path)
+        plan = None
     if plan is None:
         plan = _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
                      output_padding, activation, negative_slope, residual, scale, shift, out,
@@ -163,7 +176,7 @@ def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, grou
     cls = backends.REGISTRY[choice.backend]
     return _Plan(problem, _bound(problem, cls, choice.config), choice.backend,
                  native_grad=_native(cls, choice.config, problem),
-                 provisional=choice.provisional)
+                 provisional=choice.provisional, until=choice.until)
 
 
 def forward_problem(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
@@ -341,7 +354,7 @@ def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation,
     sig = (op, _sig(grad_out), _sig(input), _sig(weight), _sig(out), tuple(stride),
            tuple(pad_pre), tuple(pad_post), tuple(dilation), groups, backend, precision,
            dispatch.current())
-    plan = _PLANS.get(sig)
+    plan = _fresh(_PLANS.get(sig))
     if plan is None:
         rank = input.dim() - 2
         problem = ConvProblem.from_tensors(
@@ -359,7 +372,7 @@ def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation,
 
         choice = dispatch.choose(problem, backend, run=_rotating(trial, sets), op=op)
         plan = _Plan(problem, backends.REGISTRY[choice.backend].bind(problem, choice.config, op),
-                     choice.backend, provisional=choice.provisional)
+                     choice.backend, provisional=choice.provisional, until=choice.until)
         _remember(sig, plan)
     return plan
 

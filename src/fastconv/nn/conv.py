@@ -87,10 +87,11 @@ class _FastconvMixin:
                padding, activation, negative_slope, self.backend, self.precision, grad, cast,
                torch._C._get_cudnn_allow_tf32(), dispatch.current())
         cached = self.__dict__.get("_plan")
-        if cached is None or cached[0] != key:
+        if cached is None or cached[0] != key or (
+                cached[1] is not None and cached[1].provisional and cached[1].expired()):
             cached = (key, self._new_plan(input, weight, bias, padding, activation,
                                           negative_slope, residual, grad, cast))
-            if cached[1] is None or not cached[1].provisional:
+            if cached[1] is None or not cached[1].provisional or cached[1].until is not None:
                 self.__dict__["_plan"] = cached
         plan = cached[1]
         return None if plan is None else plan.run(input, weight, bias, None, None, residual,
