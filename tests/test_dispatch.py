@@ -626,8 +626,8 @@ def _building(futures: dict, done: str):
 
 def test_candidates_left_building_are_timed_once_built(fakes, clock, monkeypatch, tmp_path):
     """The budget stops timing while a candidate still builds: the best timed runs,
-    provisionally (plans do not keep it), until every build is done; the next call times
-    those candidates and stores the final choice, on disk too."""
+    provisionally (plans keep it until its builds are done); the next call times those
+    candidates, with the ones timed before again, and stores the final choice on disk."""
     run, calls = fakes
     futures = {}
     monkeypatch.setattr(backends, "REGISTRY", {"fake": _building(futures, done="ab")})
@@ -642,7 +642,8 @@ def test_candidates_left_building_are_timed_once_built(fakes, clock, monkeypatch
     futures["c"].set_result("built")
     assert first.until()
     final = dispatch.choose(p, run=run, mode="benchmark")
-    assert (final.config, final.provisional) == ("c", False) and calls == [("fake", "c")]
+    assert (final.config, final.provisional) == ("c", False)
+    assert calls == [("fake", "a"), ("fake", "b"), ("fake", "c")]  # all again, and "c"
     stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]
     assert [e["config"] for e in stored.values()] == ["c", "c"]  # both rankings
     assert not any(e.get("partial") for e in stored.values())
@@ -671,5 +672,6 @@ def test_a_spent_budget_still_starts_background_builds(fakes, clock, monkeypatch
     futures["c"].set_result("built")
     calls.clear()
     final = dispatch.choose(p, run=run, mode="benchmark")
-    assert (final.config, final.provisional, calls) == ("c", False, [("fake", "c")])
+    assert (final.config, final.provisional) == ("c", False)
+    assert calls == [("fake", "a"), ("fake", "c")]  # "a" timed again beside "c"
     assert any(r.note == "background build failed: RuntimeError: ptxas died" for r in rows)

@@ -273,7 +273,7 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
                     if g == graph:
                         choice = best
                 if any(r.builds for r in rows):  # timed later, once built (_upgrade)
-                    upgrade = _Upgrade(rows, keys, starved)
+                    upgrade = _Upgrade(rows, keys)
                     for k in keys:
                         _UPGRADES[k] = upgrade
                     choice = dataclasses.replace(choice, provisional=True,
@@ -287,7 +287,6 @@ class _Upgrade:
     (``Row.builds``), and the cache keys of its two rankings."""
     rows: list
     keys: list
-    starved: bool
     done: bool = False
 
     def built(self) -> bool:
@@ -307,15 +306,18 @@ def _upgrade(key: str, graph: bool, run) -> Choice:
     build runs (or nothing can be timed now: no ``run``, a CUDA-graph capture), the best
     timed so far, provisional (plans do not keep it, so a later call comes back here);
     once all are built, those candidates are timed (milliseconds: their kernels are in the
-    cache), the two rankings stored again, and the best returned for good."""
+    cache), with those timed before, the two rankings stored again (on disk), and the best
+    returned for good."""
     up = _UPGRADES[key]
     waiting = [r for r in up.rows if r.builds]
     if run is None or _capturing() or not up.built():
         return dataclasses.replace(_best(up.rows, graph), provisional=True, until=up.built)
     with _key_lock(key):
         if _UPGRADES.get(key) is up:
-            for r in waiting:
-                failed = next((j.exception() for j in r.builds if j.exception()), None)
+            # the candidates timed at the first call are timed again beside the new ones, in
+            # the same conditions (a first call's timing of aten read up to 1.4x its later one)
+            for r in [r for r in up.rows if r.timed] + waiting:
+                failed = next((j.exception() for j in r.builds or () if j.exception()), None)
                 r.builds, r.note = None, ""
                 if failed is not None:  # timing it would compile it here: seconds
                     r.note = f"background build failed: {_short(failed)}"
@@ -331,10 +333,11 @@ def _upgrade(key: str, graph: bool, run) -> Choice:
                     r.note = _short(exc)
                 else:
                     _time_graphed(r, run, cls, r.config)
+            # stored on disk even where backends that build nothing ahead were not listed
+            # (a starved problem's): every candidate that builds ahead has been timed
             untimed = any(r.note.startswith(BUDGET_NOTE) for r in up.rows)
             for g, k in zip((False, True), up.keys):
-                CACHE.put(k, _entry(_best(up.rows, g), partial=untimed),
-                          persist=not (untimed and up.starved))
+                CACHE.put(k, _entry(_best(up.rows, g), partial=untimed), persist=True)
                 _UPGRADES.pop(k, None)
     return _best(up.rows, graph)
 
