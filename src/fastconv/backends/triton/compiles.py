@@ -131,8 +131,25 @@ def _pool() -> cf.ProcessPoolExecutor:
     global _POOL
     if _POOL is None:
         _POOL = cf.ProcessPoolExecutor(max(1, workers()),
-                                       mp_context=multiprocessing.get_context("spawn"))
+                                       mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_lower_priority)
     return _POOL
+
+
+#: How much lower the workers' CPU priority is than the caller's (POSIX ``nice``): their
+#: compiles run while the caller's eager calls, host-bound, go on (at the same priority,
+#: 8 workers compiling in the background doubled a model's eager step time on the H100's
+#: 16-core host; benchmarks/NOTES.md, issue 21).
+NICENESS = 10
+
+
+def _lower_priority() -> None:
+    """Worker initializer: run at a lower CPU priority (where the platform has one)."""
+    if hasattr(os, "nice"):
+        try:
+            os.nice(NICENESS)
+        except OSError:
+            pass
 
 
 def _close() -> None:
