@@ -4,40 +4,17 @@ than the input, strips of rows shorter than the image, and the same bits on ever
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from fastconv.backends.triton import depthwise, dw_wgrad
 from fastconv.backends.triton.backend import TritonBackend
 from fastconv.precision import relative_error
 from fastconv.problem import ConvProblem
+from test_dw_roll import CASES as ROLL_CASES
+from test_dw_roll import _cl, _ref
 
-# (N, C, multiplier, spatial, kernel, stride, padding, dilation)
-CASES = [
-    (2, 6, 1, (9, 11), 3, 1, 1, 1),
-    (2, 5, 1, (10, 7), 3, 2, 1, 1),            # stride 2, odd sizes
-    (1, 4, 2, (7, 8), 5, 2, 2, 1),             # multiplier 2
-    (2, 3, 1, (9, 10), 7, 1, 3, 1),            # 7x7: seven pending dy rows
-    (2, 3, 1, (4, 5), 7, 1, 3, 1),             # kernel taller than the input
-    (2, 6, 1, (6, 5), 1, 2, 0, 1),             # stride > kernel
-    (1, 11, 1, (13, 12), 5, 1, 2, 1),          # channels past a block
-    (2, 7, 1, (23,), 4, 1, ((3, 0),), 1),      # rank 1, causal
-    (3, 6, 1, (19,), 5, 2, 2, 2),              # rank 1, stride and column dilation
-]
+# dw_roll's cases (the kernel takes row strides 1 and 2: its stride-3 case has stride 2 here)
+CASES = [(2, 6, 1, (6, 5), 1, 2, 0, 1) if case[5] == 3 else case for case in ROLL_CASES]
 CONFIGS = [depthwise.DwConfig(4, 8, 4, roll=3), depthwise.DwConfig(2, 4, 1, roll=64)]
-
-
-def _cl(t):
-    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 \
-        else t.transpose(1, 2).contiguous().transpose(1, 2)
-
-
-def _conv(x, w, stride, padding, dilation, groups):
-    conv = F.conv1d if x.dim() == 3 else F.conv2d
-    if isinstance(padding, tuple):  # causal: torch pads symmetrically only
-        x = F.pad(x, padding[0])
-        padding = 0
-    return conv(x, w, None, stride, padding, dilation, groups)
-
 
 PAIRS = [(case, CONFIGS[0]) for case in CASES] + [(CASES[i], CONFIGS[1]) for i in (1, 3, 7)]
 
@@ -50,7 +27,7 @@ def test_weight_gradient(case, config):
     x = _cl(torch.randn(n, c, *spatial, dtype=torch.float64, requires_grad=True).detach())
     w = torch.randn(c * mult, 1, *([k] * len(spatial)), dtype=torch.float64,
                     requires_grad=True)
-    y = _conv(x, w, stride, padding, dilation, c)
+    y = _ref(x, w, stride, padding, dilation, c)
     g = _cl(torch.randn_like(y))
     (want,) = torch.autograd.grad(y, w, g)
     problem = ConvProblem.from_tensors(x, w.detach(), None, stride, padding, dilation, c,
