@@ -304,10 +304,10 @@ _UPGRADES: dict[str, _Upgrade] = {}
 def _upgrade(key: str, graph: bool, run) -> Choice:
     """The choice for a problem whose budget-cut timing left candidates building: while any
     build runs (or nothing can be timed now: no ``run``, a CUDA-graph capture), the best
-    timed so far, provisional (plans do not keep it, so a later call comes back here);
-    once all are built, those candidates are timed (milliseconds: their kernels are in the
-    cache), with those timed before, the two rankings stored again (on disk), and the best
-    returned for good."""
+    timed so far, provisional (plans keep it until its builds are done, then come back
+    here); once all are built, those candidates are timed (milliseconds: their kernels are
+    in the cache), with those timed before, the two rankings stored again (on disk), and
+    the best returned for good."""
     up = _UPGRADES[key]
     waiting = [r for r in up.rows if r.builds]
     if run is None or _capturing() or not up.built():
@@ -315,7 +315,7 @@ def _upgrade(key: str, graph: bool, run) -> Choice:
     with _key_lock(key):
         if _UPGRADES.get(key) is up:
             # the candidates timed at the first call are timed again beside the new ones, in
-            # the same conditions (a first call's timing of aten read up to 1.4x its later one)
+            # the same conditions (the first call's were taken amid the process's start-up)
             for r in [r for r in up.rows if r.timed] + waiting:
                 failed = next((j.exception() for j in r.builds or () if j.exception()), None)
                 r.builds, r.note = None, ""
