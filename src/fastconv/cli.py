@@ -82,6 +82,7 @@ def cmd_bench(args) -> int:
     from fastconv.bench import compare, report, runner, suites
     from fastconv.errors import ConvError
     from fastconv.precision import Precision
+    from fastconv.progress import Bar
 
     if args.tune_budget == "exhaustive":
         dispatch.tuning_budget()
@@ -146,7 +147,7 @@ def cmd_bench(args) -> int:
             for mode in modes:
                 runs.append((suite, cases, Precision(prec_name), mode))
     written, all_deltas = [], []
-    with _progress(sum(len(r[1]) for r in runs)) as advance:
+    with Bar(sum(len(r[1]) for r in runs), "bench") as advance:
         for suite, cases, prec, mode in runs:
             layout = args.layout or ("nchw" if prec in (Precision.IEEE, Precision.TF32)
                                      else "nhwc")
@@ -194,39 +195,6 @@ def _print_table(rows) -> None:
             Console().print(report.rich_table(rows))
             return
     print(report.table(rows))
-
-
-class _progress:
-    """A rich progress bar on stderr while the bench runs (plain lines without rich or a
-    terminal); ``advance(label)`` starts the next case."""
-
-    def __init__(self, total: int):
-        self.total, self.done, self.bar = total, 0, None
-
-    def __enter__(self):
-        try:
-            from rich.progress import Progress
-        except ImportError:
-            Progress = None
-        if Progress is not None and sys.stderr.isatty():
-            from rich.console import Console
-
-            self.bar = Progress(console=Console(stderr=True), transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("bench", total=self.total)
-        return self.advance
-
-    def advance(self, label: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=self.done, description=label)
-        else:
-            print(f"[{self.done + 1}/{self.total}] {label}", file=sys.stderr, flush=True)
-        self.done += 1
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.update(self.task, completed=self.total)
-            self.bar.stop()
 
 
 def cmd_compare(args) -> int:
@@ -316,17 +284,25 @@ def cmd_demo(args) -> int:
 def cmd_tune(args) -> int:
     from fastconv import tune
 
-    if (args.model is None) == (args.suite is None):
-        print("tune: give --model NAME or --suite NAME (one of them)")
+    given = [args.model is not None, args.suite is not None, bool(args.shape or args.shapes)]
+    if sum(given) != 1:
+        print("tune: give one of --model NAME, --suite NAME, or --shape SPEC / --shapes FILE")
         return 2
+    specs = list(args.shape or []) + (tune.read_shapes(args.shapes) if args.shapes else [])
+    cases = [tune.parse_shape(spec) for spec in specs]  # bad shapes refused before the GPU test
     if not torch_cuda_available():
         print("No CUDA GPU found: tuning times the candidates on a GPU; nothing to do here "
               "(the CPU runs every convolution through aten).")
         return 1
+    modes = tuple(args.mode.split(","))
     if args.model is not None:
-        done = tune.tune_model(args.model, args.batch, args.size, args.precision, args.train)
+        done = tune.tune_model(args.model, args.batch, args.size, args.precision, args.train,
+                               progress=True)
+    elif args.suite is not None:
+        done = tune.tune_suite(args.suite, args.precision, modes, progress=True)
     else:
-        done = tune.tune_suite(args.suite, args.precision, tuple(args.mode.split(",")))
+        done = tune.tune_cases(cases, args.precision, modes, f"{len(cases)} shapes",
+                               progress=True)
     print(f"tuned {done['what']}: {done['choices']} choices in {done['seconds']:.1f} s, "
           f"stored in {done['cache'] or 'memory only (FASTCONV_CACHE_DIR is off)'}")
     return 0
@@ -501,16 +477,27 @@ def main(argv: list[str] | None = None) -> int:
                         "environment into the disk caches")
     p.set_defaults(fn=cmd_plans)
     p = sub.add_parser("tune", help="fill the plan cache ahead of time: every convolution of "
-                                    "a model or a bench suite, tuned exhaustively")
+                                    "a model, a bench suite or a list of shapes, tuned "
+                                    "exhaustively")
     p.add_argument("--model", default=None,
                    help="a models-suite name (timm_resnet50, tv_convnext_tiny, resnet50, "
-                        "deeplabv3_r50) or timm:<name> / torchvision:<name>")
+                        "deeplabv3_r50), timm:<name> / torchvision:<name>, or an entry point "
+                        "package.module:function / file.py:function returning the model")
     p.add_argument("--suite", default=None, help="a bench suite (fastconv bench --list)")
+    p.add_argument("--shape", action="append", default=None, metavar="SPEC",
+                   help="a convolution INPUT:WEIGHT[:key=value...], e.g. "
+                        "32x64x56x56:128x64x3x3:stride=2:padding=1 (repeatable; keys: "
+                        "stride, padding, dilation, groups, bias, activation, transposed, "
+                        "output_padding, bn, causal)")
+    p.add_argument("--shapes", default=None, metavar="FILE",
+                   help="a file of --shape specs, one a line (# comments)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--size", type=int, default=224, help="input height and width (model)")
     p.add_argument("--precision", default="bf16", help="ieee, tf32, bf16 or fp16")
     p.add_argument("--train", action="store_true", help="a training step (model)")
-    p.add_argument("--mode", default="fwd", help="suite modes, comma-separated (bench's)")
+    p.add_argument("--mode", default="fwd",
+                   help="suite and shape modes, comma-separated (bench's: fwd, train, eval, "
+                        "dgrad, wgrad, bwd)")
     p.set_defaults(fn=cmd_tune)
     args = parser.parse_args(argv)
     if args.debug:
