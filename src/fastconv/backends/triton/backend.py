@@ -9,6 +9,7 @@ imported), which is how the CPU tests exercise the same kernel code.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import sys
@@ -365,6 +366,20 @@ class _Geometry:
             self.int64 = any(_max_offset(t) >= 2**31 - 1 for t in tensors if t is not None)
         return self.int64
 
+    def run_wgrad(self, launch):
+        """A depthwise weight gradient's run: ``launch(dy, x, dw, int64=...)`` on the 4-D
+        views, into ``out`` or a new tensor of the weight's shape."""
+        problem = self.problem
+
+        def run_wgrad(grad_out, input, out):
+            if out is None:
+                out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
+                                  device=grad_out.device)
+            d4, x4, o4 = self.four_d(grad_out, input, out)
+            launch(d4, x4, o4, int64=self.needs_int64(d4, x4))
+            return out
+        return run_wgrad
+
     def bind_depthwise(self, config, op: str):
         from . import depthwise, dw_pairs
 
@@ -384,14 +399,7 @@ class _Geometry:
                 return out
             return run_dgrad
         if op == "wgrad":
-            def run_wgrad(grad_out, input, out):
-                if out is None:
-                    out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
-                                      device=grad_out.device)
-                d4, x4, o4 = self.four_d(grad_out, input, out)
-                depthwise.launch_wgrad(d4, x4, o4, int64=self.needs_int64(d4, x4), **geo)
-                return out
-            return run_wgrad
+            return self.run_wgrad(functools.partial(depthwise.launch_wgrad, **geo))
         act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
         # The plan's launch after its first call: a plan's calls differ only in the tensors'
         # addresses (their shapes, strides and dtypes are its key), so everything else is
@@ -424,16 +432,9 @@ class _Geometry:
         problem = self.problem
         kernel = problem.kernel if self.two_d else (1, *problem.kernel)
         if op == "wgrad":
-            def run_wgrad(grad_out, input, out):
-                if out is None:
-                    out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
-                                      device=grad_out.device)
-                d4, x4, o4 = self.four_d(grad_out, input, out)
-                dw_wgrad.launch_wgrad(d4, x4, o4, stride=self.stride, pad=self.pad,
-                                      dilation=self.dilation, config=config,
-                                      int64=self.needs_int64(d4, x4))
-                return out
-            return run_wgrad
+            return self.run_wgrad(functools.partial(
+                dw_wgrad.launch_wgrad, stride=self.stride, pad=self.pad,
+                dilation=self.dilation, config=config))
         if op == "dgrad":
             def run_dgrad(grad_out, weight, out):
                 if out is None:
