@@ -528,11 +528,65 @@ def test_aten_then_the_heuristics_pick_are_timed_first(fakes, clock, monkeypatch
     assert calls == [("aten", "a"), ("refuses", "a")]
 
 
-def test_the_default_budget_bounds_a_first_call(monkeypatch):
-    monkeypatch.delenv("FASTCONV_TUNE_BUDGET", raising=False)
-    budget = dispatch._budget_from_environment()
-    assert (budget.per_problem_s, budget.per_process_s) == dispatch.DEFAULT_BUDGET
-    assert not budget.exhaustive
+def test_the_budget_prunes_by_the_backend_s_cost_model(fakes, clock, tmp_path, monkeypatch):
+    """With ``candidates``, only those a backend's model keeps are run (built) and timed, in
+    its order; the rest are rows noted as pruned and the choice is stored partial, which an
+    exhaustive tuning redoes in full. A backend without a model keeps every candidate."""
+    run, calls = fakes
+
+    class _Modelled(_Fake):
+        NAME = "modelled"
+        TIMES = {"a": 3.0, "b": 1.0, "c": 2.0, "d": 0.5}
+
+        @classmethod
+        def prune(cls, problem, op, configs, keep):
+            ranked = sorted(configs, key=lambda c: {"a": 0, "c": 1, "b": 2, "d": 3}[c])
+            return ranked[:keep], ranked[keep:]
+    monkeypatch.setattr(backends, "REGISTRY", {c.NAME: c for c in (_Fake, _Modelled)})
+    dispatch.tuning_budget(candidates=2)
+    p = _problem(k=4)
+    choice = dispatch.choose(p, run=run, mode="benchmark")
+    assert calls == [("fake", "a"), ("fake", "b"), ("fake", "c"),  # no model: all of them
+                     ("modelled", "a"), ("modelled", "c")]  # the model's two, in its order
+    assert choice.name() == "fake:b"  # d (0.5 ms) was pruned: the model was wrong about it
+    rows = dispatch.explain(p, mode="benchmark", run=run).rows
+    assert [r.name() for r in rows if r.note.startswith(dispatch.PRUNED_NOTE)] == \
+        ["modelled:b", "modelled:d"]
+    assert "2 candidates per backend" in rows[-1].note
+    stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]
+    assert stored and all(e["partial"] for e in stored.values())
+    dispatch.tuning_budget()  # exhaustive: every candidate, d wins
+    assert dispatch.choose(p, run=run, mode="benchmark").name() == "modelled:d"
+
+
+def test_the_triton_model_prunes_gemm_tiles_only():
+    """cost.py ranks the GEMM tiles of a real problem and keeps the fastest expected; direct
+    tiles (a grouped problem's, not modelled) are always kept, after them."""
+    from fastconv.backends.triton import cost
+    from fastconv.backends.triton.backend import TritonBackend
+
+    x = torch.empty(32, 64, 28, 28, device="meta").contiguous(memory_format=torch.channels_last)
+    w = torch.empty(128, 16, 3, 3, device="meta")
+    p = dataclasses.replace(fastconv.ConvProblem.from_tensors(
+        x.bfloat16(), w.bfloat16(), None, padding=1, groups=4, rank=2, precision="bf16"),
+        device="cuda")
+    configs = TritonBackend.candidates(p)
+    tiles = [c for c in configs if isinstance(c, cost.TileConfig)]
+    direct = [c for c in configs if not isinstance(c, cost.TileConfig)]
+    assert len(tiles) > 3 and direct
+    kept, pruned = TritonBackend.prune(p, "fprop", configs, 3)
+    assert kept[3:] == direct and len(pruned) == len(tiles) - 3
+    assert sorted(kept[:3] + pruned, key=tiles.index) == tiles
+    times = [cost.estimate(p, "fprop", c) for c in kept[:3] + pruned]
+    assert times == sorted(times) and all(0 < t < 1 for t in times)
+    assert cost.estimate(p, "fprop", direct[0]) == float("inf")
+
+
+def test_the_default_budget_bounds_a_first_call():
+    budget = dispatch.parse_budget("")  # FASTCONV_TUNE_BUDGET unset or empty
+    assert (budget.per_problem_s, budget.per_process_s, budget.candidates) \
+        == dispatch.DEFAULT_BUDGET
+    assert not budget.exhaustive and "6 candidates per backend" in budget.describe()
 
 
 @pytest.mark.parametrize("tty,env,shown", [(True, None, True), (False, None, False),
@@ -555,25 +609,26 @@ def test_a_progress_line_on_a_terminal_only(fakes, clock, monkeypatch, capsys, t
 
 
 @pytest.mark.parametrize("text,want", [("", dispatch.DEFAULT_BUDGET), ("exhaustive", None),
-                                       ("2", (2.0, None)),
-                                       ("2.5,30", (2.5, 30.0))])
-def test_the_budget_from_the_environment(monkeypatch, text, want):
-    monkeypatch.setenv("FASTCONV_TUNE_BUDGET", text)
-    budget = dispatch._budget_from_environment()
+                                       ("2", (2.0, None, None)),
+                                       ("2.5,30", (2.5, 30.0, None)),
+                                       ("2.5,30,4", (2.5, 30.0, 4))])
+def test_the_budget_from_the_environment(text, want):
+    budget = dispatch.parse_budget(text)
     if want is None:
         assert budget.exhaustive
     else:
-        assert budget.per_problem_s == want[0]
+        assert budget.per_problem_s == want[0] and budget.candidates == want[2]
         assert budget.per_process_s == (float("inf") if want[1] is None else want[1])
 
 
-@pytest.mark.parametrize("text", ["fast", "0", "-1,5", "1,2,3"])
-def test_a_bad_budget_is_a_clear_error(monkeypatch, text):
-    monkeypatch.setenv("FASTCONV_TUNE_BUDGET", text)
+@pytest.mark.parametrize("text", ["fast", "0", "-1,5", "1,2,0", "1,2,3.5", "1,2,3,4"])
+def test_a_bad_budget_is_a_clear_error(text):
     with pytest.raises(fastconv.ConvError, match="FASTCONV_TUNE_BUDGET"):
-        dispatch._budget_from_environment()
+        dispatch.parse_budget(text)
     with pytest.raises(fastconv.ConvError, match="per_problem_s"):
         dispatch.tuning_budget(per_problem_s=0)
+    with pytest.raises(fastconv.ConvError, match="candidates: got 2.0"):
+        dispatch.tuning_budget(1, 2, candidates=2.0)
 
 
 def test_a_backend_s_candidates_compile_ahead_at_once_and_time_as_built(fakes, clock,

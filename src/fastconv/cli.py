@@ -84,15 +84,13 @@ def cmd_bench(args) -> int:
     from fastconv.precision import Precision
     from fastconv.progress import Bar
 
-    if args.tune_budget == "exhaustive":
-        dispatch.tuning_budget()
-    elif args.tune_budget != "default":
+    if args.tune_budget != "default":  # (default: the library's, or FASTCONV_TUNE_BUDGET's)
         try:
-            dispatch.tuning_budget(*(float(v) for v in args.tune_budget.split(",")))
-        except (ValueError, TypeError, ConvError) as exc:
-            print(f"--tune-budget: got {args.tune_budget!r}; expected exhaustive, default or "
-                  f"'<seconds per problem>[,<seconds per process>]' ({exc})")
+            budget = dispatch.parse_budget(args.tune_budget, "--tune-budget")
+        except ConvError as exc:
+            print(exc)
             return 2
+        dispatch.tuning_budget(budget.per_problem_s, budget.per_process_s, budget.candidates)
 
     if args.list:
         for name, cases in suites.SUITES.items():
@@ -429,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="dispatch's tuning budget: exhaustive (default: steady state after "
                         "full tuning, what `FASTCONV_TUNE_BUDGET=exhaustive` gives), default "
                         "(the library's default budget, what a first run gets) or "
-                        "'<seconds per problem>[,<seconds per process>]'")
+                        "'<seconds per problem>[,<seconds per process>[,<candidates per "
+                        "backend>]]'")
     p.set_defaults(fn=cmd_bench)
     p = sub.add_parser("compare", help="per-case deltas between two bench result files")
     p.add_argument("old")

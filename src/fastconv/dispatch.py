@@ -4,37 +4,40 @@ Modes:
 
 * ``heuristic`` — no timing: rules pick the backend, the backend's first candidate is the
   configuration. The default on the CPU.
-* ``benchmark`` — the first time a problem key is seen, every supported backend's
-  candidates (aten, each Triton tile, each cuDNN plan) are timed on the call's own tensors:
-  its host time per call and its GPU time (``time_costs``, back to back), then its GPU time
-  replayed from a CUDA graph that rotates over copies of the operands larger than the L2
-  cache together (``time_graph_cost``; back-to-back calls on one input flatter a tile that
-  re-reads it from L2). The GPU cost is the graph time where it was measured. The host
-  times of the few cheapest are then measured again, interleaved (``_refine_host``). Eager
-  calls take the candidate with the least GPU + host cost (a candidate whose GPU gain is smaller
+* ``benchmark`` — the first time a problem key is seen, every supported backend's candidates
+  (aten, each Triton tile, each cuDNN plan) are timed on the call's own tensors: its host
+  time per call and its GPU time (``time_costs``, back to back), then its GPU time replayed
+  from a CUDA graph that rotates over copies of the operands larger than the L2 cache
+  together (``time_graph_cost``; back-to-back calls on one input flatter a tile that
+  re-reads it from L2). The GPU cost is the graph time where it was measured. The host times
+  of the few cheapest are then measured again, interleaved (``_refine_host``). Eager calls
+  take the candidate with the least GPU + host cost (a candidate whose GPU gain is smaller
   than its extra host cost loses: in eager mode the host's work is on the critical path
   whenever the GPU waits for it); calls made for a CUDA graph (``settings(graph=True)``,
   which ``optimize(cuda_graph=True)`` and the bench's graph timings set) take the least GPU
   cost, as replays cost no host time. Both choices are stored from one timing. The default
-  on the GPU. aten is always a candidate, so this mode is not slower than PyTorch except
-  for timing noise. A candidate that fails to build, needs more workspace than the cap or
-  runs out of memory is skipped and its reason recorded. Candidates are timed in order of
-  promise (aten, which needs no compilation, then the heuristic's pick, then the rest)
-  within a tuning budget (``tuning_budget(per_problem_s, per_process_s)`` or
+  on the GPU. aten is always a candidate, so this mode is not slower than PyTorch except for
+  timing noise. A candidate that fails to build, needs more workspace than the cap or runs
+  out of memory is skipped and its reason recorded. Candidates are timed in order of promise
+  (aten, which needs no compilation, then the heuristic's pick, then the rest) within a
+  tuning budget (``tuning_budget(per_problem_s, per_process_s, candidates)`` or
   ``FASTCONV_TUNE_BUDGET``; default ``DEFAULT_BUDGET``: a first call never waits minutes for
-  exhaustive tuning; ``"exhaustive"`` times every candidate). A choice the per-problem
-  budget cut short is stored on disk marked partial (a later process uses it; exhaustive
-  tuning redoes it); one made after the per-process budget was spent (only the first
-  candidate timed) stays in memory, so a later process tunes it with its own budget. Tuning
-  one problem for more than ``PROGRESS_AFTER_S`` shows a progress line on a terminal
-  (``FASTCONV_PROGRESS=0``: none). Triton candidates are compiled ahead, all of a problem's at
-  once, by worker processes (``Backend.compile_ahead``; ``FASTCONV_COMPILE_WORKERS``), and
-  timed as their compiles finish. Those the budget leaves untimed keep building (a backend
-  that builds in the background, ``BUILDS_AHEAD``, starts its builds even when the budget
-  was spent before its turn): until they are built the best candidate timed runs, as a
-  provisional choice; the first call after they are all built times them (milliseconds) and
-  stores the final choice, on disk too. So a process without a tuning-database entry reaches
-  the exhaustive choice within seconds to minutes of background compilation, not at once.
+  exhaustive tuning; ``"exhaustive"`` times every candidate). The budget's ``candidates``
+  bounds how many of a backend's candidates are compiled and timed at all: those its cost
+  model expects fastest (``Backend.prune``), in that order; the rest are never built. A
+  choice the per-problem budget or the pruning cut short is stored on disk marked partial (a
+  later process uses it; exhaustive tuning redoes it); one made after the per-process budget
+  was spent (only the first candidate timed) stays in memory, so a later process tunes it
+  with its own budget. Tuning one problem for more than ``PROGRESS_AFTER_S`` shows a
+  progress line on a terminal (``FASTCONV_PROGRESS=0``: none). Triton candidates are
+  compiled ahead, all of a problem's at once, by worker processes
+  (``Backend.compile_ahead``; ``FASTCONV_COMPILE_WORKERS``), and timed as their compiles
+  finish. Those the budget leaves untimed keep building (a backend that builds in the
+  background, ``BUILDS_AHEAD``, starts its builds even when the budget was spent before its
+  turn): until they are built the best candidate timed runs, as a provisional choice; the
+  first call after they are all built times them (milliseconds) and stores the final choice,
+  on disk too. So a process without a tuning-database entry reaches the tuned choice (among
+  the candidates kept) within seconds to minutes of background compilation, not at once.
 * ``pinned`` — what ``pin()`` fixed for a problem; nothing is timed (problems never pinned
   take the heuristic's choice).
 
@@ -263,7 +266,7 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
             if rows is None:
                 CACHE.put(key, _entry(choice), persist=False)
             else:  # one timing, both rankings stored (see the module docstring)
-                untimed = any(r.note.startswith(BUDGET_NOTE) for r in rows)
+                untimed = _untimed(rows)
                 keys = [_cache_key(problem, backend, mode, op, det, _cost(g, grad))
                         for g in (False, True)]
                 for g in (False, True):
@@ -335,7 +338,7 @@ def _upgrade(key: str, graph: bool, run) -> Choice:
                     _time_graphed(r, run, cls, r.config)
             # stored on disk even where backends that build nothing ahead were not listed
             # (a starved problem's): every candidate that builds ahead has been timed
-            untimed = any(r.note.startswith(BUDGET_NOTE) for r in up.rows)
+            untimed = _untimed(up.rows)
             for g, k in zip((False, True), up.keys):
                 CACHE.put(k, _entry(_best(up.rows, g), partial=untimed), persist=True)
                 _UPGRADES.pop(k, None)
@@ -529,6 +532,9 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
         except Exception as exc:  # e.g. a cuDNN graph that does not build here
             rows.append(Row(name, None, None, f"no candidates: {_short(exc)}"))
             continue
+        pruned = []
+        if TUNING.candidates is not None:
+            configs, pruned = cls.prune(problem, op, configs, TUNING.candidates)
         ahead = _compile_ahead(cls, configs, run)
         for i, config in enumerate(configs):
             if not spent_all():
@@ -548,6 +554,7 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
             else:
                 rows.append(Row(name, config, gpu, host))
                 _time_graphed(rows[-1], run, cls, config)
+        rows += [Row(name, c, note=f"{PRUNED_NOTE} ({TUNING.describe()})") for c in pruned]
     _refine_host(rows, run)
     TUNING.spent_s += _clock() - start
     progress.done()
@@ -597,65 +604,89 @@ def _time_graphed(row: Row, run, cls, config) -> None:
 
 _clock = time.monotonic  # (tests replace it)
 BUDGET_NOTE = "not timed: tuning budget spent"
+PRUNED_NOTE = "not timed: pruned by the cost model"
+
+
+def _untimed(rows: list[Row]) -> bool:
+    """Whether the budget left candidates untimed (the choice is then stored partial)."""
+    return any(r.note.startswith((BUDGET_NOTE, PRUNED_NOTE)) for r in rows)
 
 
 @dataclasses.dataclass
 class TuningBudget:
     """Seconds benchmark dispatch may spend timing the candidates of one problem, and of
-    every problem in this process; ``spent_s`` counts the latter. Each problem times at
-    least its most promising candidate. No arguments: no limit (exhaustive)."""
+    every problem in this process (``spent_s`` counts the latter), and how many of a
+    backend's candidates it compiles and times at all (``candidates``: the ones its cost
+    model expects fastest; None: every one). Each problem times at least its most promising
+    candidate. No arguments: no limit (exhaustive)."""
     per_problem_s: float = float("inf")
     per_process_s: float = float("inf")
+    candidates: int | None = None
     spent_s: float = 0.0
 
     def describe(self) -> str:
-        return f"{self.per_problem_s:g} s per problem, {self.per_process_s:g} s per process"
+        return (f"{self.per_problem_s:g} s per problem, {self.per_process_s:g} s per process"
+                + (f", {self.candidates} candidates per backend" if self.candidates else ""))
 
     @property
     def exhaustive(self) -> bool:
-        return self.per_problem_s == self.per_process_s == float("inf")
+        return self.per_problem_s == self.per_process_s == float("inf") \
+            and self.candidates is None
 
 
 #: The tuning budget when neither ``tuning_budget`` nor ``FASTCONV_TUNE_BUDGET`` sets one:
-#: (seconds per problem, seconds per process). Timing aten costs milliseconds; a Triton or
-#: cuDNN candidate seconds of compilation the first time, so a new problem times aten and
-#: about one more candidate, and a process spends at most ~8 s (plus the last candidate
-#: started) before every further new problem takes its first candidate, aten.
-DEFAULT_BUDGET = (1.0, 8.0)
+#: (seconds per problem, seconds per process, candidates per backend). Timing aten costs
+#: milliseconds; a Triton or cuDNN candidate seconds of compilation the first time, so a new
+#: problem times aten and about one more candidate, and a process spends at most ~8 s (plus
+#: the last candidate started) before every further new problem takes its first candidate,
+#: aten. Of a problem's Triton tiles the 6 that the cost model expects fastest are built
+#: (on the shipped H100 database's problems: 98 % of the exhaustive winners among them, 69 %
+#: of the compiles; benchmarks/cost_model_recall.py).
+DEFAULT_BUDGET = (1.0, 8.0, 6)
 
 
-def _budget_from_environment() -> TuningBudget:
-    """``FASTCONV_TUNE_BUDGET``: ``"<per problem s>[,<per process s>]"``, ``"exhaustive"``,
-    or unset / empty for ``DEFAULT_BUDGET``."""
-    text = os.environ.get("FASTCONV_TUNE_BUDGET", "").strip().lower()
+def parse_budget(text: str, what: str = "FASTCONV_TUNE_BUDGET") -> TuningBudget:
+    """A budget from text: ``"exhaustive"``,
+    ``"<s per problem>[,<s per process>[,<candidates per backend>]]"``, or empty for
+    ``DEFAULT_BUDGET``; ``what`` names the setting in the error."""
+    text = text.strip().lower()
     if text == "":
         return TuningBudget(*DEFAULT_BUDGET)
     if text in ("exhaustive", "inf", "none"):
         return TuningBudget()
+    values = text.split(",")
     try:
-        values = [float(v) for v in text.split(",")]
-        if not 1 <= len(values) <= 2 or any(not v > 0 for v in values):
+        seconds = [float(v) for v in values[:2]]
+        candidates = [int(v) for v in values[2:]]
+        if not 1 <= len(values) <= 3 or any(not v > 0 for v in seconds + candidates):
             raise ValueError
     except ValueError:
-        raise ConvError(f"FASTCONV_TUNE_BUDGET: got {text!r}; expected 'exhaustive' or "
-                        f"'<seconds per problem>[,<seconds per process>]', positive") from None
-    return TuningBudget(*values)
+        raise ConvError(f"{what}: got {text!r}; expected 'exhaustive' or '<seconds per "
+                        f"problem>[,<seconds per process>[,<candidates per backend>]]', "
+                        f"positive") from None
+    return TuningBudget(*seconds, *candidates) if len(seconds) == 2 \
+        else TuningBudget(seconds[0])
 
 
-TUNING = _budget_from_environment()
+TUNING = parse_budget(os.environ.get("FASTCONV_TUNE_BUDGET", ""))
 
 
 def tuning_budget(per_problem_s: float = float("inf"),
-                  per_process_s: float = float("inf")) -> TuningBudget:
+                  per_process_s: float = float("inf"),
+                  candidates: int | None = None) -> TuningBudget:
     """Bound benchmark dispatch's timing: at most ``per_problem_s`` seconds per problem
     (after its most promising candidate) and ``per_process_s`` in all (counted from this
-    call); see the module docstring for what is stored. No arguments: exhaustive. The
-    default is ``DEFAULT_BUDGET`` (or ``FASTCONV_TUNE_BUDGET``)."""
+    call), and at most ``candidates`` of a backend's candidates compiled and timed, those
+    its cost model expects fastest; see the module docstring for what is stored. No
+    arguments: exhaustive. The default is ``DEFAULT_BUDGET`` (or ``FASTCONV_TUNE_BUDGET``)."""
     global TUNING
     for name, value in (("per_problem_s", per_problem_s), ("per_process_s", per_process_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ConvError(f"{name}: got {value!r}; expected a positive number of seconds")
-    TUNING = TuningBudget(float(per_problem_s), float(per_process_s))
+    if candidates is not None and (type(candidates) is not int or candidates < 1):
+        raise ConvError(f"candidates: got {candidates!r}; expected None (every candidate) "
+                        f"or an int >= 1")
+    TUNING = TuningBudget(float(per_problem_s), float(per_process_s), candidates)
     return TUNING
 
 

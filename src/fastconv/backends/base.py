@@ -90,6 +90,14 @@ class Backend:
         heuristic's pick)."""
         return [None]
 
+    @classmethod
+    def prune(cls, problem: ConvProblem, op: str, configs: list,
+              keep: int) -> tuple[list, list]:
+        """``(kept, pruned)``: the candidates worth compiling and timing, most promising
+        first, at most ``keep`` of those a cost model can rank (dispatch's tuning budget),
+        and the ones it left out. Without a model: every candidate kept, in its order."""
+        return configs, []
+
     #: Whether ``compile_ahead`` builds in the background (cheap to start): dispatch then
     #: starts a problem's builds even after the tuning budget is spent, to time them once
     #: built (``dispatch`` module docstring).

@@ -60,6 +60,15 @@ class TritonBackend(Backend):
     BUILDS_AHEAD = True
 
     @classmethod
+    def prune(cls, problem: ConvProblem, op: str, configs: list,
+              keep: int) -> tuple[list, list]:
+        """GEMM tiles ranked by cost.py's model, the ``keep`` fastest expected kept; direct
+        tiles (not modelled) always kept."""
+        from .cost import prune
+
+        return prune(problem, op, configs, keep)
+
+    @classmethod
     def compile_ahead(cls, run) -> list | None:
         """The kernels ``run()`` would compile, compiled by worker processes
         (``compiles.py``); None under the interpreter or with no workers."""
