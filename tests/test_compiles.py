@@ -61,6 +61,41 @@ def test_a_recorded_kernel_compiles_in_a_worker_into_the_callers_cache(tmp_path)
     assert done.returncode == 0 and "round trip ok" in done.stdout, done.stderr[-3000:]
 
 
+_UNGUARDED_SCRIPT = """
+import os, sys
+print("script body ran in", "worker" if __name__ == "__mp_main__" else "caller", flush=True)
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from fastconv.backends.triton import compiles
+from fastconv.backends.triton.fprop import _splitk_reduce_kernel as kernel
+
+driver.set_active(compiles._TargetDriver(GPUTarget("cuda", 90, 32)))  # no GPU here
+ws, out = torch.empty(3 * 40 * 24), torch.empty(40, 24, dtype=torch.bfloat16)
+args = (ws, out, out, out, out, 40, 24, 5, 8, 960, 960, 1, 192, 24, 0, 0, 0, 0, 0.0)
+with compiles.collecting() as jobs:
+    kernel[(2, 1)](*args, HAS_SCALE=False, HAS_SHIFT=False, HAS_RES=False, ACT=1,
+                   INT64=False, SPLIT_K=3, BLOCK_M=32, BLOCK_N=32)
+print("built", jobs[0].result(timeout=200), flush=True)
+"""
+
+
+def test_workers_do_not_run_the_caller_s_script_again(tmp_path):
+    """A user's script without an ``if __name__ == "__main__"`` guard (most training
+    scripts): spawned workers would run it again as ``__mp_main__`` (building its model,
+    touching its GPU, and failing to spawn workers of their own), and the pool would break.
+    The workers leave the caller's main module alone."""
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               FASTCONV_COMPILE_WORKERS="1")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("script body ran") == 1, done.stdout + done.stderr[-2000:]
+    assert "built _splitk_reduce_kernel" in done.stdout
+
+
 @pytest.mark.parametrize("text, want", [("", None), ("0", 0), (" 3 ", 3)])
 def test_the_number_of_workers_from_the_environment(monkeypatch, text, want):
     monkeypatch.setenv("FASTCONV_COMPILE_WORKERS", text)

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import contextlib
 import contextvars
 import importlib
 import multiprocessing
 import os
+import sys
 import threading
 
 from triton import knobs
@@ -117,14 +119,38 @@ def _submit(module: str, name: str, data: str) -> cf.Future:
     with _LOCK:
         job = _JOBS.get(data)
         if job is None:
-            try:
-                job = _pool().submit(*args)
-            except cf.process.BrokenProcessPool:  # a worker died: a new pool
-                _close()
-                job = _pool().submit(*args)
+            with _main_hidden():  # (a submit starts the workers it needs)
+                try:
+                    job = _pool().submit(*args)
+                except cf.process.BrokenProcessPool:  # a worker died: a new pool
+                    _close()
+                    job = _pool().submit(*args)
             _JOBS[data] = job
             job.add_done_callback(_idle_check)
         return job
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """Workers started inside leave the caller's main module alone. ``spawn`` runs the
+    caller's script again in every new worker (as ``__mp_main__``, to find the functions it
+    defines): a training script without an ``if __name__ == "__main__"`` guard would build
+    its model and touch its GPU there, then fail to start workers of its own, breaking the
+    pool. The workers need nothing from it (their jobs are this module's functions), so
+    while a submit starts them ``__main__`` shows neither a file nor a module spec, which
+    is what tells multiprocessing to import it."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def _pool() -> cf.ProcessPoolExecutor:
