@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import fastconv
-from fastconv import functional, plans
+from fastconv import costs, functional, plans
 from fastconv.precision import relative_error
 
 _BACKENDS = ("aten", "triton")
@@ -276,7 +276,7 @@ def test_trials_rotate_over_copies_of_the_operands(grad):
                                     None, None, out, "auto", "ieee")
     trial = plans.forward_trial(problem, x, w, b, None, None, None, out, grad=grad)
     sets = trial.operand_sets
-    assert sets.count == 8  # a tiny problem: the most sets (dispatch.rotation_count)
+    assert sets.count == 8  # a tiny problem: the most sets (costs.rotation_count)
     for k in (2, 0, 1):
         trial(AtenBackend, None, k)
     assert len(sets.sets) == 3
@@ -297,9 +297,8 @@ def test_trials_rotate_over_copies_of_the_operands(grad):
 
 
 def test_rotation_count_passes_more_than_twice_the_l2_cache():
-    from fastconv import dispatch
 
-    assert dispatch.rotation_count(1) == 8
-    assert dispatch.rotation_count(2 * dispatch.L2_BYTES) == 1
-    n = dispatch.rotation_count(dispatch.L2_BYTES // 3)
-    assert n == 6 and n * (dispatch.L2_BYTES // 3) >= 2 * dispatch.L2_BYTES - 6
+    assert costs.rotation_count(1) == 8
+    assert costs.rotation_count(2 * costs.L2_BYTES) == 1
+    n = costs.rotation_count(costs.L2_BYTES // 3)
+    assert n == 6 and n * (costs.L2_BYTES // 3) >= 2 * costs.L2_BYTES - 6

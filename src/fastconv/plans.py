@@ -32,7 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import backends, dispatch
+from . import backends, costs, dispatch
 from .backends.aten import conv_backward_both
 from .epilogue import Epilogue, activation_grad, derivative_from_output, fold_bias
 from .errors import ConvError, ConvTypeError
@@ -210,12 +210,12 @@ def _bound(problem: ConvProblem, cls, config):
 class _Sets:
     """The operand sets dispatch's trials run on: set 0 is the call's own tensors, the
     others (made at first use) detached copies of them, so that graph timing can rotate over
-    more bytes than the L2 cache holds (``dispatch.time_graph_cost``). ``scratch(k)``: the
+    more bytes than the L2 cache holds (``costs.time_graph_cost``). ``scratch(k)``: the
     buffers set k writes into (a tuple). ``count``: how many sets a rotation uses."""
 
     def __init__(self, own: tuple, scratch, scratch_bytes: int):
         self.own, self.scratch, self.sets = own, scratch, []
-        self.count = dispatch.rotation_count(scratch_bytes + sum(
+        self.count = costs.rotation_count(scratch_bytes + sum(
             t.numel() * t.element_size() for t in own if isinstance(t, torch.Tensor)))
 
     def __getitem__(self, k: int) -> tuple:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import dispatch, functional
+from .. import costs, dispatch, functional
 from ..epilogue import Epilogue
 from ..precision import DTYPE, Precision, relative_error
 from ..problem import ConvProblem
@@ -188,7 +188,7 @@ def _input_sets(case: BenchCase, precision: Precision, layout: str, mode: str,
     dtype = DTYPE[precision]
     one = (case.n * case.c * math.prod(case.spatial) + math.prod(case.weight_shape())) * \
         torch.empty((), dtype=dtype).element_size()
-    count = dispatch.rotation_count(one) if device == "cuda" else 1
+    count = costs.rotation_count(one) if device == "cuda" else 1
     grad = mode in ("bwd", "train")
     channels_last = layout == "nhwc" and case.rank == 2
     sets = []
