@@ -432,8 +432,14 @@ def _decide(problem, backend, mode, op, det, run) -> tuple[Choice, list[Row] | N
 
 
 def _best(rows: list[Row], graph: bool) -> Choice:
-    """The timed row of least cost: GPU time for a CUDA graph, GPU + host time eagerly."""
-    best = min((r for r in rows if r.timed), key=lambda r: r.cost(graph))
+    """The timed row of least cost: GPU time for a CUDA graph, GPU + host time eagerly. A
+    CUDA graph takes only a candidate that was captured where any was: one whose capture
+    failed could fail the user's capture too, and its eager GPU time (operands warm in L2)
+    is no measure against the others' graph times."""
+    timed = [r for r in rows if r.timed]
+    if graph:
+        timed = [r for r in timed if r.graph_ms is not None] or timed
+    best = min(timed, key=lambda r: r.cost(graph))
     return Choice(best.backend, best.config, best.cost(graph), best.gpu_ms, best.host_ms,
                   best.graph_ms)
 
@@ -589,7 +595,8 @@ def _wait_built(jobs: list | None, start: float, bounded: bool) -> bool:
 def _time_graphed(row: Row, run, cls, config) -> None:
     """``row.graph_ms`` where ``run`` can rotate over operand sets (``run(cls, config, k)``
     runs on set k of ``run.operand_sets.count``); a candidate that cannot be captured keeps
-    its eager GPU time for both rankings, with the reason in its note."""
+    its eager GPU time for the eager ranking, with the reason in its note, and is left out
+    of the CUDA-graph ranking (``_best``)."""
     sets = getattr(run, "operand_sets", None)
     if sets is None:
         return
