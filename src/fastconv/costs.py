@@ -72,6 +72,11 @@ def rotation_count(nbytes: int, most: int = 8) -> int:
     return max(1, min(most, math.ceil(2 * L2_BYTES / max(nbytes, 1))))
 
 
+#: GPU milliseconds of spinning queued ahead of a timed replay: more than the host takes to
+#: submit it (tens of microseconds for a graph of 64 calls)
+SUBMIT_MS = 0.2
+
+
 def time_graph_cost(fn: Callable[[int], None], sets: int, gpu_ms: float,
                     replays: int = 5) -> float:
     """GPU ms per call of ``fn(k)`` (k: the operand set) replayed from one CUDA graph that
@@ -98,6 +103,9 @@ def time_graph_cost(fn: Callable[[int], None], sets: int, gpu_ms: float,
     for _ in range(replays):
         begin = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        # the GPU spins while the host submits the replay, so the begin event does not
+        # start the clock on a GPU waiting for the host (as time_costs' batches)
+        torch.cuda._sleep(int(SUBMIT_MS * _cycles_per_ms()))
         begin.record()
         graph.replay()
         end.record()
