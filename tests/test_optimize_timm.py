@@ -177,3 +177,25 @@ def test_batchnorm_subclass_with_its_own_forward_is_left(traceable):
     x = torch.randn(1, 3, 5, 5)
     with torch.no_grad():
         assert torch.allclose(fast(x), net(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_timm_example_runs_and_reports_what_a_user_checks():
+    """examples/optimize_timm.py as a user runs it (CPU: float32, small input): coverage,
+    the error against float64 beside torch's, the state_dict round trip."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(__file__))
+    done = subprocess.run([sys.executable, "examples/optimize_timm.py", "--model",
+                           "mobilenetv3_small_050", "--size", "48"], capture_output=True,
+                          text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fused, eligible = map(int, re.search(r"(\d+) of (\d+) conv -> BatchNorm", done.stdout)
+                          .groups())
+    assert fused == eligible > 0, done.stdout
+    ours, theirs = map(float, re.search(r"fastconv ([0-9.e+-]+), torch ([0-9.e+-]+)",
+                                        done.stdout).groups())
+    assert ours < max(3 * theirs, 1e-6), done.stdout
+    assert "loads into the optimized model and back" in done.stdout
