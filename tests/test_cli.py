@@ -11,19 +11,39 @@ import pytest
 
 
 def _fastconv(*args: str, tmp_path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, FASTCONV_CACHE_DIR=str(tmp_path / "cache"))
+    # as from a user's shell: the tests' own TRITON_INTERPRET (conftest) is not passed on
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["FASTCONV_CACHE_DIR"] = str(tmp_path / "cache")
     return subprocess.run([sys.executable, "-m", "fastconv", *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU path")
 def test_check_passes_end_to_end_on_the_cpu(tmp_path):
+    """The README's main job on a machine without a GPU: the Triton kernels are checked too,
+    in the interpreter, as the first line says (the command sets TRITON_INTERPRET itself)."""
     run = _fastconv("check", "--count", "3", tmp_path=tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     lines = run.stdout.strip().splitlines()
     assert lines[0].startswith("No GPU found"), lines[0]
     assert re.fullmatch(r"\d+ problems in \d+ s: all within the contract", lines[-1]), lines[-1]
     assert "Traceback" not in run.stderr
+    backends = {line.split()[-5] for line in lines[2:-1] if line.endswith(" ok")}
+    assert backends == {"aten", "triton"}, backends
+    info = _fastconv("info", tmp_path=tmp_path)
+    assert "backend triton   available" in info.stdout, info.stdout
+
+
+def test_importing_fastconv_imports_no_kernel_module():
+    """Kernels are decorated (compiled or interpreted, decided then) when first used, never
+    at ``import fastconv``: a command or a user can still choose the interpreter after it."""
+    code = ("import sys, fastconv; "
+            "print(sorted(m for m in sys.modules if m.startswith('fastconv.backends.triton.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['fastconv.backends.triton.backend', " \
+        "'fastconv.backends.triton.configs']", done.stdout
 
 
 @pytest.mark.parametrize("args", [

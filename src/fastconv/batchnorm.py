@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.util
 
 import torch
 import torch.distributed as dist
@@ -33,11 +34,13 @@ from .epilogue import activate, activation_grad, derivative_from_output
 from .errors import ConvError
 from .precision import accumulate_dtype
 
-try:  # a dependency on Linux; elsewhere the torch operations below do the work
+# Triton is a dependency on Linux; elsewhere the torch operations below do the work. Neither
+# Triton nor the kernels are imported here: a command may still choose the interpreter
+# (TRITON_INTERPRET) after ``import fastconv``, and Triton decides at its own import.
+if importlib.util.find_spec("triton") is not None:
     from . import bn_ops
-    from .backends.triton import bnstats
-except ImportError:  # pragma: no cover
-    bn_ops = bnstats = None
+else:  # pragma: no cover
+    bn_ops = None
 
 
 def _dims(y: Tensor) -> list[int]:
@@ -204,7 +207,10 @@ class BNActFunction(torch.autograd.Function):
 
 
 def _triton(y: Tensor) -> bool:
-    return USE_TRITON and bnstats is not None and bnstats.usable(y) and bnstats.supports(y)
+    if not USE_TRITON or bn_ops is None:
+        return False
+    kernels = bn_ops.kernels()
+    return kernels.usable(y) and kernels.supports(y)
 
 
 #: Whether the Triton kernels are used where they can run (tests compare both paths).

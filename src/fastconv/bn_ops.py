@@ -11,14 +11,26 @@ No ``from __future__ import annotations`` here: torch.library reads the annotati
 import torch
 from torch import Tensor
 
-from .backends.triton import bnstats
+_BNSTATS = None
+
+
+def kernels():
+    """backends/triton/bnstats.py, imported at its first use, never at ``import fastconv``:
+    its kernels are decorated then, compiled or interpreted as TRITON_INTERPRET says at that
+    moment (``fastconv check`` on a machine without a GPU sets it after the import)."""
+    global _BNSTATS
+    if _BNSTATS is None:
+        from .backends.triton import bnstats
+
+        _BNSTATS = bnstats
+    return _BNSTATS
 
 
 def _forward_stats(y: Tensor, acc: torch.dtype, gamma: Tensor | None, beta: Tensor | None,
                    eps: float, running_mean: Tensor | None, running_var: Tensor | None,
                    momentum: float) -> Tensor:
-    return torch.stack(bnstats.forward_stats(y, acc, gamma, beta, eps, running_mean,
-                                             running_var, momentum))
+    return torch.stack(kernels().forward_stats(y, acc, gamma, beta, eps, running_mean,
+                                               running_var, momentum))
 
 
 _forward_stats_op = torch.library.custom_op(
@@ -32,7 +44,7 @@ def _forward_stats_fake(y, acc, gamma, beta, eps, running_mean, running_var, mom
 
 def _apply(y: Tensor, residual: Tensor | None, scale: Tensor, shift: Tensor, activation: str,
            negative_slope: float) -> Tensor:
-    return bnstats.apply(y, residual, scale, shift, activation, negative_slope)
+    return kernels().apply(y, residual, scale, shift, activation, negative_slope)
 
 
 _apply_op = torch.library.custom_op(
@@ -47,8 +59,8 @@ def _apply_fake(y, residual, scale, shift, activation, negative_slope):
 def _backward_sums(dz: Tensor, z: Tensor, y: Tensor, residual: Tensor | None, mean: Tensor,
                    invstd: Tensor, scale: Tensor, shift: Tensor, activation: str,
                    negative_slope: float) -> Tensor:
-    return bnstats.backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
-                                 negative_slope)
+    return kernels().backward_sums(dz, z, y, residual, mean, invstd, scale, shift,
+                                   activation, negative_slope)
 
 
 _backward_sums_op = torch.library.custom_op(
@@ -65,8 +77,8 @@ def _backward_apply(dz: Tensor, z: Tensor, y: Tensor, residual: Tensor | None, m
                     invstd: Tensor, scale: Tensor, shift: Tensor, sums: Tensor, count: int,
                     activation: str, negative_slope: float) -> list[Tensor]:
     """[dy] or [dy, d residual]."""
-    dy, dres = bnstats.backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums,
-                                      count, activation, negative_slope)
+    dy, dres = kernels().backward_apply(dz, z, y, residual, mean, invstd, scale, shift,
+                                        sums, count, activation, negative_slope)
     return [dy] if dres is None else [dy, dres]
 
 
@@ -87,17 +99,17 @@ def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum)
     if torch.compiler.is_compiling():
         return tuple(_forward_stats_op(y, acc, gamma, beta, eps, running_mean, running_var,
                                        momentum).unbind())
-    return bnstats.forward_stats(y, acc, gamma, beta, eps, running_mean, running_var,
-                                 momentum)
+    return kernels().forward_stats(y, acc, gamma, beta, eps, running_mean, running_var,
+                                   momentum)
 
 
 def apply(y, residual, scale, shift, activation, negative_slope):
-    op = _apply_op if torch.compiler.is_compiling() else bnstats.apply
+    op = _apply_op if torch.compiler.is_compiling() else kernels().apply
     return op(y, residual, scale, shift, activation, negative_slope)
 
 
 def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation, negative_slope):
-    op = _backward_sums_op if torch.compiler.is_compiling() else bnstats.backward_sums
+    op = _backward_sums_op if torch.compiler.is_compiling() else kernels().backward_sums
     return op(dz, z, y, residual, mean, invstd, scale, shift, activation, negative_slope)
 
 
@@ -105,8 +117,8 @@ def backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums, count, 
                    negative_slope):
     """(dy, d residual or None): bnstats.backward_apply."""
     if not torch.compiler.is_compiling():
-        return bnstats.backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums,
-                                      count, activation, negative_slope)
+        return kernels().backward_apply(dz, z, y, residual, mean, invstd, scale, shift,
+                                        sums, count, activation, negative_slope)
     dy, *dres = _backward_apply_op(dz, z, y, residual, mean, invstd, scale, shift, sums, count,
                                    activation, negative_slope)
     return dy, (dres[0] if dres else None)
