@@ -37,9 +37,6 @@ def main() -> None:
     prec = Precision(args.precision)
     layout = "nhwc" if prec in (Precision.BF16, Precision.FP16) else "nchw"
     sets = runner._input_sets(case, prec, layout, args.mode, device)
-    if args.mode in ("train", "bwd", "dgrad", "wgrad"):
-        for t in sets:
-            t["g"] = torch.randn_like(runner._call("torch", case, prec, t, "fwd")().detach())
     fns = [runner._call(args.provider, case, prec, t, args.mode) for t in sets]
     wall = statistics.median(runner.time_host(fns))  # also the warm-up: plans cached
     print(f"{case.name} {args.mode} {prec.value} {layout} {args.provider} on {device}: "

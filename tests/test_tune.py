@@ -140,3 +140,20 @@ def test_a_model_from_an_entry_point(tmp_path):
         tune.build("no_such_package_xyz:make")
     with pytest.raises(fastconv.ConvError, match="cannot load .*FileNotFoundError"):
         tune.build(f"{tmp_path}/missing.py:make")
+
+
+def test_every_mode_of_a_shape_runs_on_the_bench_s_real_inputs(monkeypatch):
+    """tune_cases with the bench's own input sets (on the CPU here) in every mode: the
+    gradient modes need the output gradient the sets carry (``fastconv tune --mode train``
+    failed with KeyError 'g' on the GPU at 976db49, which the fake sets above hid)."""
+    from fastconv.bench import runner
+
+    real, ran = runner._input_sets, []
+    monkeypatch.setattr(runner, "_input_sets", lambda case, prec, layout, mode: real(
+        case, prec, layout, mode, device="cpu"))
+    # the steps themselves, without the GPU check and the timing of benchmark dispatch
+    monkeypatch.setattr(tune, "_exhaustively", lambda step, what: ran.append(what) or step())
+    cases = [tune.parse_shape("2x3x5x7:4x3x3x3:padding=1"),
+             tune.parse_shape("2x3x5x7:4x3x3x3:bn=1:activation=relu")]
+    tune.tune_cases(cases, "ieee", runner.MODES)
+    assert ran == [f"cases ieee {','.join(runner.MODES)}"]

@@ -212,7 +212,26 @@ def _input_sets(case: BenchCase, precision: Precision, layout: str, mode: str,
             wrt += [t["bn"]["gamma"], t["bn"]["beta"]]
         t["wrt"] = tuple(v for v in wrt if v is not None)
         sets.append(t)
+    shape = _problem(case, precision, mode, sets[0]).output_shape()
+    for t in sets:  # the output gradient, in the layout autograd would give it
+        g = torch.randn(shape, device=device).to(dtype)
+        t["g"] = g.contiguous(memory_format=torch.channels_last) if channels_last else g
     return sets
+
+
+def _problem(case: BenchCase, precision: Precision, mode: str, t: dict) -> ConvProblem:
+    """The problem fastconv's forward solves on the input set ``t``: in eval a BatchNorm is
+    folded into the weights and a bias; in training the convolution is bare."""
+    epilogue, bias = Epilogue(activation=case.activation, has_shift=case.bias), t["b"]
+    if case.bn:
+        bias = torch.ones(case.k, device=t["x"].device).to(DTYPE[precision]) \
+            if mode == "eval" else None
+        epilogue = Epilogue(activation=case.activation, has_shift=True) if mode == "eval" \
+            else Epilogue()
+    return ConvProblem.from_tensors(
+        t["x"], t["w"], bias, case.stride, case.padding_arg(), case.dilation, case.groups,
+        rank=case.rank, transposed=case.transposed, output_padding=case.output_padding,
+        precision=precision.value, epilogue=epilogue)
 
 
 def _geometry(case: BenchCase) -> tuple:
@@ -482,20 +501,7 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
     if timer is None and device == "cuda":
         timer = GpuTimer()
     sets = _input_sets(case, precision, layout, mode, device)
-    epilogue, bias = Epilogue(activation=case.activation, has_shift=case.bias), sets[0]["b"]
-    if case.bn:  # eval: BatchNorm folded into the weights and a bias; train: the bare conv
-        bias = torch.ones(case.k, device=device).to(DTYPE[precision]) if mode == "eval" \
-            else None
-        epilogue = Epilogue(activation=case.activation, has_shift=True) if mode == "eval" \
-            else Epilogue()
-    problem = ConvProblem.from_tensors(
-        sets[0]["x"], sets[0]["w"], bias, case.stride, case.padding_arg(), case.dilation,
-        case.groups, rank=case.rank, transposed=case.transposed,
-        output_padding=case.output_padding, precision=precision.value, epilogue=epilogue)
-    for t in sets:  # the output gradient in the layout autograd would give it
-        g = torch.randn(problem.output_shape(), device=device).to(DTYPE[precision])
-        t["g"] = g.contiguous(memory_format=torch.channels_last) \
-            if layout == "nhwc" and case.rank == 2 else g
+    problem = _problem(case, precision, mode, sets[0])
     ref = _reference(case, sets[0], mode)
     flops, min_bytes = _mode_cost(problem, mode)
     rows = []
