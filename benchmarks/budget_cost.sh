@@ -9,7 +9,7 @@
 set -uo pipefail
 out=${OUT:-out}/budget
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-$PWD/src}
+source "$(dirname "$0")/device_env.sh"
 for suite in "$@"; do
   for budget in ${BUDGETS:-default exhaustive}; do
     cache=/tmp/budget-cache-$suite-$budget

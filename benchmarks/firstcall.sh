@@ -9,6 +9,7 @@
 # "torch fastconv"); TAG (appended to the result names, e.g. to compare
 # FASTCONV_COMPILE_WORKERS settings in one call).
 set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-out}
 mkdir -p "$OUT/firstcall"
 for case in "$@"; do

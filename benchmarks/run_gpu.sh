@@ -3,7 +3,9 @@
 # Usage (on the device machine, from the repository root):
 #   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [ptests] [check] [bench] [sweep] [dwsweep] [rollsweep] [overhead] [launch] [stress]
 # bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions,
-# TEST_FILES the files (default: every tests/test_gpu*.py).
+# TEST_FILES the files (default: every tests/test_gpu*.py). All of them (234 tests at 976db49)
+# take more than 330 s in 8 ptests processes on the H100 machine: test_gpu_depthwise.py (105)
+# in one call, the rest in another.
 # Full logs and results go under $OUT (default: ./out); bench results come back as
 # results-<time>.tgz, one per bench step (JSON, CSV, PNG); the last lines are a short summary.
 # At most 8 files come back from a device call: keep $OUT small (logs, tarballs).
@@ -12,18 +14,8 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 # SRC: another source tree to measure (an older commit's src/, for before/after runs), with
 # SRC_SHA its commit: the results then record that sha, not the working tree's
-export PYTHONPATH=${SRC:-$PWD/src} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 if [ -n "${SRC:-}" ]; then export FASTCONV_GIT_SHA=${SRC_SHA:?SRC_SHA: the commit of SRC}; fi
-# The cuDNN frontend is not installed on the device: carried wheels go to /tmp/site. Fetch
-# them once (ignored by git) and name .whl in the device call's carry:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux_2_28_x86_64 -d .whl nvidia-cudnn-frontend==1.32.0
-# and timm for the models suite's timm rows (pure Python; imports without its dependencies):
-#   python3 -m pip download --no-deps --only-binary=:all: -d .whl timm
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
 export FASTCONV_CACHE_DIR=${FASTCONV_CACHE_DIR:-$OUT/plancache}
 # A previous call's dispatch choices and cuDNN plans (its $OUT/plancache copied to the
 # git-ignored .plancache/ and carried) save the autotuning a second time.
@@ -47,10 +39,14 @@ for step in $steps; do
               | grep '::' > "$OUT/ids.txt"
             for j in $(seq 0 $((${JOBS:-8} - 1))); do
               awk -v j=$j -v n=${JOBS:-8} 'NR % n == j' "$OUT/ids.txt" > "$OUT/ids-$j.txt"
-              FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} xargs -a "$OUT/ids-$j.txt" \
-                python3 -m pytest -q -m gpu -p no:cacheprovider > "$OUT/ptest-$j.log" 2>&1 &
+              # -v: each test's id and result, so a process cut by the timeout shows which ran
+              (FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} xargs -a "$OUT/ids-$j.txt" \
+                 python3 -m pytest -v -m gpu -p no:cacheprovider > "$OUT/ptest-$j.log" 2>&1
+               [ $? = 124 ] && echo "TIMED OUT after ${TESTS_TIMEOUT:-240} s: the tests of" \
+                 "ids-$j not marked above did not run" >> "$OUT/ptest-$j.log") &
             done
             wait
+            grep -h "TIMED OUT" "$OUT"/ptest-*.log && status=1
             for j in $(seq 0 $((${JOBS:-8} - 1))); do echo "== process $j"; cat "$OUT/ptest-$j.log"; done \
               > "$OUT/gpu_tests.log"
             grep -hE "^(FAILED|ERROR)" "$OUT"/ptest-*.log | head -20

@@ -6,6 +6,7 @@
 # Each item is capped at ITEM_S seconds (default 280); the cache is copied to $OUT after each.
 # Then (here, with the cache that came back) `build_tuning_db.py --keep --capability 9.0 FILE`.
 set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
 cache=${CACHE:-/tmp/tune-cache}
 logs=${OUT:-out}/tune-logs  # tarred at the end: at most 8 files come back from a device call
 mkdir -p "$cache" "$logs"

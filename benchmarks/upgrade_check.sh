@@ -6,7 +6,8 @@
 set -uo pipefail
 out=${OUT:-out}/upgrade
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-$PWD/src} FASTCONV_TUNING_DB=off
+source "$(dirname "$0")/device_env.sh"
+export FASTCONV_TUNING_DB=off
 for suite in "$@"; do
   export FASTCONV_CACHE_DIR=/tmp/upgrade-cache-$suite
   rm -rf "$FASTCONV_CACHE_DIR"

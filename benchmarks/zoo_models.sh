@@ -7,7 +7,7 @@ set -uo pipefail
 mode=${MODE:-eval}
 out=${OUT:-out}/zoo-$mode
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-$PWD/src}
+source "$(dirname "$0")/device_env.sh"
 for case in "$@"; do
   FASTCONV_CACHE_DIR=/tmp/zoo-cache-$case timeout ${PER_MODEL_S:-150} python3 -m fastconv.cli bench \
     --suite models --cases "$case" --precision bf16 --mode "$mode" --provider torch,fastconv \
