@@ -65,6 +65,13 @@ def test_forward_and_gradients_match_float64(case, channels_last):
     assert relative_error(got[1], want[1]) < 1e-12
 
 
+def test_large_kernel():
+    """A 13x13 depthwise layer (RepLKNet's size; the kernels loop over kernel rows past
+    depthwise.UNROLLED_TAPS), channels-last as the models run it: forward and both gradients
+    against float64. One small case: the interpreter's time grows with the taps (169)."""
+    test_forward_and_gradients_match_float64((1, 2, 1, (13, 7), 13, 1, 6, 1), True)
+
+
 def test_every_output_element_is_written_with_the_epilogue():
     x, w = _inputs(CASES[1], True, torch.float32)
     c = x.shape[1]

@@ -17,6 +17,9 @@ CASES = [c for c in suites.get("depthwise") + suites.get("conv1d_short") if c.gr
 # 7x7 (convnext): the forward loops over kernel rows at run time (depthwise.UNROLLED_TAPS)
 CASES += [c for c in suites.get("depthwise_models") if c.name in ("dwm_384_14_k7",
                                                                    "dwm_768_7_k7")]
+# a large-kernel layer (RepLKNet's 13x13 at 14x14): the kernels past the roll tiles' 7 rows
+CASES += [suites.BenchCase("dw_lk_256_14_k13", 32, 256, 256, (14, 14), (13, 13), 1, 6,
+                           groups=256)]
 PRECISIONS = {torch.float32: Precision.IEEE, torch.bfloat16: Precision.BF16,
               torch.float16: Precision.FP16}
 
