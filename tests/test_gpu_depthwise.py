@@ -1,6 +1,7 @@
 """GPU tests of the depthwise kernels at the benchmark suites' sizes (depthwise,
-conv1d_short): forward, data and weight gradients against float64 in fp32, bf16 and fp16,
-channels-first and channels-last, and every tile candidate on one layer."""
+conv1d_short, every depthwise_models layer, a 13x13 layer): forward, data and weight
+gradients against float64 in fp32, bf16 and fp16, channels-first and channels-last, and
+every tile candidate on one layer."""
 
 import pytest
 import torch
@@ -59,6 +60,26 @@ def test_forward_and_gradients_at_suite_sizes(case, dtype, channels_last):
     want = torch.autograd.grad(ref, (xr, wr), g)
     assert relative_error(got[0], want[0]) <= tol, "dx"
     assert relative_error(got[1], want[1]) <= tol, "dw"
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
+@pytest.mark.parametrize("dtype", list(PRECISIONS), ids=str)
+def test_every_depthwise_models_layer(dtype, channels_last):
+    """Every layer of the depthwise_models suite (its channels, sizes, kernels and strides;
+    batch 4) through the Triton kernels dispatch picks for it: forward, data and weight
+    gradients against float64. One test per precision and layout: the layers share their
+    compiled kernels (sizes are run-time arguments), so the loop costs little beyond them."""
+    for case in suites.get("depthwise_models"):
+        x, w = _tensors(case, dtype, channels_last)
+        xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        y, ref = _conv(case, x, w, True), _conv(case, xr, wr, False)
+        tol = TOLERANCE[PRECISIONS[dtype]]
+        assert relative_error(y, ref) <= tol, case.name
+        g = torch.randn_like(ref)
+        got = torch.autograd.grad(y, (x, w), g.to(dtype))
+        want = torch.autograd.grad(ref, (xr, wr), g)
+        assert relative_error(got[0], want[0]) <= tol, (case.name, "dx")
+        assert relative_error(got[1], want[1]) <= tol, (case.name, "dw")
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
