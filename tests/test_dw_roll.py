@@ -49,8 +49,10 @@ def _problem(x, w, case):
                                     rank=len(spatial))
 
 
-# the second tile (one column pair, one row per program) on three of the cases
-PAIRS = [(case, CONFIGS[0]) for case in CASES] + [(CASES[i], CONFIGS[1]) for i in (1, 3, 7)]
+# the second tile (one column pair, one row per program) on three of the cases: 7x7 on the
+# image shorter than the kernel (seven pending rows, as on 9x10, at a quarter of the
+# interpreter's time: 37 s there)
+PAIRS = [(case, CONFIGS[0]) for case in CASES] + [(CASES[i], CONFIGS[1]) for i in (1, 4, 7)]
 
 
 @pytest.mark.parametrize(("case", "config"), PAIRS,
