@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -43,7 +44,12 @@ _ROUND_TRIP = textwrap.dedent("""
     compiled = kernel.warmup(*args, grid=(2, 1), **meta)  # outside collecting: compiles
     assert compiled is not None and sorted(os.listdir(cache)) == built  # a cache hit
     if hasattr(os, "nice"):  # the workers run at a lower CPU priority than their caller
-        worker = compiles._pool().submit(os.nice, 0).result(timeout=60)
+        # (the idle stop may have closed the pool already: this job may start a new one,
+        # which it must close as a compile job does; under load it did not, and the pool
+        # stayed)
+        job = compiles._pool().submit(os.nice, 0)
+        job.add_done_callback(compiles._idle_check)
+        worker = job.result(timeout=60)
         assert worker == min(19, os.nice(0) + compiles.NICENESS), worker
     deadline = time.monotonic() + 30
     while compiles._POOL is not None and time.monotonic() < deadline:
@@ -94,6 +100,32 @@ def test_workers_do_not_run_the_caller_s_script_again(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("script body ran") == 1, done.stdout + done.stderr[-2000:]
     assert "built _splitk_reduce_kernel" in done.stdout
+
+
+_EXIT_WITH_JOBS = """
+import time
+from fastconv.backends.triton import compiles
+
+with compiles._LOCK, compiles._main_hidden():  # two long jobs (as a 7x7 depthwise compile)
+    jobs = [compiles._pool().submit(time.sleep, 120.0) for _ in range(2)]
+compiles._JOBS.update({str(i): j for i, j in enumerate(jobs)})
+while not jobs[0].running():
+    time.sleep(0.1)
+print("exiting", flush=True)
+"""
+
+
+def test_a_process_does_not_wait_for_compiles_at_exit(tmp_path):
+    """A process that ends while kernels compile in the workers exits at once: queued jobs
+    are dropped and running ones ended. Before, concurrent.futures' own exit hook ran
+    first and waited for every job (a bench process on the H100 ran on past its last line
+    until its timeout; here one job of 120 s held the exit for all of it)."""
+    env = dict(os.environ, FASTCONV_COMPILE_WORKERS="1")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _EXIT_WITH_JOBS], env=env, capture_output=True,
+                          text=True, timeout=200)
+    assert done.returncode == 0 and "exiting" in done.stdout, done.stderr[-3000:]
+    assert time.monotonic() - start < 60, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("text, want", [("", None), ("0", 0), (" 3 ", 3)])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import concurrent.futures.process  # noqa: F401 (its exit hook registered before ours: see the end)
 import contextlib
 import contextvars
 import importlib
@@ -201,12 +202,22 @@ def _close_if_idle() -> None:
 
 
 def _close_at_exit() -> None:
+    """The process is ending and will use none of the kernels still compiling: queued jobs
+    are dropped and running ones ended (the workers terminated), so that the exit does not
+    wait for them (one running job of 120 s held an exit for all of it). Triton writes
+    each cache file by renaming a finished one and indexes a kernel's files last: a compile
+    ended halfway is not found later, and compiles again where it is needed."""
     with _LOCK:
+        # (Python 3.14's ProcessPoolExecutor.terminate_workers; before it, this: taken
+        # before the shutdown, which drops the executor's reference to them)
+        procs = list((getattr(_POOL, "_processes", None) or {}).values())
         _close()
+        for proc in procs:
+            proc.terminate()
 
 
-# At exit, queued compiles are dropped: registered where the executors' own exit hook (which
-# would wait for every queued job) runs after it.
+# Registered after the executors' own exit hook (its module is imported above), so it runs
+# before that hook, which waits for every job not cancelled (the hooks run last first).
 getattr(threading, "_register_atexit", atexit.register)(_close_at_exit)
 
 
