@@ -65,13 +65,15 @@ def test_forward_and_gradients_match_float64(case, channels_last):
     assert relative_error(got[1], want[1]) < 1e-12
 
 
-def test_large_kernel():
-    """A 9x9 depthwise layer, channels-last as the models run it: past the rolling-row and
-    weight-gradient tiles' 7 kernel rows, so depthwise.py's tiles take every op (looping over
-    kernel rows past UNROLLED_TAPS, as for 13x13): forward and both gradients against
-    float64. One small case: the interpreter's time grows with the taps (13x13: 18 s here;
-    the GPU tests run a 13x13 layer)."""
-    test_forward_and_gradients_match_float64((1, 2, 1, (11, 7), 9, 1, 4, 1), True)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
+def test_large_kernel(channels_last):
+    """A 9x9 depthwise layer: past the rolling-row and weight-gradient tiles' 7 kernel rows,
+    so depthwise.py's tiles take every op, looping over kernel rows at run time in the
+    forward and data gradient (past UNROLLED_TAPS and UNROLLED_GRAD_TAPS, as for 13x13) and
+    giving each kernel row its own weight-gradient programs: forward and both gradients
+    against float64. One small case: the interpreter's time grows with the taps (13x13:
+    18 s here; the GPU tests run a 13x13 layer)."""
+    test_forward_and_gradients_match_float64((1, 2, 1, (11, 7), 9, 1, 4, 1), channels_last)
 
 
 def test_every_output_element_is_written_with_the_epilogue():

@@ -21,8 +21,9 @@ Tiles follow the layout so that the contiguous dimension is the vector dimension
 The data gradient is the same walk over the input's positions, taking for each tap the
 output position it fed (``p = (h + π − r·δ) / σ`` when exact and in range). The weight
 gradient reduces ``dy · x`` over positions: programs take contiguous position ranges
-(``SPLIT`` of them per channel block), keep one fp32 accumulator row per tap, and write
-partial sums that one fixed-order sum combines (deterministic, no atomics).
+(``SPLIT`` of them per channel block), keep one fp32 accumulator row per tap (per tap of
+one kernel row, for kernels past ``UNROLLED_GRAD_TAPS``), and write partial sums that one
+fixed-order sum combines (deterministic, no atomics).
 """
 
 from __future__ import annotations
@@ -289,8 +290,9 @@ def _finish(acc, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, mask
 def _dgrad_taps(dy_ptr, w_ptr, n, c, h, w, mask, C, P, Q, KG, CG, stride_h, stride_w, pad_h,
                 pad_w, dil_h, dil_w, sdn, sdk, sdp, sdq, swk, swc, swr, sws,
                 R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr,
-                SKIP_PADDED: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
-    """dgrad's sum over taps, as :func:`_fprop_taps`."""
+                SKIP_PADDED: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+                UNROLL_ROWS: tl.constexpr):
+    """dgrad's sum over taps, as :func:`_fprop_taps` (rows unrolled where ``UNROLL_ROWS``)."""
     acc = tl.zeros([BLOCK_A, BLOCK_B], ACC)
     # input channel c feeds output channels (c // CG)·KG + j, j < KG, through w[k, c % CG]
     grp = c // CG
@@ -298,19 +300,34 @@ def _dgrad_taps(dy_ptr, w_ptr, n, c, h, w, mask, C, P, Q, KG, CG, stride_h, stri
     for j in range(0, KG):
         k = grp * KG + j
         dy_base = dy_ptr + n * sdn + k * sdk
-        for r in tl.static_range(R):
-            hp = h + pad_h - r * dil_h
-            p = hp // stride_h
-            row_ok = (hp >= 0) & (hp - p * stride_h == 0) & (p < P)
-            for s in tl.static_range(S):
-                wq = w + pad_w - s * dil_w
-                q = wq // stride_w
-                ok = _and_row(mask & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q),
-                              row_ok)
-                g = tl.load(dy_base + p * sdp + q * sdq, mask=ok, other=0.0)
-                wv = tl.load(w_ptr + k * swk + c_in * swc + r * swr + s * sws, mask=c < C,
-                             other=0.0)
-                acc = _tap(acc, g.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
+        if UNROLL_ROWS:
+            for r in tl.static_range(R):
+                acc = _dgrad_row(acc, dy_base, w_ptr, k, c, c_in, h, w, mask, C, P, Q, r,
+                                 stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, sdp, sdq, swk,
+                                 swc, swr, sws, S, ACC, SKIP_PADDED)
+        else:
+            for r in range(R):
+                acc = _dgrad_row(acc, dy_base, w_ptr, k, c, c_in, h, w, mask, C, P, Q, r,
+                                 stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, sdp, sdq, swk,
+                                 swc, swr, sws, S, ACC, SKIP_PADDED)
+    return acc
+
+
+@triton.jit
+def _dgrad_row(acc, dy_base, w_ptr, k, c, c_in, h, w, mask, C, P, Q, r, stride_h, stride_w,
+               pad_h, pad_w, dil_h, dil_w, sdp, sdq, swk, swc, swr, sws, S: tl.constexpr,
+               ACC: tl.constexpr, SKIP_PADDED: tl.constexpr):
+    """One kernel row's taps of :func:`_dgrad_taps`."""
+    hp = h + pad_h - r * dil_h
+    p = hp // stride_h
+    row_ok = (hp >= 0) & (hp - p * stride_h == 0) & (p < P)
+    for s in tl.static_range(S):
+        wq = w + pad_w - s * dil_w
+        q = wq // stride_w
+        ok = _and_row(mask & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q), row_ok)
+        g = tl.load(dy_base + p * sdp + q * sdq, mask=ok, other=0.0)
+        wv = tl.load(w_ptr + k * swk + c_in * swc + r * swr + s * sws, mask=c < C, other=0.0)
+        acc = _tap(acc, g.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
     return acc
 
 
@@ -322,6 +339,7 @@ def _dw_dgrad_kernel(
     sdn, sdk, sdp, sdq, swk, swc, swr, sws, sxn, sxc, sxh, sxw,
     R: tl.constexpr, S: tl.constexpr, ACC: tl.constexpr, INT64: tl.constexpr,
     CL: tl.constexpr, PLANE: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+    UNROLL_ROWS: tl.constexpr,
 ):
     # positions are the input's (n, h, w), channels its c: the tile's (n, c, h, w)
     if CL:
@@ -337,14 +355,14 @@ def _dw_dgrad_kernel(
         n = n.to(tl.int64)
     # the weights this tile reads: w[k, c % CG] for its channels' KG output channels
     if _any_nonfinite(w_ptr, ((c // CG) * KG) * swk + (c % CG) * swc, swk, swr, sws, c < C,
-                      KG, R, S, ACC):
+                      KG, R, S, ACC, UNROLL_ROWS):
         acc = _dgrad_taps(dy_ptr, w_ptr, n, c, h, w, mask, C, P, Q, KG, CG, stride_h,
                           stride_w, pad_h, pad_w, dil_h, dil_w, sdn, sdk, sdp, sdq, swk, swc,
-                          swr, sws, R, S, ACC, True, BLOCK_A, BLOCK_B)
+                          swr, sws, R, S, ACC, True, BLOCK_A, BLOCK_B, UNROLL_ROWS)
     else:
         acc = _dgrad_taps(dy_ptr, w_ptr, n, c, h, w, mask, C, P, Q, KG, CG, stride_h,
                           stride_w, pad_h, pad_w, dil_h, dil_w, sdn, sdk, sdp, sdq, swk, swc,
-                          swr, sws, R, S, ACC, False, BLOCK_A, BLOCK_B)
+                          swr, sws, R, S, ACC, False, BLOCK_A, BLOCK_B, UNROLL_ROWS)
     tl.store(dx_ptr + n * sxn + c * sxc + h * sxh + w * sxw, acc.to(dx_ptr.dtype.element_ty),
              mask=mask)
 
@@ -357,9 +375,12 @@ def _dw_wgrad_kernel(
     sdn, sdk, sdp, sdq, sxn, sxc, sxh, sxw,
     R: tl.constexpr, S: tl.constexpr, TAPS: tl.constexpr, ACC: tl.constexpr,
     INT64: tl.constexpr, CL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    # one program: channels k-block, positions [split·M_PER, (split+1)·M_PER) of N·P·Q
+    # one program: channels k-block, positions [split·M_PER, (split+1)·M_PER) of N·P·Q, and
+    # every tap (TAPS >= R·S accumulator rows) or (ROWS) kernel row program_id(2)'s S taps
     split = tl.program_id(0)
+    row = tl.program_id(2)
     k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     kmask = k < K
     taps = tl.arange(0, TAPS)
@@ -378,29 +399,38 @@ def _dw_wgrad_kernel(
             g = tl.load(dy_ptr + (n * sdn + p * sdp + q * sdq)[:, None] + (k * sdk)[None, :],
                         mask=mk, other=0.0).to(ACC)
             x_base = x_ptr + (n * sxn)[:, None] + ((k // KG * CG + C_OFF) * sxc)[None, :]
-            for r in tl.static_range(R):
-                ih = (p * stride_h - pad_h + r * dil_h)[:, None]
-                for s in tl.static_range(S):
-                    iw = (q * stride_w - pad_w + s * dil_w)[:, None]
-                    ok = mk & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                    xv = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0).to(ACC)
-                    part = tl.sum(g * xv, axis=0)
-                    acc += tl.where((taps == r * S + s)[:, None], part[None, :], 0.0)
+            ih0 = (p * stride_h - pad_h)[:, None]
+            iw0 = (q * stride_w - pad_w)[:, None]
         else:  # [channels, positions]
             mk = kmask[:, None] & mmask[None, :]
             g = tl.load(dy_ptr + (k * sdk)[:, None] + (n * sdn + p * sdp + q * sdq)[None, :],
                         mask=mk, other=0.0).to(ACC)
             x_base = x_ptr + ((k // KG * CG + C_OFF) * sxc)[:, None] + (n * sxn)[None, :]
+            ih0 = (p * stride_h - pad_h)[None, :]
+            iw0 = (q * stride_w - pad_w)[None, :]
+        if ROWS:
+            acc = _wgrad_row(acc, g, x_base, ih0 + row * dil_h, iw0, mk, taps, 0, dil_w, H, W,
+                             sxh, sxw, S, ACC, CL)
+        else:
             for r in tl.static_range(R):
-                ih = (p * stride_h - pad_h + r * dil_h)[None, :]
-                for s in tl.static_range(S):
-                    iw = (q * stride_w - pad_w + s * dil_w)[None, :]
-                    ok = mk & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                    xv = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0).to(ACC)
-                    part = tl.sum(g * xv, axis=1)
-                    acc += tl.where((taps == r * S + s)[:, None], part[None, :], 0.0)
-    tl.store(part_ptr + (split * TAPS + taps)[:, None] * K + k[None, :], acc,
-             mask=(taps < R * S)[:, None] & kmask[None, :])
+                acc = _wgrad_row(acc, g, x_base, ih0 + r * dil_h, iw0, mk, taps, r * S, dil_w,
+                                 H, W, sxh, sxw, S, ACC, CL)
+    tl.store(part_ptr + ((split * tl.num_programs(2) + row) * TAPS + taps)[:, None] * K
+             + k[None, :], acc, mask=kmask[None, :])
+
+
+@triton.jit
+def _wgrad_row(acc, g, x_base, ih, iw0, mk, taps, t0, dil_w, H, W, sxh, sxw,
+               S: tl.constexpr, ACC: tl.constexpr, CL: tl.constexpr):
+    """``acc`` plus one kernel row's S taps of ``Σ dy·x`` over the tile's positions (into
+    accumulator rows ``t0 + s``); ``ih``, ``iw0`` broadcast along the positions' axis."""
+    for s in tl.static_range(S):
+        iw = iw0 + s * dil_w
+        ok = mk & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        xv = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0).to(ACC)
+        part = tl.sum(g * xv, axis=0 if CL else 1)
+        acc += tl.where((taps == t0 + s)[:, None], part[None, :], 0.0)
+    return acc
 
 
 def _acc(dtype: torch.dtype):
@@ -450,6 +480,12 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
 #: fully unrolled 7x7 bf16 forward took ~30 s to compile on the H100 machine (Triton 3.6:
 #: make_ttgir and make_llir), which a first call would wait for.
 UNROLLED_TAPS = 25
+#: The same bound for the data and weight gradients: past it (9x9 and up) the data gradient
+#: loops over kernel rows at run time and the weight gradient gives each kernel row its own
+#: programs (S accumulator rows, not R·S). Fully unrolled, a 13x13 layer's gradients held
+#: each GPU test process for over four minutes (session 11), and the weight gradient's
+#: select-adds grew with (R·S)². Up to 7x7 the gradients stay as measured and tuned.
+UNROLLED_GRAD_TAPS = 49
 
 
 def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: DwConfig,
@@ -464,7 +500,8 @@ def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: 
         pad[1], dilation[0], dilation[1], *_strides(dy4), *_strides(w4), *_strides(dx4),
         R=r, S=s, ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last,
         PLANE=config.plane and not channels_last, BLOCK_A=config.block_a,
-        BLOCK_B=config.block_b, num_warps=config.num_warps)
+        BLOCK_B=config.block_b, UNROLL_ROWS=r * s <= UNROLLED_GRAD_TAPS,
+        num_warps=config.num_warps)
 
 
 def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: DwConfig,
@@ -478,21 +515,25 @@ def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: 
     block_m, block_k = ((config.block_a, config.block_b) if channels_last
                         else (config.block_b, config.block_a))
     block_m = min(block_m, 256)
+    rows = r if r * s > UNROLLED_GRAD_TAPS else 1  # programs per kernel row
     if INTERPRETED or not dy4.is_cuda:
         splits = cdiv(m, block_m)
     else:
         sms = torch.cuda.get_device_properties(dy4.device).multi_processor_count
-        splits = max(1, min(cdiv(m, block_m), 4 * sms // cdiv(k, block_k)))
+        splits = max(1, min(cdiv(m, block_m), 4 * sms // (cdiv(k, block_k) * rows)))
     m_per = cdiv(cdiv(m, splits), block_m) * block_m
     splits = cdiv(m, m_per)
-    taps = triton.next_power_of_2(r * s)
+    per = r * s // rows  # taps per program
+    taps = triton.next_power_of_2(per)
     acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
-    part = torch.empty((splits, taps, k), device=dy4.device, dtype=acc)
+    part = torch.empty((splits, rows, taps, k), device=dy4.device, dtype=acc)
     for c_off in range(cg):
-        launch(_dw_wgrad_kernel, (splits, cdiv(k, block_k)),
+        launch(_dw_wgrad_kernel, (splits, cdiv(k, block_k), rows),
             dy4, x4, part, n, h, w, k, p, q, k // (c // cg), cg, c_off, m_per, stride[0],
             stride[1], pad[0], pad[1], dilation[0], dilation[1], *_strides(dy4),
             *_strides(x4), R=r, S=s, TAPS=taps, ACC=_acc(dy4.dtype), INT64=int64,
-            CL=channels_last, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=config.num_warps)
-        total = part.sum(0)[: r * s]  # (R·S, K): one fixed-order sum over the splits
+            CL=channels_last, BLOCK_M=block_m, BLOCK_K=block_k, ROWS=rows > 1,
+            num_warps=config.num_warps)
+        # (R·S, K): one fixed-order sum over the splits
+        total = part.sum(0)[:, :per].reshape(r * s, k)
         dw4[:, c_off].copy_(total.t().reshape(k, r, s))
