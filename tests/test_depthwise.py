@@ -69,7 +69,7 @@ def test_forward_and_gradients_match_float64(case, channels_last):
 def test_large_kernel(channels_last):
     """A 9x9 depthwise layer: past the rolling-row and weight-gradient tiles' 7 kernel rows,
     so depthwise.py's tiles take every op, looping over kernel rows at run time in the
-    forward and data gradient (past UNROLLED_TAPS and UNROLLED_GRAD_TAPS, as for 13x13) and
+    forward and data gradient (past UNROLLED_TAPS and ROW_LOOP_PAST, as for 13x13) and
     giving each kernel row its own weight-gradient programs: forward and both gradients
     against float64. One small case: the interpreter's time grows with the taps (13x13:
     18 s here; the GPU tests run a 13x13 layer)."""

@@ -1,6 +1,7 @@
 """The 16-bit pair-word depthwise forward (backends/triton/dw_pairs.py) against float64 torch
 on the same 16-bit inputs: rank 1 and 2, causal and symmetric padding, dilation, channel
-multipliers, row stride, a kernel longer than the input, the epilogue, poisoned outputs;
+multipliers, row stride, a kernel longer than the input, a 9x9 kernel (its rows looped at
+run time), the epilogue, poisoned outputs;
 and the backend's choice between it and the generic kernel."""
 
 import pytest
@@ -22,6 +23,7 @@ CASES = [
     (2, 6, 1, (1, 16), (1, 2), 1, (0, 1, 0), 3),     # odd left padding, odd dilation
     (2, 3, 1, (7, 10), (3, 3), 2, (1, 1, 1), 1),     # rank 2, row stride 2
     (1, 4, 3, (5, 12), (2, 5), 1, (0, 2, 2), 1),     # rank 2, multiplier 3, wide kernel
+    (1, 3, 1, (9, 12), (9, 9), 1, (4, 4, 4), 1),     # 9x9: rows looped at run time
 ]
 TOL = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}  # one unit in the last place
 

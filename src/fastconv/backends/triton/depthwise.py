@@ -22,7 +22,7 @@ The data gradient is the same walk over the input's positions, taking for each t
 output position it fed (``p = (h + π − r·δ) / σ`` when exact and in range). The weight
 gradient reduces ``dy · x`` over positions: programs take contiguous position ranges
 (``SPLIT`` of them per channel block), keep one fp32 accumulator row per tap (per tap of
-one kernel row, for kernels past ``UNROLLED_GRAD_TAPS``), and write partial sums that one
+one kernel row, for kernels past ``ROW_LOOP_PAST``), and write partial sums that one
 fixed-order sum combines (deterministic, no atomics).
 """
 
@@ -480,12 +480,13 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
 #: fully unrolled 7x7 bf16 forward took ~30 s to compile on the H100 machine (Triton 3.6:
 #: make_ttgir and make_llir), which a first call would wait for.
 UNROLLED_TAPS = 25
-#: The same bound for the data and weight gradients: past it (9x9 and up) the data gradient
-#: loops over kernel rows at run time and the weight gradient gives each kernel row its own
-#: programs (S accumulator rows, not R·S). Fully unrolled, a 13x13 layer's gradients held
-#: each GPU test process for over four minutes (session 11), and the weight gradient's
-#: select-adds grew with (R·S)². Up to 7x7 the gradients stay as measured and tuned.
-UNROLLED_GRAD_TAPS = 49
+#: The same bound for the data and weight gradients and dw_pairs.py's forward: past it (9x9
+#: and up) the data gradient and the pairs forward loop over kernel rows at run time and
+#: the weight gradient gives each kernel row its own programs (S accumulator rows, not
+#: R·S). Fully unrolled, a 13x13 layer's gradients and 16-bit pairs forward held GPU test
+#: processes for over four minutes (session 11), and the weight gradient's select-adds grew
+#: with (R·S)². Up to 7x7 these stay as measured and tuned.
+ROW_LOOP_PAST = 49
 
 
 def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: DwConfig,
@@ -500,7 +501,7 @@ def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: 
         pad[1], dilation[0], dilation[1], *_strides(dy4), *_strides(w4), *_strides(dx4),
         R=r, S=s, ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last,
         PLANE=config.plane and not channels_last, BLOCK_A=config.block_a,
-        BLOCK_B=config.block_b, UNROLL_ROWS=r * s <= UNROLLED_GRAD_TAPS,
+        BLOCK_B=config.block_b, UNROLL_ROWS=r * s <= ROW_LOOP_PAST,
         num_warps=config.num_warps)
 
 
@@ -515,7 +516,7 @@ def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: 
     block_m, block_k = ((config.block_a, config.block_b) if channels_last
                         else (config.block_b, config.block_a))
     block_m = min(block_m, 256)
-    rows = r if r * s > UNROLLED_GRAD_TAPS else 1  # programs per kernel row
+    rows = r if r * s > ROW_LOOP_PAST else 1  # programs per kernel row
     if INTERPRETED or not dy4.is_cuda:
         splits = cdiv(m, block_m)
     else:

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .depthwise import _and_row, _any_nonfinite, _channels_by_columns, _tap
+from .depthwise import ROW_LOOP_PAST, _and_row, _any_nonfinite, _channels_by_columns, _tap
 from .fprop import _activation
 from .launch import Prepared, cdiv, prepare
 
@@ -59,37 +59,55 @@ def _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h, dil_
                sxh, swk, swr, sws,
                R: tl.constexpr, S: tl.constexpr, PAD_W: tl.constexpr, DIL_W: tl.constexpr,
                IS_BF16: tl.constexpr, SKIP_PADDED: tl.constexpr, BLOCK_A: tl.constexpr,
-               BLOCK_B: tl.constexpr):
+               BLOCK_B: tl.constexpr, UNROLL_ROWS: tl.constexpr):
     """Sums over taps of the even and odd output columns (the fast loop, and the one
-    skipping padded words: depthwise._fprop_taps explains)."""
+    skipping padded words: depthwise._fprop_taps explains); the kernel rows unrolled where
+    ``UNROLL_ROWS``, else looped at run time."""
+    acc_e = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i
+    acc_o = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i + 1
+    if UNROLL_ROWS:
+        for r in tl.static_range(R):
+            acc_e, acc_o = _pair_row(acc_e, acc_o, x_base, w_ptr, k, kmask, mask, i, p, r, H,
+                                     W2, stride_h, pad_h, dil_h, sxh, swk, swr, sws, S, PAD_W,
+                                     DIL_W, IS_BF16, SKIP_PADDED)
+    else:
+        for r in range(R):
+            acc_e, acc_o = _pair_row(acc_e, acc_o, x_base, w_ptr, k, kmask, mask, i, p, r, H,
+                                     W2, stride_h, pad_h, dil_h, sxh, swk, swr, sws, S, PAD_W,
+                                     DIL_W, IS_BF16, SKIP_PADDED)
+    return acc_e, acc_o
+
+
+@triton.jit
+def _pair_row(acc_e, acc_o, x_base, w_ptr, k, kmask, mask, i, p, r, H, W2, stride_h, pad_h,
+              dil_h, sxh, swk, swr, sws, S: tl.constexpr, PAD_W: tl.constexpr,
+              DIL_W: tl.constexpr, IS_BF16: tl.constexpr, SKIP_PADDED: tl.constexpr):
+    """Kernel row ``r``'s taps of :func:`_pair_taps`."""
     # word offsets of the window: element 2i + e + s·DIL_W − PAD_W, e in {0, 1}
     J_LO: tl.constexpr = (-PAD_W) // 2
     J_HI: tl.constexpr = (1 + (S - 1) * DIL_W - PAD_W) // 2
-    acc_e = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i
-    acc_o = tl.zeros([BLOCK_A, BLOCK_B], tl.float32)  # output columns 2i + 1
-    for r in tl.static_range(R):
-        ih = p * stride_h - pad_h + r * dil_h
-        row_ok = (ih >= 0) & (ih < H)
-        for j in tl.static_range(J_LO, J_HI + 1):
-            word = i + j
-            ok = _and_row(mask & (word >= 0) & (word < W2), row_ok)
-            lo, hi = _unpack(tl.load(x_base + ih * sxh + word, mask=ok, other=0), IS_BF16)
-            for s in tl.static_range(S):
-                # output 2i reads element 2i + s·DIL_W − PAD_W: word j when ⌊·/2⌋ == j
-                if (s * DIL_W - PAD_W) // 2 == j:
-                    wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
-                                 other=0.0).to(tl.float32)
-                    if (s * DIL_W - PAD_W) % 2 == 0:
-                        acc_e = _tap(acc_e, lo, wv, ok, SKIP_PADDED)
-                    else:
-                        acc_e = _tap(acc_e, hi, wv, ok, SKIP_PADDED)
-                if (1 + s * DIL_W - PAD_W) // 2 == j:  # output 2i + 1, one element on
-                    wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
-                                 other=0.0).to(tl.float32)
-                    if (1 + s * DIL_W - PAD_W) % 2 == 0:
-                        acc_o = _tap(acc_o, lo, wv, ok, SKIP_PADDED)
-                    else:
-                        acc_o = _tap(acc_o, hi, wv, ok, SKIP_PADDED)
+    ih = p * stride_h - pad_h + r * dil_h
+    row_ok = (ih >= 0) & (ih < H)
+    for j in tl.static_range(J_LO, J_HI + 1):
+        word = i + j
+        ok = _and_row(mask & (word >= 0) & (word < W2), row_ok)
+        lo, hi = _unpack(tl.load(x_base + ih * sxh + word, mask=ok, other=0), IS_BF16)
+        for s in tl.static_range(S):
+            # output 2i reads element 2i + s·DIL_W − PAD_W: word j when ⌊·/2⌋ == j
+            if (s * DIL_W - PAD_W) // 2 == j:
+                wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
+                             other=0.0).to(tl.float32)
+                if (s * DIL_W - PAD_W) % 2 == 0:
+                    acc_e = _tap(acc_e, lo, wv, ok, SKIP_PADDED)
+                else:
+                    acc_e = _tap(acc_e, hi, wv, ok, SKIP_PADDED)
+            if (1 + s * DIL_W - PAD_W) // 2 == j:  # output 2i + 1, one element on
+                wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
+                             other=0.0).to(tl.float32)
+                if (1 + s * DIL_W - PAD_W) % 2 == 0:
+                    acc_o = _tap(acc_o, lo, wv, ok, SKIP_PADDED)
+                else:
+                    acc_o = _tap(acc_o, hi, wv, ok, SKIP_PADDED)
     return acc_e, acc_o
 
 
@@ -103,7 +121,7 @@ def _dw_pairs_fprop_kernel(
     R: tl.constexpr, S: tl.constexpr, PAD_W: tl.constexpr, DIL_W: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
     ACT: tl.constexpr, IS_BF16: tl.constexpr, INT64: tl.constexpr, BLOCK_A: tl.constexpr,
-    BLOCK_B: tl.constexpr,
+    BLOCK_B: tl.constexpr, UNROLL_ROWS: tl.constexpr,
 ):
     # x/out/res strides are in 32-bit words; W2, Q2 are widths in words (pairs)
     n, k, p, i, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), K, P, Q2,
@@ -112,14 +130,14 @@ def _dw_pairs_fprop_kernel(
         n = n.to(tl.int64)
     kmask = k < K
     x_base = x_ptr.to(tl.pointer_type(tl.uint32)) + n * sxn + (k // KG) * sxc
-    if _any_nonfinite(w_ptr, k * swk, 0, swr, sws, kmask, 1, R, S, tl.float32):
+    if _any_nonfinite(w_ptr, k * swk, 0, swr, sws, kmask, 1, R, S, tl.float32, UNROLL_ROWS):
         acc_e, acc_o = _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h,
                                   dil_h, sxh, swk, swr, sws, R, S, PAD_W, DIL_W, IS_BF16, True,
-                                  BLOCK_A, BLOCK_B)
+                                  BLOCK_A, BLOCK_B, UNROLL_ROWS)
     else:
         acc_e, acc_o = _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h,
                                   dil_h, sxh, swk, swr, sws, R, S, PAD_W, DIL_W, IS_BF16, False,
-                                  BLOCK_A, BLOCK_B)
+                                  BLOCK_A, BLOCK_B, UNROLL_ROWS)
     if HAS_SCALE:
         sc = tl.load(scale_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         acc_e = acc_e * sc
@@ -171,5 +189,5 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
         *(st // 2 for st in out4.stride()[:3]), *res_words, float(negative_slope),
         R=r, S=s, PAD_W=pad[1], DIL_W=dilation[1], HAS_SCALE=scale is not None,
         HAS_SHIFT=shift is not None, HAS_RES=res4 is not None, ACT=act_code,
-        IS_BF16=x4.dtype == torch.bfloat16, INT64=int64,
-        BLOCK_A=config.block_a, BLOCK_B=config.block_b, num_warps=config.num_warps)
+        IS_BF16=x4.dtype == torch.bfloat16, INT64=int64, BLOCK_A=config.block_a,
+        BLOCK_B=config.block_b, UNROLL_ROWS=r * s <= ROW_LOOP_PAST, num_warps=config.num_warps)
