@@ -7,7 +7,8 @@
 # RUNS (default 1): with 2, fastconv runs a second process that keeps the first's plan and
 # Triton caches (a user's second run; results under CASE-fastconv-run2); PROVIDERS (default
 # "torch fastconv"); TAG (appended to the result names, e.g. to compare
-# FASTCONV_COMPILE_WORKERS settings in one call).
+# FASTCONV_COMPILE_WORKERS settings in one call); PRELUDE (Python run before the CLI in
+# each process, e.g. "import fastconv.dispatch as d; d.BUILD_WAIT_S = 1e9" for an A/B).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-out}
@@ -19,7 +20,9 @@ for case in "$@"; do
     provider=${run%-run2}
     [ "$run" = "$provider" ] && rm -rf /tmp/fc-plans /tmp/fc-triton
     FASTCONV_CACHE_DIR=/tmp/fc-plans TRITON_CACHE_DIR=/tmp/fc-triton timeout ${CASE_TIMEOUT:-150} \
-      python3 -m fastconv.cli bench --suite models --cases "$case" --mode "${MODE:-eval}" \
+      python3 -c "${PRELUDE:-}
+import runpy, sys; sys.argv[0] = 'fastconv'; runpy.run_module('fastconv.cli', run_name='__main__')" \
+      bench --suite models --cases "$case" --mode "${MODE:-eval}" \
       --precision "${PRECISION:-bf16}" --provider "$provider" --tune-budget "${BUDGET:-default}" \
       --reps 20 --out "$OUT/firstcall/$case-$run${TAG:-}" > "$OUT/firstcall/$case-$run${TAG:-}.log" 2>&1 \
       || echo "$case $run: exit $?"

@@ -730,3 +730,37 @@ def test_a_spent_budget_still_starts_background_builds(fakes, clock, monkeypatch
     assert (final.config, final.provisional) == ("c", False)
     assert calls == [("fake", "a"), ("fake", "c")]  # "a" timed again beside "c"
     assert any(r.note == "background build failed: RuntimeError: ptxas died" for r in rows)
+
+
+def test_a_budgeted_timing_waits_briefly_for_builds(fakes, clock, monkeypatch):
+    """Within a budget, a build still running after ``BUILD_WAIT_S`` is left to finish in
+    the background (timed once built) even where the problem's budget has seconds left,
+    and the backends after it are still listed and timed; exhaustive tuning waits for it."""
+    import threading
+    import time
+
+    run, calls = fakes
+    futures = {}
+    building = _building(futures, done="a")  # "b" and "c" never finish here
+    monkeypatch.setattr(backends, "REGISTRY", {"fake": building, "refuses": _Refuses})
+    monkeypatch.setattr(dispatch, "BUILD_WAIT_S", 0.05)
+    dispatch.tuning_budget(per_problem_s=60, per_process_s=600)
+    start = time.monotonic()
+    rows = dispatch.explain(_problem(), mode="benchmark", run=run).rows
+    assert time.monotonic() - start < 5  # not the problem's 60 s
+    assert [(r.name(), r.timed, bool(r.builds)) for r in rows if r.backend == "fake"] == \
+        [("fake:a", True, False), ("fake:b", False, True), ("fake:c", False, True)]
+    assert [r.timed for r in rows if r.backend == "refuses"] == [True] * 3  # listed, timed
+    for f in futures.values():
+        if not f.done():
+            f.set_result("built")
+    # exhaustive: every build waited for ("b" and "c" finish 0.3 s in, past BUILD_WAIT_S)
+    dispatch.tuning_budget()
+    futures.clear()
+    monkeypatch.setattr(backends, "REGISTRY", {"fake": _building(futures, done="a")})
+    timer = threading.Timer(0.3, lambda: [f.set_result("built") for f in list(futures.values())
+                                          if not f.done()])
+    timer.start()
+    rows = dispatch.explain(_problem(k=6), mode="benchmark", run=run).rows
+    timer.join()
+    assert [r.timed for r in rows] == [True] * 3

@@ -578,16 +578,26 @@ def _compile_ahead(cls, configs: list, run) -> list[list | None]:
     return ahead
 
 
+#: Seconds a budgeted timing waits for a candidate's background build once another
+#: candidate was timed. A build not done by then is timed once it is (``_upgrade``): on a
+#: cold Triton cache a tile's compile takes seconds, so waiting out the problem's whole
+#: budget for it bought that much first-call time and nothing else, and left the backends
+#: after it (cuDNN's plans) unlisted.
+BUILD_WAIT_S = 0.25
+
+
 def _wait_built(jobs: list | None, start: float, bounded: bool) -> bool:
-    """Wait for a candidate's background build, within the problem's budget where
-    ``bounded`` (some candidate was timed already); False if the budget ran out first."""
+    """Wait for a candidate's background build, within the problem's budget and
+    ``BUILD_WAIT_S`` (exhaustive tuning: without limit) where ``bounded`` (some candidate
+    was timed already); False if that ran out first."""
     if not jobs:
         return True
     if not bounded:
         concurrent.futures.wait(jobs)
         return True
     left = min(TUNING.per_problem_s - (_clock() - start),
-               TUNING.per_process_s - TUNING.spent_s - (_clock() - start))
+               TUNING.per_process_s - TUNING.spent_s - (_clock() - start),
+               float("inf") if TUNING.exhaustive else BUILD_WAIT_S)
     timeout = None if math.isinf(left) else max(0.0, left)
     return not concurrent.futures.wait(jobs, timeout=timeout).not_done
 
