@@ -83,3 +83,32 @@ def test_a_foreign_or_damaged_export_is_refused_and_nothing_merged(stores, tmp_p
         assert "another environment" in err and "Other" in err
     stores("b")
     assert dispatch.CACHE.get("k1") is None
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipe", "terminal"])
+def test_export_and_import_show_a_progress_bar_on_a_terminal_only(stores, tmp_path, capsys,
+                                                                  monkeypatch, tty):
+    """Each store read, checked, merged and the file written is a step of a progress bar
+    on a terminal; piped, stderr stays empty (the commands take milliseconds, and scripts
+    read their output)."""
+    from fastconv import progress
+
+    steps = []
+    real = progress.Bar.advance
+
+    def advance(self, label):
+        steps.append(label)
+        real(self, label)
+    monkeypatch.setattr(progress.Bar, "advance", advance)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: tty)
+    dispatch.CACHE.put("k1", {"backend": "aten", "config": None, "ms": 0.1}, persist=True)
+    out = tmp_path / "plans.json"
+    assert cli.main(["plans", "--export", str(out)]) == 0
+    stores("b")
+    assert cli.main(["plans", "--import", str(out)]) == 0
+    assert steps == ["reading the dispatch choices", "reading the serialized cuDNN plans",
+                     f"writing {out}", f"reading {out}", "checking the dispatch choices",
+                     "checking the serialized cuDNN plans", "merging 1 dispatch choices",
+                     "merging 0 serialized cuDNN plans"]
+    err = capsys.readouterr().err
+    assert (err != "") == tty

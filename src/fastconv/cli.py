@@ -315,30 +315,45 @@ def torch_cuda_available() -> bool:
 def cmd_plans(args) -> int:
     from fastconv import dispatch, plancache, workspace
     from fastconv.backends import cudnn
+    from fastconv.progress import Bar
 
     cache = dispatch.CACHE
     path = cache.path()
     stores = (("dispatch choices", cache), ("serialized cuDNN plans", cudnn.PLANS))
     if args.export:
-        document = {"fastconv_plans": 1, "stores": [store.export() for _, store in stores]}
-        with open(args.export, "w", encoding="utf-8") as f:
-            json.dump(document, f)
+        with Bar(len(stores) + 1, f"exporting to {args.export}", plain=False) as step:
+            parts = []
+            for name, store in stores:
+                step(f"reading the {name}")
+                parts.append(store.export())
+            step(f"writing {args.export}")
+            document = {"fastconv_plans": 1, "stores": parts}
+            with open(args.export, "w", encoding="utf-8") as f:
+                json.dump(document, f)
         print(", ".join(f"{len(d['entries'])} {name}" for (name, _), d in
                         zip(stores, document["stores"])) + f" written to {args.export}")
         return 0
     if args.import_:
-        with open(args.import_, encoding="utf-8") as f:
-            try:
-                document = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{args.import_} is not JSON ({exc})") from None
-        if not isinstance(document, dict) or document.get("fastconv_plans") != 1 \
-                or not isinstance(document.get("stores"), list) \
-                or len(document["stores"]) != len(stores):
-            raise ValueError(f"{args.import_} is not a `fastconv plans --export` file")
-        # every store's part checked before any is merged: all or nothing
-        parts = [store.importable(d) for (_, store), d in zip(stores, document["stores"])]
-        counts = [store.merge(entries) for (_, store), entries in zip(stores, parts)]
+        with Bar(2 * len(stores) + 1, f"importing {args.import_}", plain=False) as step:
+            step(f"reading {args.import_}")
+            with open(args.import_, encoding="utf-8") as f:
+                try:
+                    document = json.load(f)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{args.import_} is not JSON ({exc})") from None
+            if not isinstance(document, dict) or document.get("fastconv_plans") != 1 \
+                    or not isinstance(document.get("stores"), list) \
+                    or len(document["stores"]) != len(stores):
+                raise ValueError(f"{args.import_} is not a `fastconv plans --export` file")
+            # every store's part checked before any is merged: all or nothing
+            parts = []
+            for (name, store), d in zip(stores, document["stores"]):
+                step(f"checking the {name}")
+                parts.append(store.importable(d))
+            counts = []
+            for (name, store), entries in zip(stores, parts):
+                step(f"merging {len(entries)} {name}")
+                counts.append(store.merge(entries))
         print(", ".join(f"{n} {name}" for (name, _), n in zip(stores, counts))
               + f" merged into {os.path.dirname(path)}")
         return 0
