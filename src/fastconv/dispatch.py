@@ -593,10 +593,11 @@ def _compile_ahead(cls, configs: list, run) -> list[list | None]:
 
 
 #: Seconds a budgeted timing waits for a candidate's background build once another
-#: candidate was timed. A build not done by then is timed once it is (``_upgrade``): on a
-#: cold Triton cache a tile's compile takes seconds, so waiting out the problem's whole
-#: budget for it bought that much first-call time and nothing else, and left the backends
-#: after it (cuDNN's plans) unlisted.
+#: candidate was timed. A build not done by then is timed once it is (``_upgrade``). On a
+#: cold Triton cache a tile compiles for seconds: waiting out the problem's whole budget for
+#: it left the backends after it (cuDNN's plans) unlisted; with the short wait they are
+#: timed in that budget instead (first calls unchanged, CUDA-graph time equal or 1 % better:
+#: benchmarks/NOTES.md, session 11).
 BUILD_WAIT_S = 0.25
 
 
