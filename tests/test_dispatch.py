@@ -797,3 +797,27 @@ def test_past_the_process_budget_aten_runs_untimed_until_the_builds_are_done(fak
     assert sorted(calls) == [("aten", "x"), ("fake", "a"), ("fake", "b"), ("fake", "c")]
     stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]
     assert [e["config"] for e in stored.values()] == ["c", "c"]
+
+
+def test_past_the_process_budget_with_nothing_building_aten_runs_untimed(fakes, clock,
+                                                                          monkeypatch,
+                                                                          tmp_path):
+    """Where no candidate builds in the background, a starved problem runs aten untimed,
+    for good in this process (memory only: the next process tunes it)."""
+    run, calls = fakes
+
+    class _Aten(_Fake):
+        NAME = "aten"
+        TIMES = {"x": 2.0}
+    monkeypatch.setattr(backends, "REGISTRY", {"aten": _Aten, "refuses": _Refuses})
+    dispatch.tuning_budget(per_problem_s=10, per_process_s=1)
+    dispatch.TUNING.spent_s = 5.0
+    p = _problem()
+    choice = dispatch.choose(p, run=run, mode="benchmark")
+    assert (choice.backend, choice.config, choice.provisional, calls) == \
+        ("aten", "x", False, [])
+    assert dispatch.choose(p, run=run, mode="benchmark").config == "x" and calls == []
+    assert not (tmp_path / plancache.FILE_NAME).exists()
+    rows = dispatch.explain(_problem(k=6), mode="benchmark", run=run).rows
+    assert rows[0].assumed and "runs untimed" in rows[0].note
+    assert "not listed" in rows[-1].note

@@ -562,7 +562,7 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
                          for c, a in zip(configs[i:], ahead[i:])]
                 if starved and name == "aten" and i == 0:
                     rows[-len(configs)].assumed = True
-                    rows[-len(configs)].note += "; runs, timed once the builds are done"
+                    rows[-len(configs)].note += "; runs untimed (timed beside the builds once done)"
                 break
             try:
                 gpu, host = time_costs(lambda cls=cls, config=config: run(cls, config))
