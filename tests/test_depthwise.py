@@ -227,3 +227,10 @@ def test_grouped_gradients_direct_kernels(case, channels_last):
     depthwise.launch_wgrad(four(g), four(x), four(dw), **geo)
     assert relative_error(dx, want_dx) < 1e-12
     assert relative_error(dw, want_dw) < 1e-12
+
+
+def test_grouped_gradients_of_a_large_kernel():
+    """An 8x8 grouped layer (2 input channels per group) past ROW_LOOP_PAST: the data
+    gradient's rows looped at run time, the weight gradient's rows over programs, one
+    input channel of each group per pass."""
+    test_grouped_gradients_direct_kernels((1, 4, 4, 2, (6, 7), 8, 1, 3, 1), False)
