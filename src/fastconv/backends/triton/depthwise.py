@@ -416,7 +416,7 @@ def _dw_wgrad_kernel(
                 acc = _wgrad_row(acc, g, x_base, ih0 + r * dil_h, iw0, mk, taps, r * S, dil_w,
                                  H, W, sxh, sxw, S, ACC, CL)
     tl.store(part_ptr + ((split * tl.num_programs(2) + row) * TAPS + taps)[:, None] * K
-             + k[None, :], acc, mask=kmask[None, :])
+             + k[None, :], acc, mask=(taps < (S if ROWS else R * S))[:, None] & kmask[None, :])
 
 
 @triton.jit
