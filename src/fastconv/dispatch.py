@@ -669,12 +669,14 @@ class TuningBudget:
 #: The tuning budget when neither ``tuning_budget`` nor ``FASTCONV_TUNE_BUDGET`` sets one:
 #: (seconds per problem, seconds per process, candidates per backend). Timing aten costs
 #: milliseconds; a Triton or cuDNN candidate seconds of compilation the first time, so a new
-#: problem times aten and about one more candidate, and a process spends at most ~8 s (plus
+#: problem times aten and about one more candidate, and a process spends at most ~6 s (plus
 #: the last candidate started) before every further new problem takes its first candidate,
-#: aten. Of a problem's Triton tiles the 6 that the cost model expects fastest are built
-#: (on the shipped H100 database's problems: 98 % of the exhaustive winners among them, 69 %
-#: of the compiles; benchmarks/cost_model_recall.py).
-DEFAULT_BUDGET = (1.0, 8.0, 6)
+#: aten (8 s before session 12: 6 s took 1.6-2.5 s off no-database first calls on the H200,
+#: 8.6-8.8 s against 10.4-11.0 s, at equal CUDA-graph time within run-to-run noise; 3 s cost
+#: up to 45 %: benchmarks/NOTES.md). Of a problem's Triton tiles the 6 that the cost model
+#: expects fastest are built (on the shipped H100 database's problems: 98 % of the
+#: exhaustive winners among them, 69 % of the compiles; benchmarks/cost_model_recall.py).
+DEFAULT_BUDGET = (1.0, 6.0, 6)
 
 
 def parse_budget(text: str, what: str = "FASTCONV_TUNE_BUDGET") -> TuningBudget:
