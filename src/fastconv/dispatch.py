@@ -669,14 +669,17 @@ class TuningBudget:
 #: The tuning budget when neither ``tuning_budget`` nor ``FASTCONV_TUNE_BUDGET`` sets one:
 #: (seconds per problem, seconds per process, candidates per backend). Timing aten costs
 #: milliseconds; a Triton or cuDNN candidate seconds of compilation the first time, so a new
-#: problem times aten and about one more candidate, and a process spends at most ~6 s (plus
+#: problem times aten and about one more candidate, and a process spends at most ~4 s (plus
 #: the last candidate started) before every further new problem takes its first candidate,
-#: aten (8 s before session 12: 6 s took 1.6-2.5 s off no-database first calls on the H200,
-#: 8.6-8.8 s against 10.4-11.0 s, at equal CUDA-graph time within run-to-run noise; 3 s cost
-#: up to 45 %: benchmarks/NOTES.md). Of a problem's Triton tiles the 6 that the cost model
-#: expects fastest are built (on the shipped H100 database's problems: 98 % of the
-#: exhaustive winners among them, 69 % of the compiles; benchmarks/cost_model_recall.py).
-DEFAULT_BUDGET = (1.0, 6.0, 6)
+#: aten, timed beside its Triton candidates once they are built. 8 s until session 12: on
+#: the H200 without a database, 4 s gave timm mobilenetv3 / efficientnet_b0 first calls of
+#: 9.1 / 9.4 s against 10.3-10.8 s with 6 s and 10.4-11.2 s with 8 s, at a CUDA-graph time
+#: 2-3 % longer in that first process (later processes tune what it left); with the
+#: shipped database first calls and graph times were equal at 4 and 6 s (benchmarks/NOTES.md,
+#: "Session 12"). Of a problem's Triton tiles the 6 that the cost model expects fastest are
+#: built (on the shipped H100 database's problems: 98 % of the exhaustive winners among
+#: them, 69 % of the compiles; benchmarks/cost_model_recall.py).
+DEFAULT_BUDGET = (1.0, 4.0, 6)
 
 
 def parse_budget(text: str, what: str = "FASTCONV_TUNE_BUDGET") -> TuningBudget:
