@@ -36,6 +36,9 @@ def main() -> None:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--aten", action="store_true",
+                    help="also a row for the optimized model with every convolution's backend "
+                         "set to aten (what the Triton plans' eager choices gain or cost)")
     args = ap.parse_args()
     for name in args.models:
         net = models.BUILDERS[name]().cuda().eval().to(memory_format=torch.channels_last)
@@ -54,6 +57,12 @@ def main() -> None:
                 return swapped(x)
 
         fns = {"torch": torch_fn, "fastconv": lambda: fast(x), "convert": convert_fn}
+        if args.aten:
+            aten = fastconv.optimize(net, mode="inference", precision="bf16")
+            for mod in aten.modules():
+                if hasattr(mod, "backend") and hasattr(mod, "_planned"):
+                    mod.backend = "aten"
+            fns["fc-aten"] = lambda: aten(x)
         got = collections.defaultdict(list)
         with torch.no_grad():
             for fn in fns.values():
