@@ -3,9 +3,14 @@ process (run it with empty FASTCONV_CACHE_DIR / TRITON_CACHE_DIR), the top funct
 cumulative time, and per dispatch decision its wall time (slowest first).
 
     python benchmarks/firstcall_profile.py [timm model] [batch]
+
+``FIRSTCALL_WARM=1`` first runs torch's own model once on a 64x64 input (CUDA, cuDNN and
+cuBLAS initialised, as the bench's float64 reference run does before its timed first
+calls, with no convolution shape shared), and also lists the top functions by own time.
 """
 
 import cProfile
+import os
 import pstats
 import sys
 import time
@@ -21,6 +26,11 @@ batch = int(sys.argv[2]) if len(sys.argv) > 2 else 32
 torch.backends.cudnn.benchmark = True
 model = timm.create_model(name, pretrained=False).cuda().eval()
 x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+warm = os.environ.get("FIRSTCALL_WARM") == "1"
+if warm:
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        model(torch.randn(2, 3, 64, 64, device="cuda"))
+    torch.cuda.synchronize()
 opt = fastconv.optimize(model, "inference", "bf16")
 decisions = []
 real = dispatch._decide
@@ -47,3 +57,5 @@ print(f"first call {time.perf_counter() - start:.1f} s; tuning spent {dispatch.T
 for seconds, what in sorted(decisions, reverse=True)[:12]:
     print(f"  {seconds:7.2f} s  {what}")
 pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+if warm:
+    pstats.Stats(profile).sort_stats("tottime").print_stats(20)

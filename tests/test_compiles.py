@@ -219,3 +219,48 @@ def test_a_provisional_plan_with_an_until_is_kept_until_its_builds_are_done(monk
                                    torch.nn.functional.conv2d(x, w, padding=1))
         conv(x)
     assert len(made) == 4  # made again once, then kept (final)
+
+
+def test_warm_driver_creates_triton_s_driver_once_in_a_thread_and_waits_are_joined(
+        monkeypatch):
+    """``warm_driver`` makes Triton's driver in a background thread once per process, so a
+    cold-cache first call does not wait for the compiler at its first Triton kernel; the
+    Triton entry points wait for that thread (a driver made beside it would compile the
+    same module again)."""
+    import threading
+
+    made, release = [], threading.Event()
+
+    def create():
+        release.wait(10)  # the compiler still running
+        made.append(threading.current_thread().name)
+    monkeypatch.setattr(compiles, "_create_driver", create)
+    monkeypatch.setattr(compiles, "_DRIVER_THREAD", None)
+    compiles.warm_driver()
+    compiles.warm_driver()  # once per process
+    thread = compiles._DRIVER_THREAD
+    assert thread is not None and thread.is_alive() and not made
+    release.set()
+    compiles.driver_ready()
+    assert not thread.is_alive() and made == ["fastconv-triton-driver"]
+
+
+def test_a_driver_that_cannot_be_made_is_left_to_its_first_use():
+    """On this GPU-less machine Triton finds no active driver: the warm-up thread's
+    creation fails silently (the first real use reports it, as without the warm-up)."""
+    from triton.runtime import driver
+
+    before = driver._active
+    compiles._create_driver()  # no exception
+    assert driver._active is before
+
+
+def test_optimize_warms_the_driver_for_a_model_on_a_gpu_only(monkeypatch):
+    from fastconv import backends, optimize
+
+    warmed = []
+    monkeypatch.setattr(backends.REGISTRY["triton"], "warm_up",
+                        classmethod(lambda cls: warmed.append(cls.NAME)))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    optimize(model)
+    assert warmed == []  # CPU parameters: nothing started

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import dispatch
+from . import backends, dispatch
 from .errors import ConvError
 from .nn import convert
 from .nn.fused import ConvBNAct1d, ConvBNAct2d, _activation_of, _torch_activation
@@ -323,6 +323,8 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
                         f"'bf16', 'fp16'")
     report = Report()
     model = copy.deepcopy(model)
+    if any(t.is_cuda for t in itertools.chain(model.parameters(), model.buffers())):
+        backends.REGISTRY["triton"].warm_up()  # Triton's driver made while this traces
     _unfreeze_frozen_norms(model, report)
     if mode == "inference":
         model.eval()

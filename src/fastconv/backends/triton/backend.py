@@ -74,7 +74,10 @@ class TritonBackend(Backend):
         (``compiles.py``); None under the interpreter or with no workers."""
         from . import compiles
 
-        if _interpreted() or compiles.workers() == 0:
+        if _interpreted():
+            return None
+        compiles.driver_ready()
+        if compiles.workers() == 0:
             return None
         with compiles.collecting() as jobs:
             run()
@@ -143,9 +146,22 @@ class TritonBackend(Backend):
         return tiles
 
     @classmethod
+    def warm_up(cls) -> None:
+        """Start creating Triton's GPU driver in the background (``compiles.warm_driver``)
+        where the backend can run on this machine's GPU; nothing on a CPU-only machine or
+        under the interpreter."""
+        if cls.available()[0] and torch.cuda.is_available() and not _interpreted():
+            from . import compiles
+
+            compiles.warm_driver()
+
+    @classmethod
     def bind(cls, problem: ConvProblem, config, op: str = "fprop"):
+        from . import compiles
         from .fprop import serialized
 
+        if not _interpreted():
+            compiles.driver_ready()
         return serialized(_bind(problem, config or cls.candidates(problem, op)[0], op))
 
     @classmethod
