@@ -396,11 +396,17 @@ def _built(key: str, cls, run: Callable[[], object]) -> bool:
     return all(j.done() for j in jobs)
 
 
-def finish_builds(timeout: float | None = None) -> bool:
+def finish_builds(timeout: float | None = None, *, upgrades: bool = False) -> bool:
     """Wait for the background builds that stored choices wait on (a CUDA-graph capture
     calls this first: a choice still provisional would be captured as aten for good);
-    False if ``timeout`` seconds passed first."""
+    with ``upgrades``, also for the candidates a budget-cut timing left building (a
+    process without a database entry compiles them for tens of seconds after its first
+    call; the choices they upgrade are timed at the next call of each problem, so a
+    steady state is measured after this). False if ``timeout`` seconds passed first."""
     jobs = [j for js in list(_AHEAD.values()) for j in js if not j.done()]
+    if upgrades:
+        jobs += [j for up in list(_UPGRADES.values()) for r in up.rows if r.builds
+                 for j in r.builds if not j.done()]
     return not concurrent.futures.wait(jobs, timeout=timeout).not_done
 
 
