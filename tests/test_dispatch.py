@@ -706,20 +706,23 @@ def test_candidates_left_building_are_timed_once_built(fakes, clock, monkeypatch
     assert dispatch.choose(p, run=run, mode="benchmark").config == "c" and calls == []
 
 
-def test_finish_builds_waits_for_budget_cut_candidates_only_when_asked(fakes, clock,
-                                                                      monkeypatch):
+def test_finish_builds_and_building_see_budget_cut_candidates(fakes, clock, monkeypatch):
     """``finish_builds(upgrades=True)`` (the bench, before it times a steady state) also
     waits for the candidates a budget-cut timing left building; plain ``finish_builds``
-    (a CUDA-graph capture) waits only for stored choices' builds."""
+    (a CUDA-graph capture) waits only for stored choices' builds; ``building()`` (whether a
+    captured graph must be captured again later) sees both."""
     run, _ = fakes
     futures = {}
     monkeypatch.setattr(backends, "REGISTRY", {"fake": _building(futures, done="ab")})
     dispatch.tuning_budget(per_problem_s=0.2)
+    assert not dispatch.building()
     assert dispatch.choose(_problem(), run=run, mode="benchmark").provisional
     assert dispatch.finish_builds(timeout=0.01)  # nothing stored waits
     assert not dispatch.finish_builds(timeout=0.01, upgrades=True)  # "c" still builds
+    assert dispatch.building()  # (a CUDA graph captured now runs the provisional choice)
     futures["c"].set_result("built")
     assert dispatch.finish_builds(timeout=0.01, upgrades=True)
+    assert not dispatch.building()
 
 
 def test_a_spent_budget_still_starts_background_builds(fakes, clock, monkeypatch):

@@ -1,8 +1,13 @@
 """GPU tests of fastconv.optimize at real sizes: DeepLabV3-ResNet50 at 512x512 in tf32 and
 bf16 (channels-last) against a float64 run, within twice torch's own error; the CUDA-graph
-path equal to eager; a training step's output and gradients."""
+path equal to eager, and captured again once the candidates a tuning budget left building
+are built; a training step's output and gradients."""
 
 import copy
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -162,3 +167,53 @@ def test_inference_cuda_graph_sees_parameter_changes():
                 assert relative_error(fast(x), model(x)) < 1e-4
     finally:
         torch.backends.cudnn.allow_tf32 = flags
+
+
+_RECAPTURE = textwrap.dedent("""
+    import torch
+    import fastconv
+    from fastconv import dispatch
+    from fastconv.precision import TOLERANCE, Precision, relative_error
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=1, groups=32), torch.nn.BatchNorm2d(32),
+        torch.nn.ReLU()).cuda().eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    fast = fastconv.optimize(model, "inference", "bf16", cuda_graph=True)
+    x = torch.randn(5, 16, 19, 21, device="cuda")
+    with torch.no_grad():
+        ref = model.double()(x.double())
+        first = fast(x)
+        (key, hit), = fast._graphs.items()
+        assert hit[4], "captured after every build had finished: nothing to test"
+        assert dispatch.finish_builds(timeout=300, upgrades=True)
+        second = fast(x)
+        again = fast._graphs[key]
+        assert again[0] is not hit[0] and not again[4]  # captured again, with final choices
+        assert not dispatch._UPGRADES and not dispatch.building()
+        third = fast(x)
+        assert fast._graphs[key][0] is again[0]  # and kept
+    for y in (first, second, third):
+        err = relative_error(y, ref)
+        assert err <= TOLERANCE[Precision.BF16], err
+    print("recaptured once builds were done")
+""")
+
+
+def test_a_graph_captured_while_budget_cut_candidates_build_is_captured_again(tmp_path):
+    """Without a database a budget-cut problem runs its provisional choice (aten) while its
+    Triton candidates compile in the workers; a CUDA graph captured then would keep aten
+    for good. Once they are built, the next call times them and captures again."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               FASTCONV_CACHE_DIR=str(tmp_path / "plans"), FASTCONV_DISPATCH="benchmark",
+               FASTCONV_TUNING_DB="off", FASTCONV_TUNE_BUDGET="0.001,60,2",
+               FASTCONV_COMPILE_WORKERS="4")
+    done = subprocess.run([sys.executable, "-c", _RECAPTURE], env=env, capture_output=True,
+                          text=True, timeout=400)
+    print(done.stdout)
+    assert done.returncode == 0 and "recaptured" in done.stdout, done.stderr[-3000:]

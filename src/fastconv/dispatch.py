@@ -410,6 +410,15 @@ def finish_builds(timeout: float | None = None, *, upgrades: bool = False) -> bo
     return not concurrent.futures.wait(jobs, timeout=timeout).not_done
 
 
+def building() -> bool:
+    """Whether any background build that a choice waits on still runs: a stored choice's,
+    or a candidate a budget-cut timing left building (its problem's choice is upgraded at
+    the problem's next call once all are built). A CUDA graph captured while this holds
+    ran those problems' provisional choices."""
+    return any(not j.done() for js in list(_AHEAD.values()) for j in js) \
+        or any(not up.built() for up in list(_UPGRADES.values()))
+
+
 def _key_lock(key: str) -> threading.Lock:
     with _KEY_LOCKS_GUARD:
         lock = _KEY_LOCKS.get(key)

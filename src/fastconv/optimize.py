@@ -192,9 +192,12 @@ class OptimizedModel(nn.Module):
         key = (tuple((a.shape, a.dtype, a.stride(), a.device) for a in args), self._flags())
         # The graph reads what the layers cached at capture (BatchNorm folded into weights,
         # packed weights): a parameter or statistic changed in place since then (its version
-        # moved) needs a new capture.
+        # moved) needs a new capture. So does one captured while candidates a tuning budget
+        # cut short were still building (their layers ran provisional choices, aten): once
+        # they are built, the warm-up before the new capture times them and takes the best.
         hit = self._graphs.get(key)
-        if hit is not None and hit[3] != self._versions():
+        if hit is not None and (hit[3] != self._versions()
+                                or (hit[4] and not dispatch.building())):
             del self._graphs[key]
             hit = None
         if hit is None:
@@ -211,8 +214,9 @@ class OptimizedModel(nn.Module):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph), torch.no_grad(), dispatch.settings(graph=True):
                 out = self._run(*static)
-            hit = self._graphs[key] = (graph, static, out, self._versions())
-        graph, static, out, _ = hit
+            hit = self._graphs[key] = (graph, static, out, self._versions(),
+                                       dispatch.building())
+        graph, static, out = hit[:3]
         for s, a in zip(static, args):
             s.copy_(a)
         graph.replay()
