@@ -8,7 +8,9 @@
 # Triton caches (a user's second run; results under CASE-fastconv-run2); PROVIDERS (default
 # "torch fastconv"); TAG (appended to the result names, e.g. to compare
 # FASTCONV_COMPILE_WORKERS settings in one call); PRELUDE (Python run before the CLI in
-# each process, e.g. "import fastconv.dispatch as d; d.BUILD_WAIT_S = 1e9" for an A/B).
+# each process, e.g. "import fastconv.dispatch as d; d.BUILD_WAIT_S = 1e9" for an A/B);
+# CASE_TIMEOUT (seconds per process, default 300: without a database the steady state is
+# timed only after every candidate the budget left compiling is built, tens of seconds).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-out}
@@ -19,7 +21,7 @@ for case in "$@"; do
   for run in $runs; do
     provider=${run%-run2}
     [ "$run" = "$provider" ] && rm -rf /tmp/fc-plans /tmp/fc-triton
-    FASTCONV_CACHE_DIR=/tmp/fc-plans TRITON_CACHE_DIR=/tmp/fc-triton timeout ${CASE_TIMEOUT:-150} \
+    FASTCONV_CACHE_DIR=/tmp/fc-plans TRITON_CACHE_DIR=/tmp/fc-triton timeout ${CASE_TIMEOUT:-300} \
       python3 -c "${PRELUDE:-}
 import runpy, sys; sys.argv[0] = 'fastconv'; runpy.run_module('fastconv.cli', run_name='__main__')" \
       bench --suite models --cases "$case" --mode "${MODE:-eval}" \
