@@ -40,7 +40,7 @@ for step in $steps; do
             for j in $(seq 0 $((${JOBS:-8} - 1))); do
               awk -v j=$j -v n=${JOBS:-8} 'NR % n == j' "$OUT/ids.txt" > "$OUT/ids-$j.txt"
               # -v: each test's id and result, so a process cut by the timeout shows which ran
-              (FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} xargs -a "$OUT/ids-$j.txt" \
+              (FASTCONV_DISPATCH=heuristic timeout ${TESTS_TIMEOUT:-240} xargs -r -a "$OUT/ids-$j.txt" \
                  python3 -m pytest -v --durations=5 -m gpu -p no:cacheprovider > "$OUT/ptest-$j.log" 2>&1
                [ $? = 124 ] && echo "TIMED OUT after ${TESTS_TIMEOUT:-240} s: the tests of" \
                  "ids-$j not marked above did not run" >> "$OUT/ptest-$j.log") &

@@ -294,7 +294,9 @@ def test_a_database_choice_compiling_in_the_background_runs_aten_meanwhile(datab
         ran.append(cls.NAME)
     for _ in range(2):
         choice = dispatch.choose(problem, run=run, mode="benchmark")
-        assert (choice.backend, choice.provisional) == ("aten", True)
+        # (cuDNN's heuristic plan: aten.PROVISIONAL, tested below)
+        assert (choice.backend, choice.config, choice.provisional) == \
+            ("aten", "provisional", True)
     assert len(started) == 1 and ran == []  # one build started; nothing timed or run
     assert dispatch.CACHE.get(key)["source"] == "database"  # still to be adopted
     threading.Timer(0.05, build.set_result, ["built"]).start()
@@ -302,3 +304,40 @@ def test_a_database_choice_compiling_in_the_background_runs_aten_meanwhile(datab
     choice = dispatch.choose(problem, run=run, mode="benchmark")
     assert (choice.backend, choice.provisional, ran) == ("tile", False, ["tile"])
     assert "source" not in dispatch.CACHE.get(key)
+
+
+@pytest.mark.parametrize("benchmark", [True, False])
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_provisional_aten_plan_runs_without_the_benchmark_search(benchmark, fails):
+    """aten.PROVISIONAL (what a database choice runs while its kernels compile) computes
+    the convolution and its epilogue as the default aten plan does, with cudnn.benchmark off
+    during the call; where it was on, cudnn.deterministic is on as well (a plan-cache key of
+    its own), and both flags are restored afterwards, also when the call raises."""
+    from fastconv.backends import aten
+
+    x, w, b = torch.randn(2, 3, 9, 7), torch.randn(4, 3, 3, 3), torch.randn(4)
+    from fastconv.epilogue import Epilogue
+    problem = fastconv.ConvProblem.from_tensors(x, w, b, padding=1, rank=2,
+                                                epilogue=Epilogue(activation="relu"))
+    seen = []
+    plain = aten.AtenBackend.bind(problem, None)
+    run = aten._heuristic(lambda *a: seen.append(
+        (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic))
+        or (1 / 0 if fails else plain(*a)))
+    saved = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    try:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, False
+        args = (x, w, b, None, None, None, None)
+        if fails:
+            with pytest.raises(ZeroDivisionError):
+                run(*args)
+        else:
+            torch.testing.assert_close(run(*args), plain(*args), rtol=0, atol=0)
+            torch.testing.assert_close(
+                aten.AtenBackend.bind(problem, aten.PROVISIONAL)(*args),
+                torch.relu(torch.nn.functional.conv2d(x, w, b, padding=1)))
+        assert seen == [(False, benchmark)]
+        assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic) == \
+            (benchmark, False)
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved

@@ -69,6 +69,7 @@ from typing import Any
 import torch
 
 from . import backends, plancache
+from .backends import aten
 from .context import (  # noqa: F401 (the settings' public names, re-exported)
     MODES,
     Settings,
@@ -369,7 +370,9 @@ def _adopt(choice: Choice, hit: dict, key: str, problem: ConvProblem, mode: str,
         try:
             if "aten" in names and not _built(key, cls, lambda: run(cls, choice.config)):
                 jobs = _AHEAD[key]
-                return Choice("aten", backends.REGISTRY["aten"].candidates(problem, op)[0],
+                # (cuDNN's heuristic plan: a benchmark search would cost more than the
+                # seconds this plan runs for)
+                return Choice("aten", aten.PROVISIONAL if op == "fprop" else None,
                               provisional=True, until=lambda: all(j.done() for j in jobs))
             run(cls, choice.config)
         except Exception:

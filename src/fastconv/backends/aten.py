@@ -57,6 +57,8 @@ class AtenBackend(Backend):
             return _bind_backward(problem, input_grad=False)
         if config == CUDNN_RELU:
             return _bind_cudnn_relu(problem)
+        if config == PROVISIONAL:
+            return _heuristic(cls.bind(problem, None, op))
         conv = bare_conv(problem)
         if problem.epilogue.is_identity:
             def run_bare(input, weight, bias, scale, shift, residual, out):
@@ -84,6 +86,35 @@ class _Named(str):
 #: + ReLU through torch.cudnn_convolution_relu / torch.cudnn_convolution_add_relu: one
 #: cuDNN kernel instead of three.
 CUDNN_RELU = _Named("cudnn_relu")
+
+
+#: Configuration of the aten backend that a tuning-database choice runs while its Triton
+#: kernels compile (dispatch's provisional choice, never stored): the convolution with
+#: cuDNN's heuristic plan, without cudnn.benchmark's search (16-65 ms per new shape, each
+#: spent on a plan used for a few seconds).
+PROVISIONAL = _Named("provisional")
+
+
+def _heuristic(run):
+    """``run`` with cudnn.benchmark off. While cudnn.benchmark is on, cudnn.deterministic is
+    set too: it is part of PyTorch's cuDNN plan-cache key, so the heuristic plan is cached
+    apart from the plan a later benchmark-mode call of the same shape (the user's own
+    torch layers included) searches for, rather than found and kept by it."""
+    get_b, set_b = torch._C._get_cudnn_benchmark, torch._C._set_cudnn_benchmark
+    get_d, set_d = torch._C._get_cudnn_deterministic, torch._C._set_cudnn_deterministic
+
+    def run_heuristic(*args):
+        if not get_b():
+            return run(*args)
+        det = get_d()
+        set_b(False)
+        set_d(True)
+        try:
+            return run(*args)
+        finally:
+            set_b(True)
+            set_d(det)
+    return run_heuristic
 
 
 def _cudnn_fusable(problem: ConvProblem) -> bool:
