@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backends, costs, dispatch
+from .backends import aten
 from .backends.aten import conv_backward_both
 from .epilogue import Epilogue, activation_grad, derivative_from_output, fold_bias
 from .errors import ConvError, ConvTypeError
@@ -311,9 +312,9 @@ def _grad_trial(problem: ConvProblem, operands: tuple, backend: str):
 def _native(cls, config, problem: ConvProblem) -> bool:
     """Whether a plan of ``cls`` and ``config`` runs on torch's differentiable ops, so that
     torch's autograd gives its backward. aten's plain configuration is F.conv + torch
-    epilogue ops (its fused cuDNN relu is not); for float32, torch's backward must compute
-    in the problem's precision (``_flags_match``)."""
-    return cls.NAME == "aten" and config is None and _flags_match(problem)
+    epilogue ops, with cuDNN's heuristic plan too (its fused cuDNN relu is not); for
+    float32, torch's backward must compute in the problem's precision (``_flags_match``)."""
+    return cls.NAME == "aten" and config in (None, aten.PROVISIONAL) and _flags_match(problem)
 
 
 def _flags_match(problem: ConvProblem) -> bool:
