@@ -99,7 +99,9 @@ def _heuristic(run):
     """``run`` with cudnn.benchmark off. While cudnn.benchmark is on, cudnn.deterministic is
     set too: it is part of PyTorch's cuDNN plan-cache key, so the heuristic plan is cached
     apart from the plan a later benchmark-mode call of the same shape (the user's own
-    torch layers included) searches for, rather than found and kept by it."""
+    torch layers included) searches for, rather than found and kept by it. The flags are
+    process-wide: a torch convolution another thread runs during the call runs under them
+    too (correctly, with a heuristic, deterministic plan for that call)."""
     get_b, set_b = torch._C._get_cudnn_benchmark, torch._C._set_cudnn_benchmark
     get_d, set_d = torch._C._get_cudnn_deterministic, torch._C._set_cudnn_deterministic
 
