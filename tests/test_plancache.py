@@ -314,9 +314,9 @@ def test_the_provisional_aten_plan_runs_without_the_benchmark_search(benchmark, 
     during the call; where it was on, cudnn.deterministic is on as well (a plan-cache key of
     its own), and both flags are restored afterwards, also when the call raises."""
     from fastconv.backends import aten
+    from fastconv.epilogue import Epilogue
 
     x, w, b = torch.randn(2, 3, 9, 7), torch.randn(4, 3, 3, 3), torch.randn(4)
-    from fastconv.epilogue import Epilogue
     problem = fastconv.ConvProblem.from_tensors(x, w, b, padding=1, rank=2,
                                                 epilogue=Epilogue(activation="relu"))
     seen = []
