@@ -1,12 +1,17 @@
 """Where an eager model forward's host time goes (GPU): a models-suite model (timm or
-torchvision, bf16 channels-last, eval), torch's own and ``fastconv.optimize``'d, each
-warmed up, then the wall clock per forward and a cProfile of ``--calls`` forwards (own
-time per forward, microseconds; cProfile inflates every Python call alike: read shares).
+torchvision, eval; bf16/fp16 channels-last with autocast, tf32/ieee NCHW, as the models
+bench runs them, with cudnn.benchmark on), torch's own and ``fastconv.optimize``'d, each
+warmed up (fastconv's background builds waited for, as the bench waits), then the wall clock
+per forward, fastconv's layers' plans by backend, and a cProfile of ``--calls`` forwards
+(own time per forward, microseconds; cProfile inflates every Python call alike: read
+shares).
 
-    PYTHONPATH=src python benchmarks/model_host_profile.py --model timm_convnext_tiny [--batch 32]
+    PYTHONPATH=src python benchmarks/model_host_profile.py --model timm_convnext_tiny \
+        [--batch 32] [--precision tf32]
 """
 
 import argparse
+import collections
 import cProfile
 import pstats
 import time
@@ -32,24 +37,42 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "tf32", "ieee"))
     args = ap.parse_args()
-    net = models.BUILDERS[args.model]().cuda().eval().to(memory_format=torch.channels_last)
-    x = torch.randn(args.batch, 3, 224, 224, device="cuda").to(
-        memory_format=torch.channels_last)
-    fast = fastconv.optimize(net, mode="inference", precision="bf16")
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
+    net = models.BUILDERS[args.model]().cuda().eval()
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda")
+    if half is not None:
+        net, x = (t.to(memory_format=torch.channels_last) for t in (net, x))
+    fast = fastconv.optimize(net, mode="inference", precision=args.precision,
+                             channels_last=half is not None)
 
     def torch_fn(t):
-        with torch.autocast("cuda", torch.bfloat16):
+        with torch.autocast("cuda", half or torch.float32, enabled=half is not None):
             return net(t)
 
     with torch.no_grad():
         for name, fn in (("torch", torch_fn), ("fastconv", fast)):
+            start = time.perf_counter()
+            fn(x)
+            torch.cuda.synchronize()
+            print(f"{args.model} b{args.batch} {args.precision} {name}: first call "
+                  f"{time.perf_counter() - start:.2f} s (torch's ran first)")
+            # (kernels left compiling in the background run provisional plans until built)
+            fastconv.dispatch.finish_builds(upgrades=True)
             for _ in range(3):
                 fn(x)
-                # (kernels left compiling in the background run as aten until built)
-                fastconv.dispatch.finish_builds()
-            print(f"{args.model} b{args.batch} {name}: {_wall(fn, x, args.calls):.2f} ms per "
-                  f"eager forward (wall, synchronised)")
+            print(f"  {_wall(fn, x, args.calls):.2f} ms per eager forward (wall, "
+                  f"synchronised)")
+            if fn is fast:
+                held = [m.__dict__["_plan"][1] for m in fast.modules()
+                        if m.__dict__.get("_plan") and m.__dict__["_plan"][1] is not None]
+                census = collections.Counter((p.backend, getattr(p.run, "__name__", "?"))
+                                             for p in held)
+                print("  the layers' plans: " + ", ".join(
+                    f"{n} {backend} ({run})" for (backend, run), n in census.most_common()))
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(args.calls):
