@@ -1,10 +1,10 @@
 """Where an eager model forward's host time goes (GPU): a models-suite model (timm or
 torchvision, eval; bf16/fp16 channels-last with autocast, tf32/ieee NCHW, as the models
-bench runs them, with cudnn.benchmark on), torch's own and ``fastconv.optimize``'d, each
-warmed up (fastconv's background builds waited for, as the bench waits), then the wall clock
-per forward, fastconv's layers' plans by backend, and a cProfile of ``--calls`` forwards
-(own time per forward, microseconds; cProfile inflates every Python call alike: read
-shares).
+bench runs them, with cudnn.benchmark on unless ``--cudnn-benchmark off``), torch's own
+and ``fastconv.optimize``'d, each warmed up (fastconv's background builds waited for, as
+the bench waits), then the wall clock per forward, fastconv's layers' plans by backend, and
+a cProfile of ``--calls`` forwards (own time per forward, microseconds; cProfile inflates
+every Python call alike: read shares).
 
     PYTHONPATH=src python benchmarks/model_host_profile.py --model timm_convnext_tiny \
         [--batch 32] [--precision tf32]
@@ -38,9 +38,11 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "tf32", "ieee"))
+    ap.add_argument("--cudnn-benchmark", default="on", choices=("on", "off"),
+                    help="torch.backends.cudnn.benchmark for both models (off: torch's default)")
     args = ap.parse_args()
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
     torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
     net = models.BUILDERS[args.model]().cuda().eval()
     x = torch.randn(args.batch, 3, 224, 224, device="cuda")
