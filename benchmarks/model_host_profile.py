@@ -31,6 +31,26 @@ def _wall(fn, x, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
+def model_pair(name: str, batch: int, precision: str):
+    """A models-suite model on the GPU as the models bench runs it (eval; bf16/fp16:
+    channels-last under autocast, tf32/ieee: NCHW float32 with cuDNN's TF32 flag set to
+    match), an input, torch's forward ``torch_fn(x)`` and the ``fastconv.optimize``'d model:
+    ``(net, x, torch_fn, fast)``."""
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    net = models.BUILDERS[name]().cuda().eval()
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    if half is not None:
+        net, x = (t.to(memory_format=torch.channels_last) for t in (net, x))
+    fast = fastconv.optimize(net, mode="inference", precision=precision,
+                             channels_last=half is not None)
+
+    def torch_fn(t):
+        with torch.autocast("cuda", half or torch.float32, enabled=half is not None):
+            return net(t)
+    return net, x, torch_fn, fast
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="timm_convnext_tiny")
@@ -41,19 +61,8 @@ def main() -> None:
     ap.add_argument("--cudnn-benchmark", default="on", choices=("on", "off"),
                     help="torch.backends.cudnn.benchmark for both models (off: torch's default)")
     args = ap.parse_args()
-    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
-    torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
-    net = models.BUILDERS[args.model]().cuda().eval()
-    x = torch.randn(args.batch, 3, 224, 224, device="cuda")
-    if half is not None:
-        net, x = (t.to(memory_format=torch.channels_last) for t in (net, x))
-    fast = fastconv.optimize(net, mode="inference", precision=args.precision,
-                             channels_last=half is not None)
-
-    def torch_fn(t):
-        with torch.autocast("cuda", half or torch.float32, enabled=half is not None):
-            return net(t)
+    net, x, torch_fn, fast = model_pair(args.model, args.batch, args.precision)
 
     with torch.no_grad():
         for name, fn in (("torch", torch_fn), ("fastconv", fast)):
