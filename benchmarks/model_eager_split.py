@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "tf32", "ieee"))
+    ap.add_argument("--no-convert", action="store_true", help="no fastconv.nn.convert row")
     ap.add_argument("--aten", action="store_true",
                     help="also a row for the optimized model with every convolution's backend "
                          "set to aten (what the Triton plans' eager choices gain or cost)")
@@ -62,6 +63,8 @@ def main() -> None:
                 if hasattr(mod, "backend") and hasattr(mod, "_planned"):
                     mod.backend = "aten"
             fns["fc-aten"] = lambda: aten(x)
+        if args.no_convert:
+            del fns["convert"]
         got = collections.defaultdict(list)
         with torch.no_grad():
             for fn in fns.values():

@@ -160,3 +160,54 @@ def test_broadcast_add_after_batchnorm(scalar, mode):
             match = [g for n, g in got.items() if n.endswith(name.split(".")[-1])
                      and g.shape == p.shape]
             assert any(relative_error(g.grad, p.grad.double()) < 1e-5 for g in match), name
+
+
+class Nested(nn.Module):
+    """Modules two and three levels down, identities and p = 0 dropouts (module and
+    function, as timm's ConvNeXt and heads have them), a live dropout, and a LayerNorm whose
+    parameters the trace reads directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.Sequential(nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.Identity(),
+                                                  nn.Dropout(0.0)),
+                                    nn.Sequential(nn.Conv2d(5, 5, 1), nn.Dropout(0.5)))
+        self.norm = nn.ModuleDict({"ln": nn.LayerNorm(5)})
+        self.head = nn.Sequential(nn.Linear(5, 4))
+
+    def forward(self, x):
+        x = self.stages(x)
+        x = nn.functional.dropout(x, 0.0, self.training)
+        x = self.norm["ln"](x.permute(0, 2, 3, 1)).mean((1, 2))
+        return self.head(x).relu()
+
+
+def test_identities_leave_the_graph_and_deep_modules_are_reached_flat():
+    torch.manual_seed(0)
+    model = Nested().eval()
+    with torch.no_grad():
+        for p in model.norm["ln"].parameters():
+            p.uniform_(0.5, 1.5)
+    opt = fastconv.optimize(model, precision="ieee", channels_last=False)
+    code = opt.model.code
+    assert "getattr(" not in code and "stages.0" not in code, code
+    assert "dropout" not in code.replace("stages_1_1", ""), code  # the live one stays
+    assert "stages_1_1" in code and "identity" not in code.lower(), code
+    assert "self.norm_ln(" in code and "self.head_0(" in code, code
+    x = torch.randn(2, 3, 6, 7)
+    with torch.no_grad():
+        assert relative_error(opt(x), model(x).double()) < 1e-5
+    # state_dict keys are the original model's, both ways
+    sd = opt.state_dict()
+    assert set(sd) == set(model.state_dict())
+    fresh = Nested().eval()
+    fresh.load_state_dict(sd)
+    with torch.no_grad():
+        assert relative_error(fresh(x), model(x).double()) < 1e-6
+        opt2 = fastconv.optimize(Nested().eval(), precision="ieee", channels_last=False)
+        opt2.load_state_dict(model.state_dict())
+        assert relative_error(opt2(x), model(x).double()) < 1e-5
+    # train(): the live dropout drops, the p = 0 ones stayed identities
+    opt.train()
+    with torch.no_grad():
+        assert not torch.equal(opt(x), opt(x))
