@@ -341,3 +341,52 @@ def test_the_provisional_aten_plan_runs_without_the_benchmark_search(benchmark, 
             (benchmark, False)
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+
+
+@pytest.mark.parametrize("benchmark", [True, False])
+@pytest.mark.parametrize("fails", [False, True])
+def test_aten_runs_searched_plans_whatever_the_users_flag(benchmark, fails):
+    """aten._searched (how aten runs on the GPU in benchmark dispatch mode) has
+    cudnn.benchmark on during the call and leaves the user's flag as it was after it, also
+    when the call raises: aten is then the implementation dispatch timed and the database
+    stored, whichever flag the user set."""
+    from fastconv.backends import aten
+
+    seen = []
+
+    def run(*args):
+        seen.append(torch.backends.cudnn.benchmark)
+        if fails:
+            raise ZeroDivisionError
+        return args
+    saved = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = benchmark
+        if fails:
+            with pytest.raises(ZeroDivisionError):
+                aten._searched(run)(1, 2)
+        else:
+            assert aten._searched(run)(1, 2) == (1, 2)
+        assert seen == [True] and torch.backends.cudnn.benchmark == benchmark
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
+def test_aten_binds_searched_heuristic_or_plain_plans_by_mode_and_config():
+    """On the GPU aten binds a searched plan in benchmark mode, cuDNN's heuristic plan for
+    a provisional choice, the caller's flags in heuristic mode and on the CPU (nothing to
+    run here: the bound functions are told apart by what they wrap them in)."""
+    from fastconv import dispatch
+    from fastconv.backends import aten
+
+    cpu = fastconv.ConvProblem.from_tensors(torch.randn(2, 3, 9, 7), torch.randn(4, 3, 3, 3),
+                                            None, padding=1, rank=2)
+    gpu = dataclasses.replace(cpu, device="cuda")
+    bind = aten.AtenBackend.bind
+    with dispatch.settings("benchmark"):
+        assert bind(gpu, None).__name__ == "run_searched"
+        assert bind(gpu, None, "dgrad").__name__ == "run_searched"
+        assert bind(gpu, aten.PROVISIONAL).__name__ == "run_heuristic"
+        assert bind(cpu, None).__name__ == "run_bare"
+    with dispatch.settings("heuristic"):
+        assert bind(gpu, None).__name__ == "run_bare"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..context import current
 from ..precision import Precision
 from ..problem import ConvProblem, empty_in_layout
 from .base import Backend
@@ -51,30 +52,47 @@ class AtenBackend(Backend):
 
     @classmethod
     def bind(cls, problem, config, op="fprop"):
-        if op == "dgrad":
-            return _bind_backward(problem, input_grad=True)
-        if op == "wgrad":
-            return _bind_backward(problem, input_grad=False)
-        if config == CUDNN_RELU:
-            return _bind_cudnn_relu(problem)
+        """On the GPU in benchmark dispatch mode the call runs with cudnn.benchmark on
+        (``_searched``), so that aten is one implementation whatever the user's flag: the one
+        dispatch times, the tuning database stores and the bench measures. A provisional
+        plan runs cuDNN's heuristic plan instead (``_heuristic``). The mode is the
+        context's or the environment's: a call's own ``dispatch=`` is not seen here."""
+        run = _bind(problem, config, op)
+        if problem.device != "cuda":
+            return run
         if config == PROVISIONAL:
-            return _heuristic(cls.bind(problem, None, op))
-        conv = bare_conv(problem)
-        if problem.epilogue.is_identity:
-            def run_bare(input, weight, bias, scale, shift, residual, out):
-                y = conv(input, weight, bias)
-                return y if out is None else out.copy_(y)
-            return run_bare
-        apply = problem.epilogue.apply
-
-        def run(input, weight, bias, scale, shift, residual, out):
-            y = apply(conv(input, weight, bias), scale, shift, residual)
-            return y if out is None else out.copy_(y)
-        return run
+            return _heuristic(run)
+        # (the dispatch mode as dispatch.default_mode reads it: benchmark on the GPU unless
+        # a settings() context or FASTCONV_DISPATCH says otherwise)
+        return _searched(run) if (current()[0] or "benchmark") == "benchmark" else run
 
     @classmethod
     def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
         return cls.bind(problem, config)(input, weight, bias, scale, shift, residual, out)
+
+
+def _bind(problem: ConvProblem, config, op: str):
+    """``run(input, weight, bias, scale, shift, residual, out)`` of ``config`` (dgrad's and
+    wgrad's runs take their own operands: ``_bind_backward``), under the caller's cuDNN
+    flags."""
+    if op == "dgrad":
+        return _bind_backward(problem, input_grad=True)
+    if op == "wgrad":
+        return _bind_backward(problem, input_grad=False)
+    if config == CUDNN_RELU:
+        return _bind_cudnn_relu(problem)
+    conv = bare_conv(problem)
+    if problem.epilogue.is_identity:
+        def run_bare(input, weight, bias, scale, shift, residual, out):
+            y = conv(input, weight, bias)
+            return y if out is None else out.copy_(y)
+        return run_bare
+    apply = problem.epilogue.apply
+
+    def run(input, weight, bias, scale, shift, residual, out):
+        y = apply(conv(input, weight, bias), scale, shift, residual)
+        return y if out is None else out.copy_(y)
+    return run
 
 
 class _Named(str):
@@ -93,6 +111,23 @@ CUDNN_RELU = _Named("cudnn_relu")
 #: cuDNN's heuristic plan, without cudnn.benchmark's search (16-65 ms per new shape, each
 #: spent on a plan used for a few seconds).
 PROVISIONAL = _Named("provisional")
+
+
+def _searched(run):
+    """``run`` with cudnn.benchmark on: cuDNN's searched plan (the search runs once per
+    shape and thread, as for torch with the flag on). One getter call where the flag is on
+    already; else it is set for the call and restored after."""
+    get_b, set_b = torch._C._get_cudnn_benchmark, torch._C._set_cudnn_benchmark
+
+    def run_searched(*args):
+        if get_b():
+            return run(*args)
+        set_b(True)
+        try:
+            return run(*args)
+        finally:
+            set_b(False)
+    return run_searched
 
 
 def _heuristic(run):
