@@ -116,7 +116,8 @@ PROVISIONAL = _Named("provisional")
 def _searched(run):
     """``run`` with cudnn.benchmark on: cuDNN's searched plan (the search runs once per
     shape and thread, as for torch with the flag on). One getter call where the flag is on
-    already; else it is set for the call and restored after."""
+    already; else it is set for the call and restored after (process-wide, as
+    ``_heuristic``'s flags)."""
     get_b, set_b = torch._C._get_cudnn_benchmark, torch._C._set_cudnn_benchmark
 
     def run_searched(*args):
