@@ -2,7 +2,8 @@
 problem whose kernel takes a few microseconds (1x16x8x8, 16 -> 16, 3x3): torch's F.conv2d
 and nn.Conv2d, then fastconv's plan alone (``plan.run``), the plan lookup alone
 (``forward_plan``), the functional call and the module (no grad; and a training step of
-a module with autograd against torch's module). Each row: min over 7 rounds of 300
+a module with autograd against torch's module); then modules under bf16 autocast on a
+float32 input (``autocast_rows``). Each row: min over 7 rounds of 300
 back-to-back calls, the device synchronised around each round; the rows alternate, so the
 host's drift hits them alike. Run on two source trees (PYTHONPATH) to compare them.
 
@@ -66,6 +67,26 @@ def rows(dtype: torch.dtype, layout: torch.memory_format) -> dict:
     return out
 
 
+def autocast_rows(groups: int) -> dict:
+    """The modules as a bf16 autocast model calls them: float32 parameters and a float32
+    channels-last input (timm's ConvNeXt blocks end in a float32 residual add), cast by
+    autocast (torch) or by the module's own casts (fastconv), 7x7 with ``groups``."""
+    x = torch.randn(1, 16, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    kw = dict(padding=3, groups=groups, device="cuda")
+    tmod = torch.nn.Conv2d(16, 16, 7, **kw).to(memory_format=torch.channels_last)
+    fmod = fastconv.nn.Conv2d(16, 16, 7, **kw).to(memory_format=torch.channels_last)
+    forced = fastconv.nn.Conv2d(16, 16, 7, backend="aten", **kw).to(
+        memory_format=torch.channels_last)
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        fmod(x)
+        plan = fmod.__dict__["_plan"][1]
+        return per_call_us({
+            "torch nn.Conv2d": lambda: tmod(x),
+            f"fastconv.nn.Conv2d ({plan.backend})": lambda: fmod(x),
+            "fastconv.nn.Conv2d (backend=aten)": lambda: forced(x),
+            "input cast alone (x.to(bf16))": lambda: x.to(torch.bfloat16)})
+
+
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name(), "fastconv", fastconv.__file__)
     for dtype, layout, name in ((torch.bfloat16, torch.channels_last, "bf16 channels-last"),
@@ -73,5 +94,12 @@ if __name__ == "__main__":
         result = rows(dtype, layout)
         base = result["torch F.conv2d"]
         print(f"\n{name}: host us per call (min of 7 x 300), and over torch's F.conv2d")
+        for row, us in result.items():
+            print(f"  {row:40s} {us:7.1f}  {us - base:+6.1f}")
+    for groups in (16, 1):
+        result = autocast_rows(groups)
+        base = result["torch nn.Conv2d"]
+        print(f"\nautocast bf16, float32 input, 7x7 groups={groups}: host us per call, and "
+              f"over torch's nn.Conv2d")
         for row, us in result.items():
             print(f"  {row:40s} {us:7.1f}  {us - base:+6.1f}")

@@ -76,9 +76,12 @@ class _FastconvMixin:
         cast = None
         if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(device):
             cast = torch.get_autocast_dtype(device)
-            input, residual = fc._autocast(device, input, residual)
+            if _casts(input, cast):
+                input = input.to(cast)
+            if residual is not None and _casts(residual, cast):
+                residual = residual.to(cast)
             if not grad:
-                weight, bias = self._cast_param(weight, cast), self._cast_param(bias, cast)
+                weight, bias = self._cast_params(weight, bias, cast)
         key = (input.shape, input.stride(), input.dtype, input.device, weight.shape,
                weight.stride(), weight.dtype, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
@@ -109,18 +112,24 @@ class _FastconvMixin:
                                   self.backend, self.precision, grad=grad)
         return plan if not grad or plan.native_grad else None
 
-    def _cast_param(self, t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-        """``t`` in the autocast dtype, kept between calls while ``t`` is the same tensor,
-        unchanged (its version and storage; changes made through ``.data`` are not seen,
-        as by every cache keyed on tensor versions)."""
-        if not fc.autocast_casts(t, dtype):
-            return t
-        casts = self.__dict__.setdefault("_casts", {})
-        role = "weight" if t.dim() > 1 else "bias"
-        hit = casts.get(role)
-        if hit is None or not same_tensors(hit[0], (t,)) or hit[1] != dtype:
-            hit = casts[role] = (tensor_state((t,)), dtype, t.detach().to(dtype))
-        return hit[2]
+    def _cast_params(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype):
+        """``weight`` and ``bias`` in the autocast dtype, kept between calls while they are
+        the same tensors, unchanged (their versions and storage; changes made through
+        ``.data`` are not seen, as by every cache keyed on tensor versions). One check for
+        both: this runs on every call of an autocast model."""
+        hit = self.__dict__.get("_casts")
+        if (hit is not None and hit[0] is weight and hit[1] is bias and hit[2] is dtype
+                and hit[3] == weight._version and hit[4] == weight.data_ptr()
+                and (bias is None or (hit[5] == bias._version and hit[6] == bias.data_ptr()))):
+            return hit[7], hit[8]
+        with torch.no_grad():
+            cw = weight.detach().to(dtype) if _casts(weight, dtype) else weight
+            cb = bias.detach().to(dtype) if bias is not None and _casts(bias, dtype) else bias
+        self.__dict__["_casts"] = (
+            weight, bias, dtype, weight._version, weight.data_ptr(),
+            None if bias is None else bias._version, None if bias is None else bias.data_ptr(),
+            cw, cb)
+        return cw, cb
 
     def _as_torch(self, input: Tensor, weight: Tensor, bias: Tensor | None,
                   padding) -> Tensor | None:
@@ -140,6 +149,12 @@ class _FastconvMixin:
             return input, self.padding
         return (torch.nn.functional.pad(input, self._reversed_padding_repeated_twice,
                                         mode=self.padding_mode), 0)
+
+
+def _casts(t: Tensor, dtype: torch.dtype) -> bool:
+    """``functional.autocast_casts`` for a tensor: whether autocast to ``dtype`` changes it
+    (floating, not float64, another dtype)."""
+    return t.dtype is not dtype and t.is_floating_point() and t.dtype is not torch.float64
 
 
 def tensor_state(tensors) -> tuple:
