@@ -260,8 +260,8 @@ def _autocast(device_type, *tensors):
 def autocast_casts(t, dtype: torch.dtype) -> bool:
     """Whether autocast to ``dtype`` changes ``t``: a floating tensor of another dtype, not
     float64 (torch's rule)."""
-    return (isinstance(t, torch.Tensor) and t.is_floating_point()
-            and t.dtype not in (torch.float64, dtype))
+    return (isinstance(t, torch.Tensor) and t.dtype is not dtype and t.is_floating_point()
+            and t.dtype is not torch.float64)
 
 
 def _through_op(plan, rank, transposed, input, weight, bias, stride, padding, dilation,

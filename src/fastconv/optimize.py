@@ -625,8 +625,7 @@ def _flatten_targets(gm: torch.fx.GraphModule, state_keys: dict[str, str]) -> No
     used = {n.target if n.op == "call_module" else n.target.rpartition(".")[0]
             for n in gm.graph.nodes if n.op == "call_module"
             or (n.op == "get_attr" and "." in n.target)}
-    nested = {p for p in used for q in used if q.startswith(p + ".")}
-    nested |= {q for p in used for q in used if q.startswith(p + ".")}
+    nested = {x for p in used for q in used if q.startswith(p + ".") for x in (p, q)}
     flat: dict[str, str] = {}
     for path in sorted(used - nested):
         module = gm.get_submodule(path)

@@ -76,9 +76,9 @@ class _FastconvMixin:
         cast = None
         if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(device):
             cast = torch.get_autocast_dtype(device)
-            if _casts(input, cast):
+            if fc.autocast_casts(input, cast):
                 input = input.to(cast)
-            if residual is not None and _casts(residual, cast):
+            if fc.autocast_casts(residual, cast):
                 residual = residual.to(cast)
             if not grad:
                 weight, bias = self._cast_params(weight, bias, cast)
@@ -123,8 +123,8 @@ class _FastconvMixin:
                 and (bias is None or (hit[5] == bias._version and hit[6] == bias.data_ptr()))):
             return hit[7], hit[8]
         with torch.no_grad():
-            cw = weight.detach().to(dtype) if _casts(weight, dtype) else weight
-            cb = bias.detach().to(dtype) if bias is not None and _casts(bias, dtype) else bias
+            cw = weight.detach().to(dtype) if fc.autocast_casts(weight, dtype) else weight
+            cb = bias.detach().to(dtype) if fc.autocast_casts(bias, dtype) else bias
         self.__dict__["_casts"] = (
             weight, bias, dtype, weight._version, weight.data_ptr(),
             None if bias is None else bias._version, None if bias is None else bias.data_ptr(),
@@ -149,12 +149,6 @@ class _FastconvMixin:
             return input, self.padding
         return (torch.nn.functional.pad(input, self._reversed_padding_repeated_twice,
                                         mode=self.padding_mode), 0)
-
-
-def _casts(t: Tensor, dtype: torch.dtype) -> bool:
-    """``functional.autocast_casts`` for a tensor: whether autocast to ``dtype`` changes it
-    (floating, not float64, another dtype)."""
-    return t.dtype is not dtype and t.is_floating_point() and t.dtype is not torch.float64
 
 
 def tensor_state(tensors) -> tuple:
