@@ -118,3 +118,40 @@ def test_nested_optimized_model_and_strict_errors():
     result = parent.load_state_dict(state, strict=False)
     assert result.missing_keys == ["net.layer1.0.bn1.running_var"]
     assert result.unexpected_keys == ["net.extra"]
+
+
+class _Aliased(nn.Module):
+    """A module kept under two attribute names (``fc`` is ``head[0]``): its state_dict has
+    both names; the trace keeps the one it finds first."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Sequential(nn.Linear(4, 5))
+        self.fc = self.head[0]
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_a_module_under_two_names_keeps_both_keys():
+    torch.manual_seed(0)
+    original = _randomize_stats(_Aliased(), 2).eval()
+    optimized = fastconv.optimize(original, channels_last=False)
+    assert optimized.report.fused
+    _same_state(optimized.state_dict(), original.state_dict())
+    other = _randomize_stats(_Aliased(), 3).eval()
+    x = torch.randn(2, 3, 7, 6)
+    optimized.load_state_dict(other.state_dict())  # strict: no unexpected key
+    with torch.no_grad():
+        assert torch.allclose(optimized(x), other(x), atol=1e-5)
+    back = _Aliased()
+    back.load_state_dict(optimized.state_dict())  # strict: no missing key
+    _same_state(back.state_dict(), other.state_dict())
+    # a checkpoint holding only the second name still loads the tensor
+    only_fc = {k: v for k, v in other.state_dict().items() if not k.startswith("head.")}
+    fresh = fastconv.optimize(_Aliased().eval(), channels_last=False)
+    fresh.load_state_dict(only_fc)
+    with torch.no_grad():
+        assert torch.allclose(fresh(x), other(x), atol=1e-5)

@@ -96,13 +96,18 @@ class OptimizedModel(nn.Module):
 
     def __init__(self, model: nn.Module, report: Report, channels_last: bool,
                  autocast: torch.dtype | None, cuda_graph: bool,
-                 state_keys: dict[str, str] | None = None):
+                 state_keys: dict[str, str] | None = None,
+                 aliases: dict[str, str] | None = None):
         super().__init__()
         self.model = model
         # state_dict in the original model's keys: the fused layers' keys (relative to
         # .model) -> the original conv's and BatchNorm's, and back
         self._state_keys = dict(state_keys or {})
         self._internal_keys = {v: k for k, v in self._state_keys.items()}
+        # original keys of tensors the original model holds under a second name that the
+        # copy lost (a module kept as two attributes: the trace keeps the path it calls)
+        # -> the original key the copy holds them under
+        self._aliases = dict(aliases or {})
         self._load_prefix = ""
         self.register_state_dict_post_hook(_original_keys)
         self.register_load_state_dict_pre_hook(_internal_keys)
@@ -231,12 +236,20 @@ def _original_keys(module: OptimizedModel, state_dict, prefix, local_metadata) -
     for key in [k for k in state_dict if k.startswith(inner)]:
         rel = key[len(inner):]
         state_dict[prefix + module._state_keys.get(rel, rel)] = state_dict.pop(key)
+    for alias, held in module._aliases.items():
+        if prefix + held in state_dict:
+            state_dict[prefix + alias] = state_dict[prefix + held]
 
 
 def _internal_keys(module: OptimizedModel, state_dict, prefix, local_metadata, strict,
                    missing_keys, unexpected_keys, error_msgs) -> None:
-    """load_state_dict pre-hook: the original model's keys -> ``model.<fused key>``."""
+    """load_state_dict pre-hook: the original model's keys -> ``model.<fused key>`` (a
+    second name of a tensor the copy holds once is read only where the first is absent)."""
     module._load_prefix = prefix  # for _report_original_keys
+    for alias, held in module._aliases.items():
+        value = state_dict.pop(prefix + alias, None)
+        if value is not None and prefix + held not in state_dict:
+            state_dict[prefix + held] = value
     for key in [k for k in state_dict if k.startswith(prefix)]:
         rel = key[len(prefix):]
         state_dict[prefix + "model." + module._internal_keys.get(rel, rel)] = \
@@ -331,6 +344,9 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
     if any(t.is_cuda for t in itertools.chain(model.parameters(), model.buffers())):
         backends.REGISTRY["triton"].warm_up()  # Triton's driver made while this traces
     _unfreeze_frozen_norms(model, report)
+    names = collections.defaultdict(list)  # each tensor's state_dict keys in the original
+    for key, t in model.state_dict(keep_vars=True).items():
+        names[id(t)].append(key)
     if mode == "inference":
         model.eval()
     elif not model.training:  # a training copy of an eval model; BatchNorms frozen by the
@@ -353,7 +369,12 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
         report.notes.append("cuda_graph: replays on a GPU only; running eagerly")
         cuda_graph = False
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    result = OptimizedModel(out, report, channels_last, autocast, cuda_graph, state_keys)
+    held = {state_keys.get(k, k) for k in out.state_dict()}
+    aliases = {key: next(k for k in keys if k in held) for keys in names.values()
+               if len(keys) > 1 and any(k in held for k in keys)
+               for key in keys if key not in held}
+    result = OptimizedModel(out, report, channels_last, autocast, cuda_graph, state_keys,
+                            aliases)
     result.training = out.training
     if example_inputs is not None:
         with torch.no_grad():
