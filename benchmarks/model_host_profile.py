@@ -51,6 +51,24 @@ def model_pair(name: str, batch: int, precision: str):
     return net, x, torch_fn, fast
 
 
+def profiled(fn, calls: int, top: int) -> pstats.Stats:
+    """cProfile of ``calls`` calls of ``fn`` (synchronised after); prints the ``top``
+    functions by own time: us per call, and how many times each ran per call."""
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    for (file, line, func), (_, ncalls, tottime, _, _) in sorted(
+            stats.stats.items(), key=lambda kv: -kv[1][2])[:top]:
+        where = file.split("site-packages/")[-1].split("src/")[-1]
+        print(f"  {tottime / calls * 1e6:9.1f} {ncalls / calls:7.1f}  {where}:{line}({func})")
+    return stats
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="timm_convnext_tiny")
@@ -84,19 +102,8 @@ def main() -> None:
                                              for p in held)
                 print("  the layers' plans: " + ", ".join(
                     f"{n} {backend} ({run})" for (backend, run), n in census.most_common()))
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(args.calls):
-                fn(x)
-            torch.cuda.synchronize()
-            prof.disable()
-            stats = pstats.Stats(prof)
-            rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:args.top]
             print(f"  own time per forward, us (calls per forward), top {args.top}:")
-            for (file, line, func), (_, ncalls, tottime, _, _) in rows:
-                where = file.split("site-packages/")[-1].split("src/")[-1]
-                print(f"  {tottime / args.calls * 1e6:9.1f} {ncalls / args.calls:7.1f}  "
-                      f"{where}:{line}({func})")
+            profiled(lambda: fn(x), args.calls, args.top)
 
 
 if __name__ == "__main__":

@@ -840,3 +840,48 @@ def test_past_the_process_budget_with_nothing_building_aten_runs_untimed(fakes, 
     rows = dispatch.explain(_problem(k=6), mode="benchmark", run=run).rows
     assert rows[0].assumed and "runs untimed" in rows[0].note
     assert "not listed" in rows[-1].note
+
+
+def test_eager_calls_with_autograd_take_torchs_convolution_untimed(monkeypatch):
+    """On the GPU in benchmark mode an eager forward whose backward follows runs aten's
+    native plan (torch's autograd) without timing candidates; a CUDA graph's
+    (settings(graph=True)), deterministic mode, the other modes, the CPU and a float32
+    problem whose precision torch's backward would not keep take dispatch's choice."""
+    from fastconv import plans
+
+    monkeypatch.delenv("FASTCONV_DISPATCH", raising=False)
+    dispatch.reload_environment()
+    x = torch.randn(2, 3, 9, 7, dtype=torch.bfloat16)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.bfloat16)
+    p = dataclasses.replace(fastconv.ConvProblem.from_tensors(x, w, None, padding=1, rank=2),
+                            device="cuda")
+    assert plans._eager_native(p)
+    with dispatch.settings(graph=True):
+        assert not plans._eager_native(p)
+    with dispatch.settings(deterministic=True):
+        assert not plans._eager_native(p)
+    with dispatch.settings("heuristic"):
+        assert not plans._eager_native(p)
+    assert not plans._eager_native(dataclasses.replace(p, device="cpu"))
+    strict = dataclasses.replace(fastconv.ConvProblem.from_tensors(
+        x.float(), w.float(), None, padding=1, rank=2, precision="ieee"), device="cuda")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert not plans._eager_native(strict)
+
+    # the wiring: such a call's plan is aten's, made without dispatch, and differentiable
+    def no_dispatch(*args, **kwargs):
+        raise AssertionError("dispatch.choose was called")
+    monkeypatch.setattr(plans, "_eager_native", lambda problem: True)
+    monkeypatch.setattr(dispatch, "choose", no_dispatch)
+    plans.clear_plans()
+    xf = torch.randn(2, 3, 9, 7, requires_grad=True)
+    wf = torch.randn(4, 3, 3, 3, requires_grad=True)
+    y = fastconv.conv2d(xf, wf, None, 1, 1, activation="silu")
+    ref = torch.nn.functional.silu(torch.nn.functional.conv2d(xf, wf, None, 1, 1))
+    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad(y, (xf, wf), g)
+    want = torch.autograd.grad(ref, (xf, wf), g)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    plans.clear_plans()

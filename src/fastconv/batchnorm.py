@@ -85,28 +85,45 @@ def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tenso
     :class:`BNActFunction` (see :data:`FUSED_IN_EAGER`)."""
     # (torch.compile's trace takes torch's batch norm, which Inductor fuses with its
     # neighbours, and cannot trace a ContextVar's get)
-    if group is None and not FUSED_IN_EAGER \
-            and _native(y, gamma, beta, running_mean, running_var) \
-            and (torch.compiler.is_compiling() or not _FUSED_HERE.get()):
-        _check_count(y.numel() // y.shape[1], y)
-        z = F.batch_norm(y, running_mean, running_var, gamma, beta, True, momentum, eps)
-        if residual is not None:
-            z = z + residual
-        return activate(z, activation, negative_slope)
+    if group is None and not FUSED_IN_EAGER:
+        compiling = torch.compiler.is_compiling()
+        if (compiling or not _FUSED_HERE.get()) \
+                and _native(y, compiling, gamma, beta, running_mean, running_var):
+            _check_count(y.numel() // y.shape[1], y)
+            if compiling:
+                z = F.batch_norm(y, running_mean, running_var, gamma, beta, True, momentum,
+                                 eps)
+                return activate(z if residual is None else z + residual, activation,
+                                negative_slope)
+            # eager: F.batch_norm's own op without its Python checks (done above), and the
+            # add and the activation in place on its fresh output, as torch's models do
+            # (batch norm's backward reads its input, not its output)
+            z = torch.batch_norm(y, gamma, beta, running_mean, running_var, True, momentum,
+                                 eps, torch._C._get_cudnn_enabled())
+            if residual is not None:
+                z = z.add_(residual) if residual.dtype == z.dtype \
+                    and residual.shape == z.shape else z + residual
+            return activate(z, activation, negative_slope, inplace=True)
     return BNActFunction.apply(y, gamma, beta, residual, running_mean, running_var, momentum,
                                eps, activation, negative_slope, group)
 
 
-def _native(y: Tensor, *params: Tensor | None) -> bool:
+def _native(y: Tensor, compiling: bool, *params: Tensor | None) -> bool:
     """A call outside CUDA-graph capture (eager or traced by torch.compile) whose parameters
     torch's batch_norm takes (its dtype, or float32 ones for a half-precision input)."""
-    if not torch.compiler.is_compiling() and y.is_cuda \
-            and torch.cuda.is_current_stream_capturing():
+    if not compiling and y.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
-    allowed = (y.dtype, torch.float32) if y.dtype in (torch.float16, torch.bfloat16) \
-        else (y.dtype,)
-    dtypes = {p.dtype for p in params if p is not None}
-    return len(dtypes) <= 1 and dtypes <= set(allowed)
+    half = y.dtype is torch.float16 or y.dtype is torch.bfloat16
+    first = None
+    for p in params:
+        if p is not None:
+            if first is None:
+                first = p.dtype
+                if not (first is y.dtype or (half and first is torch.float32)):
+                    return False
+            elif p.dtype is not first:
+                return False
+    return True
 
 
 def _check_count(count: int, y: Tensor) -> None:

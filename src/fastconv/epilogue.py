@@ -82,28 +82,30 @@ def apply(y: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | Non
     return activate(y, activation, negative_slope)
 
 
-def activate(y: torch.Tensor, activation: str, negative_slope: float = 0.01) -> torch.Tensor:
-    """``activation`` applied with torch's own functions (NaN propagates as in torch)."""
+def activate(y: torch.Tensor, activation: str, negative_slope: float = 0.01,
+             inplace: bool = False) -> torch.Tensor:
+    """``activation`` applied with torch's own functions (NaN propagates as in torch); with
+    ``inplace``, into ``y`` where torch has an in-place form (not GELU)."""
     if activation == "none":
         return y
     if activation == "relu":
-        return F.relu(y)
+        return F.relu(y, inplace)
     if activation == "relu6":
-        return F.hardtanh(y, 0.0, 6.0)
+        return F.hardtanh(y, 0.0, 6.0, inplace)
     if activation == "leaky_relu":
-        return F.leaky_relu(y, negative_slope)
+        return F.leaky_relu(y, negative_slope, inplace)
     if activation == "silu":
-        return F.silu(y)
+        return F.silu(y, inplace)
     if activation == "gelu":
         return F.gelu(y)
     if activation == "gelu_tanh":
         return F.gelu(y, approximate="tanh")
     if activation == "sigmoid":
-        return torch.sigmoid(y)
+        return y.sigmoid_() if inplace else torch.sigmoid(y)
     if activation == "tanh":
-        return torch.tanh(y)
+        return y.tanh_() if inplace else torch.tanh(y)
     if activation == "hardswish":
-        return F.hardswish(y)
+        return F.hardswish(y, inplace)
     raise ConvError(f"activation: got {activation!r}; allowed: {', '.join(map(repr, ACTIVATIONS))}")
 
 

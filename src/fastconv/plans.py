@@ -169,6 +169,9 @@ def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, grou
     if problem.n == 0:  # empty batch: empty output, nothing to launch
         return _Plan(problem, lambda *a: problem.new_output(input.device) if a[-1] is None
                      else a[-1])
+    if grad and backend == "auto" and _eager_native(problem):
+        cls = backends.REGISTRY["aten"]
+        return _Plan(problem, _bound(problem, cls, None), "aten", native_grad=True)
     trial = forward_trial(problem, input, weight, bias, scale, shift, residual, out, backend, grad)
     choice = dispatch.choose(problem, backend, run=trial, grad=grad)
     # A native plan's gradients are torch's autograd's (cuDNN's dgrad and wgrad at torch's
@@ -178,6 +181,24 @@ def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, grou
     return _Plan(problem, _bound(problem, cls, choice.config), choice.backend,
                  native_grad=_native(cls, choice.config, problem),
                  provisional=choice.provisional, until=choice.until)
+
+
+def _eager_native(problem: ConvProblem) -> bool:
+    """Whether an eager GPU call with autograd runs torch's own convolution (aten's native
+    plan, cuDNN's searched algorithm, torch's autograd), untimed. In benchmark mode, outside
+    CUDA-graph settings and deterministic mode, where aten runs the problem in its precision.
+
+    Measured in whole training steps (benchmarks/NOTES.md, "Eager training"): the
+    candidates a timing of one layer's forward + backward preferred (Triton forwards with
+    fastconv's backward) made timm resnet50's and efficientnet_b0's eager steps slower than
+    every layer on aten, on the GPU and on the host (the general autograd path's Python per
+    call and per backward), in every run. CUDA-graph training (``settings(graph=True)``)
+    still ranks every candidate by GPU time."""
+    mode, det, graph = dispatch.current()
+    if graph or det or problem.device != "cuda" or (mode or "benchmark") != "benchmark":
+        return False
+    return not backends.REGISTRY["aten"].not_supported_reasons(problem) \
+        and _flags_match(problem)
 
 
 def forward_problem(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
