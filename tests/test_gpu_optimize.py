@@ -71,6 +71,35 @@ def test_resnet50_training_step_within_torch_error():
         assert mine <= max(1e-5, 2 * theirs), (what, mine, theirs)
 
 
+def test_eager_training_in_benchmark_mode_runs_torchs_convolutions():
+    """An eager bf16 training step in benchmark mode (the GPU default) runs every
+    convolution as torch's own (aten's native plan, untimed: plans._eager_native), and its
+    output and gradients are within twice torch's own error against float64."""
+    from fastconv import dispatch
+
+    torch.manual_seed(0)
+    model = tv.models.resnet18().cuda().train().to(memory_format=torch.channels_last)
+    fast = optimize(model, "training", "bf16")
+    ref = copy.deepcopy(model).double()
+    x = torch.randn(6, 3, 72, 88, device="cuda")
+    results = {}
+    with dispatch.settings("benchmark"):
+        for label, net, weight in (("fast", fast, fast.model.conv1_bn_act.weight),
+                                   ("torch", model, model.conv1.weight)):
+            with torch.autocast("cuda", torch.bfloat16, enabled=label == "torch"):
+                y = net(x.contiguous(memory_format=torch.channels_last)).float()
+            results[label] = (y, *torch.autograd.grad(y.square().mean(), weight))
+        held = [m.__dict__["_plan"][1] for m in fast.modules() if "_plan" in m.__dict__]
+    assert len(held) == 20 and all(p is not None and p.native_grad and p.backend == "aten"
+                                   for p in held)
+    y = ref(x.double())
+    results["f64"] = (y, *torch.autograd.grad(y.square().mean(), ref.conv1.weight))
+    for k, what in enumerate(("output", "conv1 weight gradient")):
+        mine = relative_error(results["fast"][k].double(), results["f64"][k])
+        theirs = relative_error(results["torch"][k].double(), results["f64"][k])
+        assert mine <= max(TOLERANCE[Precision.BF16], 2 * theirs), (what, mine, theirs)
+
+
 def _close(what, graphed, eager, tol=1e-5):
     err = relative_error(graphed.double(), eager.double())
     assert err <= tol, (what, err)
