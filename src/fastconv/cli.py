@@ -508,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--size", type=int, default=224, help="input height and width (model)")
     p.add_argument("--precision", default="bf16", help="ieee, tf32, bf16 or fp16")
-    p.add_argument("--train", action="store_true", help="a training step (model)")
+    p.add_argument("--train", action="store_true",
+                   help="a training step (model): the choices CUDA-graph training takes "
+                        "(eager training runs torch's convolution untimed)")
     p.add_argument("--mode", default="fwd",
                    help="suite and shape modes, comma-separated (bench's: fwd, train, eval, "
                         "dgrad, wgrad, bwd)")
