@@ -143,5 +143,6 @@ def main() -> None:
             stats = profiled(step, 5, args.top)
             print(f"  {who}: cumulative ms per step: {_phases(stats, 5)}")
 
+
 if __name__ == "__main__":
     main()
