@@ -211,3 +211,51 @@ def test_identities_leave_the_graph_and_deep_modules_are_reached_flat():
     opt.train()
     with torch.no_grad():
         assert not torch.equal(opt(x), opt(x))
+
+
+class ScaledBlock(nn.Module):
+    """torchvision ConvNeXt's block shape: the graph reads the block's own parameter
+    (``scale``) and calls modules inside it."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(c, 1, 1) + 0.5)
+        self.body = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, groups=c), nn.GELU())
+
+    def forward(self, x):
+        return x + self.scale * self.body(x)
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 1)
+        self.stages = nn.Sequential(nn.Sequential(ScaledBlock(4), ScaledBlock(4)))
+
+    def forward(self, x):
+        return self.stages(self.stem(x))
+
+
+def test_a_block_whose_parameter_the_graph_reads_moves_with_its_modules():
+    """Both the block (for its parameter) and the modules called inside it are reached with
+    one lookup each, every parameter has one path, and checkpoints load both ways."""
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    opt = fastconv.optimize(model, precision="ieee", channels_last=False)
+    code = opt.model.code
+    assert "getattr(" not in code and "self.stages_0_0.scale" in code, code
+    assert "self.stages_0_1_body_0(" in code, code
+    names = [n for n, _ in opt.model.named_parameters(remove_duplicate=False)]
+    assert len(names) == len(set(names)) == len(list(model.parameters())), names
+    x = torch.randn(2, 3, 6, 7)
+    with torch.no_grad():
+        assert relative_error(opt(x), model(x).double()) < 1e-5
+    sd = opt.state_dict()
+    assert set(sd) == set(model.state_dict())
+    fresh = Scaled().eval()
+    fresh.load_state_dict(sd)
+    again = fastconv.optimize(Scaled().eval(), precision="ieee", channels_last=False)
+    again.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert relative_error(fresh(x), model(x).double()) < 1e-6
+        assert relative_error(again(x), model(x).double()) < 1e-5

@@ -450,6 +450,7 @@ class _Tracer(torch.fx.Tracer):
 #: Modules whose forward branches on ``self.training`` (random in training, identity in
 #: eval), from the libraries whose models optimize() is measured on.
 _STOCHASTIC = {("torchvision.ops.stochastic_depth", "StochasticDepth"),
+               ("fastconv.nn.stochastic", "StochasticDepth"),
                ("timm.layers.drop", "DropPath"), ("timm.layers.drop", "DropBlock2d")}
 
 
@@ -602,6 +603,7 @@ def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision,
                               + ([act[0]] if act[0] != "none" else []))
         report.fused.append((name, pattern))
     _drop_identities(gm)
+    _free_eval_stochastic_depth(gm)
     _flatten_targets(gm, state_keys)
     gm.graph.lint()
     gm.delete_all_unused_submodules()
@@ -633,22 +635,47 @@ def _drop_identities(gm: torch.fx.GraphModule) -> None:
             gm.graph.erase_node(node)
 
 
+def _free_eval_stochastic_depth(gm: torch.fx.GraphModule) -> None:
+    """torchvision's StochasticDepth modules the graph calls become fastconv's subclass,
+    whose eval() call returns its input without torchvision's per-call logging and checks
+    (fastconv.nn.stochastic; no state, so no state_dict key changes)."""
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = gm.get_submodule(node.target)
+        if (type(module).__module__, type(module).__name__) != (
+                "torchvision.ops.stochastic_depth", "StochasticDepth"):
+            continue
+        from .nn.stochastic import StochasticDepth
+
+        light = StochasticDepth.from_torchvision(module)
+        if light is not None:
+            parent, _, leaf = node.target.rpartition(".")
+            gm.get_submodule(parent)._modules[leaf] = light
+
+
 def _flatten_targets(gm: torch.fx.GraphModule, state_keys: dict[str, str]) -> None:
     """Each module the graph calls, or reads a parameter or buffer of, two or more levels
-    down (``stages.0.blocks.0.conv_dw``) is registered on ``gm`` itself under a flat name
+    down (``stages.0.blocks.0.conv_dw``) is moved onto ``gm`` itself under a flat name
     (``stages_0_blocks_0_conv_dw``, as fused layers are) and the graph uses that name: the
     traced forward then reaches it with one attribute lookup instead of one
-    ``Module.__getattr__`` per level (timm's ConvNeXt-T: 1309 lookups per forward -> 308).
-    Its state_dict keys map to the original ones (``state_keys``). A module stays where it
-    is when it is held under more than one path, or when another module the graph uses is
-    inside it or holds it (flattening both would give their parameters two paths)."""
+    ``Module.__getattr__`` per level (timm's ConvNeXt-T: 1309 lookups per forward -> 308;
+    torchvision's, whose blocks hold a parameter the graph reads: 776 -> 240). Its
+    state_dict keys map to the original ones (``state_keys``).
+
+    Deepest first, each moved module leaves its parent, so that a module whose parameter
+    the graph reads (torchvision ConvNeXt's ``layer_scale``) moves too once the modules
+    called inside it have left it: no module is reachable by two paths. A module stays
+    where it is when it is held under more than one path, or when it is called and
+    another module the graph uses is inside it, or when it is inside a called module (a
+    called module's forward may use what it holds)."""
     held = collections.Counter(id(m) for _, m in gm.named_modules(remove_duplicate=False))
-    used = {n.target if n.op == "call_module" else n.target.rpartition(".")[0]
-            for n in gm.graph.nodes if n.op == "call_module"
-            or (n.op == "get_attr" and "." in n.target)}
-    nested = {x for p in used for q in used if q.startswith(p + ".") for x in (p, q)}
+    called = {n.target for n in gm.graph.nodes if n.op == "call_module"}
+    used = called | {n.target.rpartition(".")[0] for n in gm.graph.nodes
+                     if n.op == "get_attr" and "." in n.target}
+    stays = {x for p in called for q in used if q.startswith(p + ".") for x in (p, q)}
     flat: dict[str, str] = {}
-    for path in sorted(used - nested):
+    for path in sorted(used - stays, key=lambda p: -p.count(".")):
         module = gm.get_submodule(path)
         if "." not in path or held[id(module)] > 1:
             continue
@@ -657,6 +684,8 @@ def _flatten_targets(gm: torch.fx.GraphModule, state_keys: dict[str, str]) -> No
         while hasattr(gm, name):
             suffix += 1
             name = f"{base}_{suffix}"
+        parent, _, leaf = path.rpartition(".")
+        del gm.get_submodule(parent)._modules[leaf]
         gm.add_submodule(name, module)
         for key in module.state_dict():
             state_keys[f"{name}.{key}"] = state_keys.get(f"{path}.{key}", f"{path}.{key}")
