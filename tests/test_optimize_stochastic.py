@@ -44,3 +44,40 @@ def test_stochastic_depth_follows_the_mode(mode):
         net.train()
         with torch.no_grad():
             assert not torch.equal(net(x), net(x)), f"{name} ({mode}): no drops in train()"
+
+
+def test_torchvision_stochastic_depth_calls_nothing_in_eval(monkeypatch):
+    """optimize() swaps torchvision's StochasticDepth for fastconv's subclass, whose eval()
+    call returns its input without torchvision's function (its API logging and checks on
+    every call); in train() it is torchvision's function; a layer torchvision's would raise
+    on stays torchvision's."""
+    import importlib
+
+    import torchvision
+
+    tv = importlib.import_module("torchvision.ops.stochastic_depth")  # (the module, not the
+    # function torchvision.ops exports under the same name)
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torchvision.ops.StochasticDepth(0.5,
+                                                                                          "row"))
+    bad = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torchvision.ops.StochasticDepth(1.5,
+                                                                                        "row"))
+    net = fastconv.optimize(model, "inference")
+    kept = fastconv.optimize(bad, "inference")
+    light = [m for m in net.modules() if isinstance(m, torchvision.ops.StochasticDepth)]
+    assert [type(m).__module__ for m in light] == ["fastconv.nn.stochastic"]
+    assert (light[0].p, light[0].mode) == (0.5, "row")
+    assert any(type(m) is torchvision.ops.StochasticDepth for m in kept.modules())
+    calls = []
+    real = tv.stochastic_depth
+    monkeypatch.setattr(tv, "stochastic_depth",
+                        lambda *a, **k: calls.append(a) or real(*a, **k))
+    x = torch.randn(8, 3, 5, 5)
+    with torch.no_grad():
+        want = model.eval()(x)
+        calls.clear()
+        assert torch.allclose(net(x), want, atol=1e-5)
+        assert not calls
+        net.train()
+        net(x)
+        assert len(calls) == 1 and calls[0][1:] == (0.5, "row", True)
