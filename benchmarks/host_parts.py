@@ -77,14 +77,36 @@ def autocast_rows(groups: int) -> dict:
     fmod = fastconv.nn.Conv2d(16, 16, 7, **kw).to(memory_format=torch.channels_last)
     forced = fastconv.nn.Conv2d(16, 16, 7, backend="aten", **kw).to(
         memory_format=torch.channels_last)
-    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+    torch.backends.cudnn.benchmark = True  # as the bench runs torch
+
+    def per_region(m):  # autocast entered per call, as a model's forward enters it
+        def call():
+            with torch.autocast("cuda", torch.bfloat16):
+                return m(x)
+        return call
+    with torch.no_grad():
+        out = per_call_us({"torch nn.Conv2d, autocast entered per call": per_region(tmod),
+                           "fastconv.nn.Conv2d, autocast entered per call": per_region(fmod)})
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):  # one region: cached casts
         fmod(x)
+        forced(x)
         plan = fmod.__dict__["_plan"][1]
-        return per_call_us({
+        xb = x.to(torch.bfloat16)
+        wb, bb = fmod._cast_params(fmod.weight, fmod.bias, torch.bfloat16)
+        geo = (1, 3, 1, groups)
+        out.update(per_call_us({
             "torch nn.Conv2d": lambda: tmod(x),
             f"fastconv.nn.Conv2d ({plan.backend})": lambda: fmod(x),
             "fastconv.nn.Conv2d (backend=aten)": lambda: forced(x),
-            "input cast alone (x.to(bf16))": lambda: x.to(torch.bfloat16)})
+            "torch nn.Conv2d, bf16 input": lambda: tmod(xb),
+            "fastconv.nn.Conv2d, bf16 input": lambda: fmod(xb),
+            "fastconv plan.run, bf16 operands": lambda: plan.run(xb, wb, bb, None, None, None,
+                                                                 None),
+            "F.conv2d, bf16 operands": lambda: F.conv2d(xb, wb, bb, *geo),
+            "F.conv2d, float32 input, bf16 weight": lambda: F.conv2d(x, wb, bb, *geo),
+            "input cast alone (x.to(bf16))": lambda: x.to(torch.bfloat16),
+            "input cast alone (x.bfloat16())": lambda: x.bfloat16()}))
+    return out
 
 
 if __name__ == "__main__":
@@ -98,8 +120,8 @@ if __name__ == "__main__":
             print(f"  {row:40s} {us:7.1f}  {us - base:+6.1f}")
     for groups in (16, 1):
         result = autocast_rows(groups)
-        base = result["torch nn.Conv2d"]
+        base = result["torch nn.Conv2d, autocast entered per call"]
         print(f"\nautocast bf16, float32 input, 7x7 groups={groups}: host us per call, and "
-              f"over torch's nn.Conv2d")
+              f"over torch's nn.Conv2d (autocast entered per call)")
         for row, us in result.items():
             print(f"  {row:40s} {us:7.1f}  {us - base:+6.1f}")
