@@ -182,6 +182,23 @@ class Nested(nn.Module):
         return self.head(x).relu()
 
 
+def _same_function_and_keys(opt, model, make, x):
+    """``opt`` (optimized, ieee) computes ``model``'s function, and its state_dict keys are
+    the original model's both ways: its checkpoint loads into a fresh ``make()`` and the
+    model's into a fresh optimized copy."""
+    with torch.no_grad():
+        assert relative_error(opt(x), model(x).double()) < 1e-5
+    sd = opt.state_dict()
+    assert set(sd) == set(model.state_dict())
+    fresh = make().eval()
+    fresh.load_state_dict(sd)
+    again = fastconv.optimize(make().eval(), precision="ieee", channels_last=False)
+    again.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert relative_error(fresh(x), model(x).double()) < 1e-6
+        assert relative_error(again(x), model(x).double()) < 1e-5
+
+
 def test_identities_leave_the_graph_and_deep_modules_are_reached_flat():
     torch.manual_seed(0)
     model = Nested().eval()
@@ -195,18 +212,7 @@ def test_identities_leave_the_graph_and_deep_modules_are_reached_flat():
     assert "stages_1_1" in code and "identity" not in code.lower(), code
     assert "self.norm_ln(" in code and "self.head_0(" in code, code
     x = torch.randn(2, 3, 6, 7)
-    with torch.no_grad():
-        assert relative_error(opt(x), model(x).double()) < 1e-5
-    # state_dict keys are the original model's, both ways
-    sd = opt.state_dict()
-    assert set(sd) == set(model.state_dict())
-    fresh = Nested().eval()
-    fresh.load_state_dict(sd)
-    with torch.no_grad():
-        assert relative_error(fresh(x), model(x).double()) < 1e-6
-        opt2 = fastconv.optimize(Nested().eval(), precision="ieee", channels_last=False)
-        opt2.load_state_dict(model.state_dict())
-        assert relative_error(opt2(x), model(x).double()) < 1e-5
+    _same_function_and_keys(opt, model, Nested, x)
     # train(): the live dropout drops, the p = 0 ones stayed identities
     opt.train()
     with torch.no_grad():
@@ -247,15 +253,4 @@ def test_a_block_whose_parameter_the_graph_reads_moves_with_its_modules():
     assert "self.stages_0_1_body_0(" in code, code
     names = [n for n, _ in opt.model.named_parameters(remove_duplicate=False)]
     assert len(names) == len(set(names)) == len(list(model.parameters())), names
-    x = torch.randn(2, 3, 6, 7)
-    with torch.no_grad():
-        assert relative_error(opt(x), model(x).double()) < 1e-5
-    sd = opt.state_dict()
-    assert set(sd) == set(model.state_dict())
-    fresh = Scaled().eval()
-    fresh.load_state_dict(sd)
-    again = fastconv.optimize(Scaled().eval(), precision="ieee", channels_last=False)
-    again.load_state_dict(model.state_dict())
-    with torch.no_grad():
-        assert relative_error(fresh(x), model(x).double()) < 1e-6
-        assert relative_error(again(x), model(x).double()) < 1e-5
+    _same_function_and_keys(opt, model, Scaled, torch.randn(2, 3, 6, 7))
