@@ -302,3 +302,29 @@ def test_rotation_count_passes_more_than_twice_the_l2_cache():
     assert costs.rotation_count(2 * costs.L2_BYTES) == 1
     n = costs.rotation_count(costs.L2_BYTES // 3)
     assert n == 6 and n * (costs.L2_BYTES // 3) >= 2 * costs.L2_BYTES - 6
+
+
+def test_a_module_s_kept_entry_follows_autocast_and_the_input_dtype():
+    """The module's kept entry is keyed on the operands as given plus autocast's state: a
+    float32 input under bf16 autocast is cast (bf16 out), the same input under fp16
+    autocast gets its own entry (fp16 out), an input already in the autocast dtype is not
+    cast, and leaving autocast computes in float32 again; each result against float64."""
+    conv = fastconv.nn.Conv2d(3, 5, 3, padding=1).eval()
+    x = torch.randn(2, 3, 6, 7)
+    ref = _ref(x, conv.weight, conv.bias, padding=1)
+    seen = []
+    with torch.no_grad():
+        for dtype, given, tol in ((torch.bfloat16, x, 2e-2), (torch.bfloat16, x, 2e-2),
+                                  (torch.float16, x, 2e-3),
+                                  (torch.bfloat16, x.bfloat16(), 2e-2), (None, x, 1e-5)):
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16,
+                                enabled=dtype is not None):
+                y = conv(given)
+            assert y.dtype == (dtype or torch.float32)
+            assert relative_error(y, ref) < tol, (dtype, given.dtype)
+            key, plan, to_input, _, params = conv.__dict__["_plan"]
+            assert plan is not None and params == dtype
+            assert (to_input is not None) == (dtype is not None and given.dtype != dtype)
+            seen.append(conv.__dict__["_plan"])
+    assert seen[1] is seen[0]  # the same signature: kept
+    assert len({id(e) for e in seen}) == 4
