@@ -19,18 +19,21 @@ import fastconv
 from fastconv import plans
 
 
-def per_call_us(fns: dict, calls: int = 300, rounds: int = 7) -> dict:
+def per_call_us(fns: dict, calls: int = 300, rounds: int = 7, sync=None) -> dict:
+    """Each ``fns`` row's us per call: min over ``rounds`` of ``calls`` back-to-back calls,
+    rows alternating, ``sync`` (default: the CUDA device's) around each round."""
+    sync = torch.cuda.synchronize if sync is None else sync
     for fn in fns.values():
         for _ in range(20):
             fn()
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(rounds):
         for name, fn in fns.items():
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
-            torch.cuda.synchronize()
+            sync()
             best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
     return best
 

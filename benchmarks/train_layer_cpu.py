@@ -8,25 +8,10 @@ GPU, aten on the CPU). Each row: min over 9 rounds of 2000 calls, rows alternati
     PYTHONPATH=src python benchmarks/train_layer_cpu.py
 """
 
-import time
-
 import torch
+from host_parts import per_call_us
 
 from fastconv.nn import ConvBNAct2d
-
-
-def per_call_us(fns: dict, calls: int = 2000, rounds: int = 9) -> dict:
-    for fn in fns.values():
-        for _ in range(50):
-            fn()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
-    return best
 
 
 def main() -> None:
@@ -44,7 +29,8 @@ def main() -> None:
         return torch.relu_(torch.batch_norm(y, gamma, beta, mean, var, True, 0.1, 1e-5,
                                             False))
     rows = per_call_us({"torch ops, bare": bare, "torch modules (Sequential)": lambda: seq(x),
-                        "fastconv ConvBNAct2d": lambda: fused(x)})
+                        "fastconv ConvBNAct2d": lambda: fused(x)}, calls=2000, rounds=9,
+                       sync=lambda: None)
     print(torch.__version__, "CPU, 1 thread: us per training forward (min of 9 x 2000)")
     for name, us in rows.items():
         print(f"  {name:30s} {us:7.1f}  {us - rows['torch ops, bare']:+6.1f}")
