@@ -278,11 +278,10 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
                     if g == graph:
                         choice = best
                 if any(r.builds for r in rows):  # timed later, once built (_upgrade)
-                    upgrade = _Upgrade(rows, keys)
+                    upgrade = _Upgrade(rows, keys, op)
                     for k in keys:
                         _UPGRADES[k] = upgrade
-                    choice = dataclasses.replace(choice, provisional=True,
-                                                 until=upgrade.built)
+                    choice = upgrade.stand_in(graph)
     return choice
 
 
@@ -292,6 +291,7 @@ class _Upgrade:
     (``Row.builds``), and the cache keys of its two rankings."""
     rows: list
     keys: list
+    op: str
     done: bool = False
 
     def built(self) -> bool:
@@ -300,6 +300,20 @@ class _Upgrade:
         if not self.done:
             self.done = all(j.done() for r in self.rows if r.builds for j in r.builds)
         return self.done
+
+    def stand_in(self, graph: bool) -> Choice:
+        """The provisional choice while the builds run: the best timed row. A problem met
+        after the process's budget was spent has none: aten, untimed, which for a forward
+        runs cuDNN's heuristic plan (``aten.PROVISIONAL``, as a database choice still
+        compiling does). cudnn.benchmark's search would cost each new shape tens to hundreds
+        of milliseconds for a plan used only until the builds are done (~4 s of
+        efficientnet_b0's first call without a database: benchmarks/NOTES.md, "Session
+        17"); the upgrade times aten with the search, beside the built candidates."""
+        best = _best(self.rows, graph)
+        if self.op == "fprop" and best.backend == "aten" and best.config is None \
+                and not any(r.timed for r in self.rows):
+            best = dataclasses.replace(best, config=aten.PROVISIONAL)
+        return dataclasses.replace(best, provisional=True, until=self.built)
 
 
 #: cache key -> the problem's pending upgrade (both rankings' keys share one)
@@ -316,7 +330,7 @@ def _upgrade(key: str, graph: bool, run) -> Choice:
     up = _UPGRADES[key]
     waiting = [r for r in up.rows if r.builds]
     if run is None or _capturing() or not up.built():
-        return dataclasses.replace(_best(up.rows, graph), provisional=True, until=up.built)
+        return up.stand_in(graph)
     with _key_lock(key):
         if _UPGRADES.get(key) is up:
             # the candidates timed at the first call are timed again beside the new ones, in
