@@ -260,6 +260,43 @@ def test_a_database_choice_runs_once_inside_the_budget_or_gives_way_to_aten(data
     assert ran == []  # adopted once: no second run
 
 
+def test_database_choices_of_a_backend_missing_here_are_tuned_anew_with_one_warning(
+        database, monkeypatch):
+    """The database is measured with every backend installed. Where one is not (the cuDNN
+    frontend is an optional extra), its choices are decided again as new problems, with one
+    warning naming the backend and why, not one per problem."""
+    from fastconv import backends, dispatch
+
+    class _Missing(_Tile):
+        @classmethod
+        def available(cls):
+            return False, "the package is not installed"
+    monkeypatch.setitem(backends.REGISTRY, "tile", _Missing)
+    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {
+        "aten": [], "tile": ["tile is unavailable: the package is not installed"]})
+    monkeypatch.setattr(dispatch, "_WARNED_MISSING", set())
+    monkeypatch.setattr(dispatch, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
+    problems = [dataclasses.replace(fastconv.ConvProblem.from_tensors(
+        torch.randn(2, 3, 9, 7), torch.randn(k, 3, 3, 3), None, padding=1, rank=2),
+        device="cuda") for k in (4, 6)]
+    keys = [dispatch._cache_key(p, "auto", "benchmark", "fprop", False, "eager")
+            for p in problems]
+    database(entries={k: {"backend": "tile", "config": "t", "ms": 0.1} for k in keys})
+    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
+    ran = []
+
+    def run(cls, config):
+        ran.append(cls.NAME)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [dispatch.choose(p, run=run, mode="benchmark").backend for p in problems]
+    assert got == ["aten", "aten"] and ran == ["aten", "aten"]  # each timed as a new problem
+    assert [str(w.message) for w in caught] == [
+        "fastconv: the tuning database's choices for backend 'tile' are not used here (the "
+        "package is not installed): those problems are tuned as new ones"]
+
+
 def test_a_database_choice_compiling_in_the_background_runs_aten_meanwhile(database,
                                                                             monkeypatch):
     """A database choice whose kernels a backend compiles in the background: aten runs the

@@ -259,6 +259,9 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
     with _key_lock(key):
         hit = CACHE.get(key)  # another thread may have decided while we waited
         names = _names(problem, backend, det)
+        if _usable(hit) and "source" in hit and _missing_here(hit):
+            CACHE.discard(key)
+            hit = None
         choice = _decode(hit, problem, op, names, key) if _usable(hit) else None
         if choice is not None and "source" in hit:
             choice = _adopt(choice, hit, key, problem, mode, op, run, names)
@@ -395,6 +398,27 @@ def _adopt(choice: Choice, hit: dict, key: str, problem: ConvProblem, mode: str,
             TUNING.spent_s += _clock() - start
     CACHE.put(key, {k: v for k, v in hit.items() if k != "source"}, persist=False)
     return choice
+
+
+def _missing_here(hit: dict) -> bool:
+    """Whether a tuning-database entry names a backend that this process cannot use at all
+    (``Backend.available``: e.g. the cuDNN frontend, an optional extra, not installed). The
+    database was measured with every backend; such a problem is decided as a new one, with
+    one warning per backend rather than one per problem."""
+    cls = backends.REGISTRY.get(hit.get("backend"))
+    if cls is None:
+        return False  # (``_decode`` reports it)
+    ok, why = cls.available()
+    if not ok and cls.NAME not in _WARNED_MISSING:
+        _WARNED_MISSING.add(cls.NAME)
+        warnings.warn(f"fastconv: the tuning database's choices for backend {cls.NAME!r} are "
+                      f"not used here ({why}): those problems are tuned as new ones",
+                      RuntimeWarning, stacklevel=4)
+    return not ok
+
+
+#: backends whose database choices were skipped with a warning (``_missing_here``)
+_WARNED_MISSING: set[str] = set()
 
 
 #: cache key -> the futures of the background builds its stored choice needs
