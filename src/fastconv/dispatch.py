@@ -27,11 +27,12 @@ Modes:
   model expects fastest (``Backend.prune``), in that order; the rest are never built. A
   choice the per-problem budget or the pruning cut short is stored on disk marked partial (a
   later process uses it; exhaustive tuning redoes it); one made after the per-process budget
-  was spent (nothing timed: aten runs, and is timed beside the candidates building in the
-  background once they are built) stays in memory, so a later process tunes it with its own
-  budget. Tuning one problem for more than ``PROGRESS_AFTER_S`` shows a
-  progress line on a terminal (``FASTCONV_PROGRESS=0``: none). Triton candidates are
-  compiled ahead, all of a problem's at once, by worker processes
+  was spent (nothing timed: aten runs, on cuDNN's heuristic plan for a forward while
+  candidates build, and is timed with its searched plan beside them once they are built)
+  stays in memory, so a later process tunes it with its own budget. Tuning one problem for
+  more than ``PROGRESS_AFTER_S`` shows a progress line on a terminal
+  (``FASTCONV_PROGRESS=0``: none). Triton candidates are compiled ahead, all of a problem's
+  at once, by worker processes
   (``Backend.compile_ahead``; ``FASTCONV_COMPILE_WORKERS``), and timed as their compiles
   finish. Those the budget leaves untimed keep building (a backend that builds in the
   background, ``BUILDS_AHEAD``, starts its builds even when the budget was spent before its
