@@ -234,13 +234,17 @@ _RECAPTURE = textwrap.dedent("""
 """)
 
 
-def test_a_graph_captured_while_budget_cut_candidates_build_is_captured_again(tmp_path):
+@pytest.mark.parametrize("budget", ["0.001,60,2", "0.001,0.001,2"])
+def test_a_graph_captured_while_budget_cut_candidates_build_is_captured_again(tmp_path,
+                                                                             budget):
     """Without a database a budget-cut problem runs its provisional choice (aten) while its
     Triton candidates compile in the workers; a CUDA graph captured then would keep aten
-    for good. Once they are built, the next call times them and captures again."""
+    for good. Once they are built, the next call times them and captures again. With the
+    process's budget spent at the first problem, the second runs aten untimed on cuDNN's
+    heuristic plan meanwhile (``aten.PROVISIONAL``)."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"),
                FASTCONV_CACHE_DIR=str(tmp_path / "plans"), FASTCONV_DISPATCH="benchmark",
-               FASTCONV_TUNING_DB="off", FASTCONV_TUNE_BUDGET="0.001,60,2",
+               FASTCONV_TUNING_DB="off", FASTCONV_TUNE_BUDGET=budget,
                FASTCONV_COMPILE_WORKERS="4")
     done = subprocess.run([sys.executable, "-c", _RECAPTURE], env=env, capture_output=True,
                           text=True, timeout=400)
