@@ -297,6 +297,29 @@ def test_database_choices_of_a_backend_missing_here_are_tuned_anew_with_one_warn
         "package is not installed): those problems are tuned as new ones"]
 
 
+@pytest.mark.parametrize("backend", [["aten"], None, "nope"])
+def test_a_database_entry_naming_no_backend_is_refused_and_decided_anew(database, monkeypatch,
+                                                                          backend):
+    """An entry whose backend is not a registered backend's name (a hand-edited or corrupt
+    file) is dropped with a warning, and the problem decided as a new one."""
+    from fastconv import dispatch
+
+    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": []})
+    monkeypatch.setattr(dispatch, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
+    problem = dataclasses.replace(fastconv.ConvProblem.from_tensors(
+        torch.randn(2, 3, 9, 7), torch.randn(4, 3, 3, 3), None, padding=1, rank=2),
+        device="cuda")
+    key = dispatch._cache_key(problem, "auto", "benchmark", "fprop", False, "eager")
+    database(entries={key: {"backend": backend, "config": None}})
+    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
+    ran = []
+    with pytest.warns(RuntimeWarning, match="ignoring the stored plan"):
+        choice = dispatch.choose(problem, run=lambda cls, config: ran.append(cls.NAME),
+                                 mode="benchmark")
+    assert choice.backend == "aten" and ran == ["aten"]
+
+
 def test_a_database_choice_compiling_in_the_background_runs_aten_meanwhile(database,
                                                                             monkeypatch):
     """A database choice whose kernels a backend compiles in the background: aten runs the

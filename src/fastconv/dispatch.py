@@ -406,7 +406,8 @@ def _missing_here(hit: dict) -> bool:
     (``Backend.available``: e.g. the cuDNN frontend, an optional extra, not installed). The
     database was measured with every backend; such a problem is decided as a new one, with
     one warning per backend rather than one per problem."""
-    cls = backends.REGISTRY.get(hit.get("backend"))
+    name = hit.get("backend")
+    cls = backends.REGISTRY.get(name) if isinstance(name, str) else None
     if cls is None:
         return False  # (``_decode`` reports it)
     ok, why = cls.available()
