@@ -11,7 +11,11 @@ plans per thread, so each starts from an empty cache):
 - ``det+find``: the heuristic plan with cudnn.deterministic on first, then the benchmark
   search in the same thread: whether the search still runs (the deterministic flag is part
   of PyTorch's plan-cache key, so a provisional call made so does not leave its heuristic
-  plan where a later benchmark-mode call would find it).
+  plan where a later benchmark-mode call would find it);
+- ``native``: cuDNN off (torch.backends.cudnn.enabled = False: PyTorch's own CUDA kernels,
+  depthwise or im2col + GEMM, which build no plan), the plain convolutions only: what a
+  stand-in that builds nothing would cost (cuDNN's heuristic plan took ~42 ms per new shape
+  in mobilenetv3's first call, issue 21 session 17).
 Each gives the first call's wall time and the steady state's GPU time (median of 30 CUDA
 event timings of 20 calls). Usage (GPU): python benchmarks/cudnn_search_cost.py [DB.json]
 """
@@ -58,10 +62,21 @@ def call(p):
     return lambda: torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, *geo)
 
 
-def measure(fn, benchmark: bool, deterministic_first: bool = False) -> tuple[float, float]:
-    """(first call ms, steady GPU ms per call) in a fresh thread."""
+def measure(fn, benchmark: bool, deterministic_first: bool = False,
+            cudnn: bool = True) -> tuple[float, float]:
+    """(first call ms, steady GPU ms per call) in a fresh thread (``cudnn``: the process-wide
+    flag during the measurement)."""
     out = {}
+    enabled = torch.backends.cudnn.enabled
+    torch.backends.cudnn.enabled = cudnn
+    try:
+        _in_thread(fn, benchmark, deterministic_first, out)
+    finally:
+        torch.backends.cudnn.enabled = enabled
+    return out["first"], out["steady"]
 
+
+def _in_thread(fn, benchmark: bool, deterministic_first: bool, out: dict) -> None:
     def body():
         if deterministic_first:
             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
@@ -87,7 +102,6 @@ def measure(fn, benchmark: bool, deterministic_first: bool = False) -> tuple[flo
     t = threading.Thread(target=body)
     t.start()
     t.join()
-    return out["first"], out["steady"]
 
 
 def main():
@@ -98,26 +112,29 @@ def main():
           torch.backends.cudnn.version())
     measure(lambda: torch.ones(1, device="cuda"), False)  # context, cuDNN handle
     rows = []
-    print(f"{'problem':76s} {'fused':5s} {'first ms heur/find/det+find':>28s} "
-          f"{'steady us heur/find':>20s}")
+    print(f"{'problem':76s} {'fused':5s} {'first ms heur/find/det+find/native':>37s} "
+          f"{'steady us heur/find/native':>29s}")
+    nan = (float("nan"), float("nan"))
     for p in problems(db):
         fn = call(p)
         h = measure(fn, False)
         f = measure(fn, True)
         d = measure(fn, True, deterministic_first=True)
-        rows.append((p, h, f, d))
-        print(f"{p['key']:76s} {str(p['fused']):5s} {h[0]:8.1f} {f[0]:8.1f} {d[0]:8.1f}   "
-              f"{h[1] * 1e3:8.1f} {f[1] * 1e3:8.1f}")
+        n = nan if p["fused"] else measure(fn, False, cudnn=False)
+        rows.append((p, h, f, d, n))
+        print(f"{p['key']:76s} {str(p['fused']):5s} {h[0]:8.1f} {f[0]:8.1f} {d[0]:8.1f} "
+              f"{n[0]:8.1f}   {h[1] * 1e3:8.1f} {f[1] * 1e3:8.1f} {n[1] * 1e3:8.1f}")
     for fused in (True, False):
         sel = [r for r in rows if r[0]["fused"] == fused]
         if not sel:
             continue
         ratio = statistics.geometric_mean([r[1][1] / r[2][1] for r in sel])
         worst = max(r[1][1] / r[2][1] for r in sel)
+        native = "" if fused else f", native {sum(r[4][0] for r in sel):7.0f} ms"
         print(f"{'cudnn_relu' if fused else 'conv2d':10s} {len(sel):3d} problems: first calls "
               f"heur {sum(r[1][0] for r in sel):7.0f} ms, find {sum(r[2][0] for r in sel):7.0f}"
-              f" ms, find after det heur {sum(r[3][0] for r in sel):7.0f} ms; steady heur/find "
-              f"geomean {ratio:.3f}, worst {worst:.3f}")
+              f" ms, find after det heur {sum(r[3][0] for r in sel):7.0f} ms{native}; steady "
+              f"heur/find geomean {ratio:.3f}, worst {worst:.3f}")
 
 
 if __name__ == "__main__":
