@@ -821,6 +821,9 @@ def test_past_the_process_budget_aten_runs_untimed_until_the_builds_are_done(fak
     assert (final.config, final.provisional) == ("c", False)
     assert sorted(calls, key=str) == [("aten", None), ("fake", "a"), ("fake", "b"),
                                       ("fake", "c")]
+    # a gradient's stand-in keeps aten's own plan (aten.PROVISIONAL is a forward's)
+    grad = dispatch.choose(_problem(k=6), run=run, mode="benchmark", op="dgrad")
+    assert (grad.backend, grad.config, grad.provisional) == ("aten", None, True)
     stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]
     assert [e["config"] for e in stored.values()] == ["c", "c"]
 
