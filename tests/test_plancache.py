@@ -225,6 +225,25 @@ class _Tile(Backend):
         return ["t"]
 
 
+#: a database entry choosing ``_Tile``'s configuration
+_TILE_CHOICE = {"backend": "tile", "config": "t", "ms": 0.1}
+
+
+def _stored(database, monkeypatch, entry: dict, ks=(4,)):
+    """CUDA problems with ``ks`` output channels (a 2x3x9x7 input, 3x3 kernels) and their
+    eager benchmark keys; the database holds ``entry`` for each, read by dispatch's cache."""
+    from fastconv import dispatch
+
+    problems = [dataclasses.replace(fastconv.ConvProblem.from_tensors(
+        torch.randn(2, 3, 9, 7), torch.randn(k, 3, 3, 3), None, padding=1, rank=2),
+        device="cuda") for k in ks]
+    keys = [dispatch._cache_key(p, "auto", "benchmark", "fprop", False, "eager")
+            for p in problems]
+    database(entries={k: dict(entry) for k in keys})
+    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    return problems, keys
+
+
 def test_a_database_choice_runs_once_inside_the_budget_or_gives_way_to_aten(database,
                                                                             monkeypatch):
     """The first use of a database choice runs it once (compiling it) and charges that to
@@ -242,13 +261,7 @@ def test_a_database_choice_runs_once_inside_the_budget_or_gives_way_to_aten(data
         ran.append(cls.NAME)
         now[0] += 3.0  # a compilation
     monkeypatch.setattr(dispatch, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
-    problems = [dataclasses.replace(fastconv.ConvProblem.from_tensors(
-        torch.randn(2, 3, 9, 7), torch.randn(k, 3, 3, 3), None, padding=1, rank=2),
-        device="cuda") for k in (4, 6, 8)]
-    keys = [dispatch._cache_key(p, "auto", "benchmark", "fprop", False, "eager")
-            for p in problems]
-    database(entries={k: {"backend": "tile", "config": "t", "ms": 0.1} for k in keys})
-    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    problems, _ = _stored(database, monkeypatch, _TILE_CHOICE, ks=(4, 6, 8))
     monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
     got = [dispatch.choose(p, run=run, mode="benchmark").backend for p in problems]
     # 0 -> 3 s, 3 -> 6 s: both adopted (run once each); then spent: aten for the third,
@@ -276,13 +289,7 @@ def test_database_choices_of_a_backend_missing_here_are_tuned_anew_with_one_warn
         "aten": [], "tile": ["tile is unavailable: the package is not installed"]})
     monkeypatch.setattr(dispatch, "_WARNED_MISSING", set())
     monkeypatch.setattr(dispatch, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
-    problems = [dataclasses.replace(fastconv.ConvProblem.from_tensors(
-        torch.randn(2, 3, 9, 7), torch.randn(k, 3, 3, 3), None, padding=1, rank=2),
-        device="cuda") for k in (4, 6)]
-    keys = [dispatch._cache_key(p, "auto", "benchmark", "fprop", False, "eager")
-            for p in problems]
-    database(entries={k: {"backend": "tile", "config": "t", "ms": 0.1} for k in keys})
-    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    problems, _ = _stored(database, monkeypatch, _TILE_CHOICE, ks=(4, 6))
     monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
     ran = []
 
@@ -306,12 +313,7 @@ def test_a_database_entry_naming_no_backend_is_refused_and_decided_anew(database
 
     monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": []})
     monkeypatch.setattr(dispatch, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
-    problem = dataclasses.replace(fastconv.ConvProblem.from_tensors(
-        torch.randn(2, 3, 9, 7), torch.randn(4, 3, 3, 3), None, padding=1, rank=2),
-        device="cuda")
-    key = dispatch._cache_key(problem, "auto", "benchmark", "fprop", False, "eager")
-    database(entries={key: {"backend": backend, "config": None}})
-    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    (problem,), (key,) = _stored(database, monkeypatch, {"backend": backend, "config": None})
     monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
     ran = []
     with pytest.warns(RuntimeWarning, match="ignoring the stored plan"):
@@ -341,12 +343,7 @@ def test_a_database_choice_compiling_in_the_background_runs_aten_meanwhile(datab
     monkeypatch.setitem(backends.REGISTRY, "tile", _Building)
     monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": [], "tile": []})
     monkeypatch.setattr(dispatch, "_AHEAD", {})
-    problem = dataclasses.replace(fastconv.ConvProblem.from_tensors(
-        torch.randn(2, 3, 9, 7), torch.randn(4, 3, 3, 3), None, padding=1, rank=2),
-        device="cuda")
-    key = dispatch._cache_key(problem, "auto", "benchmark", "fprop", False, "eager")
-    database(entries={key: {"backend": "tile", "config": "t", "ms": 0.1}})
-    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    (problem,), (key,) = _stored(database, monkeypatch, _TILE_CHOICE)
     monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
     ran = []
 
