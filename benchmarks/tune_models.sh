@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Fill one plan cache by exhaustive tuning (`fastconv tune`) for the tuning database:
 # models of the models suite (eval at their suite batch and size; TRAIN=1: a training step)
-# and bench suites, in PRECISION (default bf16: fp16, tf32 for the database's other columns).
-# Usage (device): CACHE=/path bash benchmarks/tune_models.sh model:NAME[:BATCH[:SIZE]] suite:NAME ...
+# bench suites and single convolutions (shape:SPEC, SPEC as `fastconv tune --shape` takes it),
+# in PRECISION (default bf16: fp16, tf32 for the database's other columns).
+# Usage (device): CACHE=/path bash benchmarks/tune_models.sh model:NAME[:BATCH[:SIZE]] suite:NAME
+#   shape:SPEC ...  (SUITE_MODES: the modes of suites and shapes, default fwd,dgrad,wgrad)
 # Each item is capped at ITEM_S seconds (default 280); the cache is copied to $OUT after each.
 # Then (here, with the cache that came back) `build_tuning_db.py --keep --capability 9.0 FILE`.
 set -uo pipefail
@@ -18,6 +20,10 @@ for item in "$@"; do
   if [ "$kind" = model ]; then
     args=(--model "$name" --batch "${batch:-32}" --size "${size:-224}" --precision "$prec"
           "${train[@]}")
+  elif [ "$kind" = shape ]; then
+    name=${item#shape:}
+    args=(--shape "$name" --mode "${SUITE_MODES:-fwd,dgrad,wgrad}" --precision "$prec")
+    name=${name%%:*}
   else
     args=(--suite "$name" --mode "${SUITE_MODES:-fwd,dgrad,wgrad}" --precision "$prec")
   fi
