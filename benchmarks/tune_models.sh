@@ -23,7 +23,7 @@ for item in "$@"; do
   elif [ "$kind" = shape ]; then
     name=${item#shape:}
     args=(--shape "$name" --mode "${SUITE_MODES:-fwd,dgrad,wgrad}" --precision "$prec")
-    name=${name%%:*}
+    name=${name//[:=]/_}
   else
     args=(--suite "$name" --mode "${SUITE_MODES:-fwd,dgrad,wgrad}" --precision "$prec")
   fi
