@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # First call of a model, each in a fresh process with an empty fastconv plan cache and an
 # empty Triton kernel cache: torch (cudnn.benchmark=True) and fastconv.optimize in separate
-# processes, through the models suite (its rows carry first_call_s and the steady state).
+# processes, through the models suite (its rows carry first_call_s, prepare_s: optimize()
+# itself or torch's deepcopy before it, and the steady state).
 # Usage (device machine, repository root): bash benchmarks/firstcall.sh CASE... ; env:
 # BUDGET (--tune-budget, default "default"), MODE (default eval), PRECISION (bf16), OUT,
 # RUNS (default 1): with 2, fastconv runs a second process that keeps the first's plan and
@@ -32,12 +33,14 @@ import runpy, sys; sys.argv[0] = 'fastconv'; runpy.run_module('fastconv.cli', ru
 done
 python3 - "$OUT/firstcall" <<'PY'
 import glob, json, sys
-print(f"{'case':34s} {'run':22s} {'first call s':>12s} {'builds s':>8s} {'eager ms':>9s} {'graph ms':>9s}")
+print(f"{'case':34s} {'run':22s} {'prepare s':>9s} {'first call s':>12s} {'builds s':>8s} "
+      f"{'eager ms':>9s} {'graph ms':>9s}")
 for f in sorted(glob.glob(sys.argv[1] + "/*/*.json")):
     doc = json.load(open(f))
     run = f.split("/")[-2][len(doc["rows"][0]["case"]) + 1:] if doc["rows"] else ""
     for r in doc["rows"]:
-        print(f"{r['case']:34s} {run:22s} {r.get('first_call_s') or float('nan'):12.1f} "
+        print(f"{r['case']:34s} {run:22s} {r.get('prepare_s') or float('nan'):9.2f} "
+              f"{r.get('first_call_s') or float('nan'):12.1f} "
               f"{r.get('builds_left_s') or float('nan'):8.1f} "
               f"{r.get('ms_p50') or float('nan'):9.3f} {r.get('graph_ms_p50') or float('nan'):9.3f}")
 PY

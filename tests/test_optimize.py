@@ -174,4 +174,5 @@ def test_models_suite_rows(mode, monkeypatch):
         # against float64: torch's own error and fastconv's, same order
         assert by[p]["rel_err"] < (1e-5 if mode == "eval" else 1e-3)
         assert by[p]["timing"] == "not measured (no GPU)"
+        assert by[p]["prepare_s"] > 0 and by[p]["first_call_s"] > 0
     assert by["fastconv"]["choice"] == "53 fused, 0 left"

@@ -10,7 +10,9 @@ same with ``cuda_graph=True``: inference replayed, training forward + backward r
 SGD step eager), ``fastconv_compile`` and ``fastconv_compile_ro`` (``fastconv.compile``:
 ``torch.compile`` of the optimized model with combo kernels, default and reduce-overhead
 mode). Every row has ``first_call_s``: the first call's wall time (compilation, dispatch and
-autotuning), kept out of the timing; fastconv rows also ``builds_left_s``: how long kernels
+autotuning), kept out of the timing, and ``prepare_s``: the time to build the provider's model
+before it (``optimize``'s trace and fusion, torch's ``deepcopy`` and channels-last copy,
+``torch.compile``'s wrapper; a user's first result waits for both); fastconv rows also ``builds_left_s``: how long kernels
 the first call left compiling in the background (aten running their layers meanwhile) took
 to finish after it. Every row's ``rel_err`` is against a float64 run of the
 same model (dropout off), so the table shows torch's own error beside fastconv's. In
@@ -211,7 +213,9 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
             try:
                 if provider not in PROVIDERS:
                     raise ValueError(f"not a models provider (use {', '.join(PROVIDERS)})")
+                start = time.perf_counter()
                 fn, net = _callable(provider, model, x, precision, mode)
+                row["prepare_s"] = time.perf_counter() - start
                 start = time.perf_counter()
                 with no_dropout(net):
                     y = fn()  # compiles, dispatches and autotunes: kept out of the timing
