@@ -10,13 +10,13 @@ same with ``cuda_graph=True``: inference replayed, training forward + backward r
 SGD step eager), ``fastconv_compile`` and ``fastconv_compile_ro`` (``fastconv.compile``:
 ``torch.compile`` of the optimized model with combo kernels, default and reduce-overhead
 mode). Every row has ``first_call_s``: the first call's wall time (compilation, dispatch and
-autotuning), kept out of the timing, and ``prepare_s``: the time to build the provider's model
-before it (``optimize``'s trace and fusion, torch's ``deepcopy`` and channels-last copy,
-``torch.compile``'s wrapper; a user's first result waits for both); fastconv rows also ``builds_left_s``: how long kernels
-the first call left compiling in the background (aten running their layers meanwhile) took
-to finish after it. Every row's ``rel_err`` is against a float64 run of the
-same model (dropout off), so the table shows torch's own error beside fastconv's. In
-``train`` rows (BatchNorm on batch statistics) DeepLab in bf16 shows ~0.79 for every
+autotuning), kept out of the timing, and ``prepare_s``: the time to build the provider's
+model before it (``optimize``'s trace and fusion, torch's ``deepcopy`` and channels-last
+copy, ``torch.compile``'s wrapper; a user's first result waits for both); fastconv rows also
+``builds_left_s``: how long kernels the first call left compiling in the background (aten
+running their layers meanwhile) took to finish after it. Every row's ``rel_err`` is against a
+float64 run of the same model (dropout off), so the table shows torch's own error beside
+fastconv's. In ``train`` rows (BatchNorm on batch statistics) DeepLab in bf16 shows ~0.79 for every
 provider, torch's included (ResNet-50: 0.12); the cause is not established (fp32 stays near
 1e-4 on the CPU), so compare providers there, not against the contract.
 ``eval`` rows are also timed as CUDA-graph replays (``graph_ms_p50``).
