@@ -31,7 +31,7 @@ from torch import nn
 from . import backends, dispatch
 from .errors import ConvError
 from .nn import convert
-from .nn.fused import ConvBNAct1d, ConvBNAct2d, _activation_of, _torch_activation
+from .nn.fused import ConvBNAct1d, ConvBNAct2d, _activation_of
 
 MODES = ("inference", "training")
 
@@ -704,20 +704,14 @@ def _fused_layer(conv, bn, act, precision) -> nn.Module:
     BatchNorm (the model is already a copy): weights tied to other layers stay tied. A
     norm-act module (its activation now the fused layer's) becomes a plain BatchNorm
     holding the same parameters and buffers."""
-    fused = _FUSED[_conv_rank(conv)][2].from_torch(conv, bn, _torch_activation(*act),
-                                                   precision=precision)
-    fused.weight = conv.weight
-    if conv.bias is not None:
-        fused.bias = conv.bias
+    rank = _conv_rank(conv)
     if getattr(bn, "act", None) is not None:
-        plain = _FUSED[_conv_rank(conv)][1](bn.num_features, bn.eps, bn.momentum, bn.affine,
-                                             bn.track_running_stats)
+        plain = _FUSED[rank][1](bn.num_features, bn.eps, bn.momentum, bn.affine,
+                                bn.track_running_stats, device="meta")
         plain._parameters.update(bn._parameters)  # the very tensors
         plain._buffers.update(bn._buffers)
         bn = plain.train(bn.training)
-    fused.bn = bn
-    fused.train(bn.training)
-    return fused
+    return _FUSED[rank][2]._holding(conv, bn, *act, precision=precision)
 
 
 def _why_not(node, conv, calls, modules) -> str:

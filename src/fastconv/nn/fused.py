@@ -225,6 +225,23 @@ class _ConvBNActMixin:
         module.bn = copy.deepcopy(bn)  # every BatchNorm option (e.g. bias=False) as it is
         return module.train(conv.training)
 
+    @classmethod
+    def _holding(cls, conv: torch.nn.Module, bn: torch.nn.Module, activation: str,
+                 negative_slope: float, **kwargs):
+        """The fused module over ``conv``'s own Parameters and ``bn`` itself: no copies, no
+        initialisation (built on the meta device, as ``convert`` builds its modules), so
+        tied weights stay tied. ``bn`` must be a ``cls._BN``; its training flag is the
+        module's."""
+        module = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                     conv.padding, conv.dilation, conv.groups, conv.bias is not None, bn.eps,
+                     bn.momentum, bn.affine, bn.track_running_stats, activation,
+                     padding_mode=conv.padding_mode, negative_slope=negative_slope,
+                     device="meta", dtype=conv.weight.dtype, **kwargs)
+        module.weight = conv.weight
+        module.bias = conv.bias
+        module.bn = bn
+        return module.train(bn.training)
+
     def to_torch(self) -> torch.nn.Sequential:
         """An equivalent ``torch.nn.Sequential(Conv, BatchNorm, activation)`` (copies)."""
         ref = self.weight
