@@ -214,47 +214,6 @@ def test_the_shipped_databases_are_well_formed():
                                        for k in data["entries"])
 
 
-#: suite layers a shipped database does not hold yet: (file, suite, precision, mode) -> the
-#: cases left out (None: all). The coverage test fails once a gap is filled, to keep this true.
-_KNOWN_GAPS = {
-    ("nvidia-h100-80gb-hbm3.json", "depthwise", "tf32", "dgrad"): None,
-    ("nvidia-h100-80gb-hbm3.json", "depthwise", "tf32", "wgrad"):
-        {"dw_960_7_k3", "dw_240_28_k5", "dw_672_14_k5"},
-}
-
-
-@pytest.mark.parametrize("name", sorted(f for f in os.listdir(plancache.DATABASE_DIR)
-                                        if f.endswith(".json")))
-def test_the_shipped_databases_hold_every_layer_of_the_tuned_suites(name):
-    """Issue 21: a GPU's database holds the eager and the CUDA-graph choice of every layer of
-    the resnet50, depthwise and seed002_conv1d suites, forward and both gradients, in bf16,
-    fp16 and tf32, under the keys the bench's and ``fastconv tune``'s calls look up; but for
-    the gaps listed in ``_KNOWN_GAPS``."""
-    from fastconv import dispatch
-    from fastconv.bench import runner, suites
-    from fastconv.precision import Precision
-
-    with open(os.path.join(plancache.DATABASE_DIR, name), encoding="utf-8") as f:
-        entries = json.load(f)["entries"]
-    missing = {}
-    for suite in ("resnet50", "depthwise", "seed002_conv1d"):
-        for precision in (Precision.BF16, Precision.FP16, Precision.TF32):
-            layout = "nchw" if precision == Precision.TF32 else "nhwc"  # as tune_cases
-            for mode, op in (("fwd", "fprop"), ("dgrad", "dgrad"), ("wgrad", "wgrad")):
-                for case in suites.get(suite):
-                    t = runner._input_sets(case, precision, layout, mode, device="meta")[0]
-                    problem = dataclasses.replace(runner._problem(case, precision, mode, t),
-                                                  device="cuda")
-                    if any(dispatch._cache_key(problem, "auto", "benchmark", op, False, cost)
-                           not in entries for cost in ("eager", "graph")):
-                        missing.setdefault((name, suite, precision.value, mode),
-                                           set()).add(case.name)
-    every = {k: {c.name for c in suites.get(k[1])} for k in _KNOWN_GAPS}
-    expected = {k: every[k] if v is None else v for k, v in _KNOWN_GAPS.items()
-                if k[0] == name}
-    assert missing == expected
-
-
 class _Tile(Backend):
     """A fake backend with one configuration."""
     NAME = "tile"
