@@ -47,6 +47,8 @@ def main() -> int:
     args = ap.parse_args()
     shards = [parse(s) for s in args.shards]
     out = os.environ.get("OUT", "out")
+    # the carried wheels, installed once here: every shard's tune_models.sh sources this too
+    subprocess.run(["bash", "-c", f"source {HERE}/device_env.sh"], check=False)
     start = time.monotonic()
     todo = list(enumerate(shards))
     lock = threading.Lock()
