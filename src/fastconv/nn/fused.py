@@ -215,14 +215,9 @@ class _ConvBNActMixin:
             raise ConvError(f"bn: {type(bn).__name__}({bn.num_features}) after a convolution "
                             f"of {conv.out_channels} output channels; they must be equal")
         act, slope = _activation_of(activation)
-        ref = conv.weight
-        module = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
-                     conv.padding, conv.dilation, conv.groups, conv.bias is not None, bn.eps,
-                     bn.momentum, bn.affine, bn.track_running_stats, act,
-                     padding_mode=conv.padding_mode, negative_slope=slope, device=ref.device,
-                     dtype=ref.dtype, **kwargs)
-        module.load_state_dict(conv.state_dict(), strict=False)  # conv keys; bn below
-        module.bn = copy.deepcopy(bn)  # every BatchNorm option (e.g. bias=False) as it is
+        # copies of the convolution's parameters, and of the BatchNorm with every option of
+        # it (e.g. bias=False) as it is
+        module = cls._holding(copy.deepcopy(conv), copy.deepcopy(bn), act, slope, **kwargs)
         return module.train(conv.training)
 
     @classmethod
