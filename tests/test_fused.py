@@ -253,6 +253,18 @@ def test_state_dict_round_trip_and_torch_interop():
     assert relative_error(fresh(x), seq(x)) < 1e-6 and relative_error(back(x), seq(x)) == 0
 
 
+def test_from_torch_copies_the_parameters_as_they_are():
+    """Copies, not the same tensors; a frozen weight stays frozen."""
+    conv, bn = torch.nn.Conv2d(3, 5, 3, bias=False), torch.nn.BatchNorm2d(5, affine=False)
+    conv.weight.requires_grad_(False)
+    m = ConvBNAct2d.from_torch(conv, bn)
+    assert torch.equal(m.weight, conv.weight) and m.weight is not conv.weight
+    assert not m.weight.requires_grad and m.bias is None and m.bn.weight is None
+    assert m.bn is not bn and m.bn.running_mean is not bn.running_mean
+    m.weight.data.add_(1)
+    assert not torch.equal(m.weight, conv.weight)
+
+
 def test_bad_arguments_are_clear_errors():
     x, w = torch.randn(1, 2, 1, 1), torch.randn(3, 2, 1, 1)
     with pytest.raises(ConvError, match="more than 1 value per channel"):
