@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import statistics
 import time
 
 import torch
 
 import fastconv
-from fastconv import backends, dispatch, plans
+from fastconv import plans
 from fastconv.bench import models
 from fastconv.tune import build
 
+_EAGER_NATIVE = plans._eager_native
+
 
 def _native_everywhere(problem) -> bool:
-    """``plans._eager_native`` without its GPU condition."""
-    _, det, graph = dispatch.current()
-    return not graph and not det and not backends.REGISTRY["aten"].not_supported_reasons(problem)
+    """``plans._eager_native``, asked as if the problem were on the GPU."""
+    return _EAGER_NATIVE(dataclasses.replace(problem, device="cuda"))
 
 
 def main() -> None:
