@@ -6,6 +6,7 @@
 # Usage (device): CACHE=/path bash benchmarks/tune_models.sh model:NAME[:BATCH[:SIZE]] suite:NAME
 #   shape:SPEC ...  (SUITE_MODES: the modes of suites and shapes, default fwd,dgrad,wgrad)
 # Each item is capped at ITEM_S seconds (default 280); the cache is copied to $OUT after each.
+# TUNE_COST=1: through tune_cost.py, each item's log ending in its candidates' costs.
 # Then (here, with the cache that came back) `build_tuning_db.py --keep --capability 9.0 FILE`.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -14,6 +15,8 @@ logs=${OUT:-out}/tune-logs  # tarred at the end: at most 8 files come back from 
 mkdir -p "$cache" "$logs"
 prec=${PRECISION:-bf16}
 train=(); [ "${TRAIN:-0}" = 1 ] && train=(--train)
+tune=(python3 -m fastconv.cli tune)
+[ "${TUNE_COST:-0}" = 1 ] && tune=(python3 "$(dirname "$0")/tune_cost.py")
 for item in "$@"; do
   IFS=: read -r kind name batch size <<< "$item"
   start=$SECONDS
@@ -27,7 +30,7 @@ for item in "$@"; do
   else
     args=(--suite "$name" --mode "${SUITE_MODES:-fwd,dgrad,wgrad}" --precision "$prec")
   fi
-  FASTCONV_CACHE_DIR=$cache timeout "${ITEM_S:-280}" python3 -m fastconv.cli tune "${args[@]}" \
+  FASTCONV_CACHE_DIR=$cache timeout "${ITEM_S:-280}" "${tune[@]}" "${args[@]}" \
     > "$logs/tune-$name-$prec.log" 2>&1 || echo "$item: exit $?"
   echo "$item: $((SECONDS - start)) s, $(tail -1 "$logs/tune-$name-$prec.log")"
   cp "$cache"/plans-v1.json "${OUT:-out}/plans-tuned.json" 2>/dev/null
