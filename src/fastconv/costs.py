@@ -29,15 +29,24 @@ def time_costs(fn: Callable[[], None], warmup: int = 5, batches: int = 7,
     start = time.perf_counter()
     for _ in range(per_batch):  # (the host runs ahead of the GPU, or the GPU waits for it)
         fn()
-    host_guess = (time.perf_counter() - start) * 1e3 / per_batch
+    first_guess = host_guess = (time.perf_counter() - start) * 1e3 / per_batch
     torch.cuda.synchronize()
     gpu, host = [], []
     for _ in range(batches):
         g, h = _queued_batch(fn, per_batch, host_guess)
         gpu.append(g)
         host.append(h)
-        host_guess = max(host_guess, h)
+        # a longer spin for a slower host, but bounded: a call of more launches than the
+        # launch queue holds (cuDNN's fp32 grouped engines launch per group) blocks the host
+        # until the spin ends, so its host time grew with the spin, and the spin with it,
+        # doubling each batch (20-43 s to time one tf32 depthwise candidate of ~4 ms)
+        host_guess = max(host_guess, min(h, HOST_GUESS_GROWTH * first_guess))
     return statistics.median(gpu), min(host)
+
+
+#: How far a batch's host time may lengthen the next batch's spin in ``time_costs``, as a
+#: multiple of the host time per call measured before the batches
+HOST_GUESS_GROWTH = 2.0
 
 
 def _queued_batch(fn: Callable[[], None], calls: int, host_guess: float) -> tuple[float, float]:
