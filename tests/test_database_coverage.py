@@ -23,11 +23,7 @@ PRECISIONS = (Precision.BF16, Precision.FP16, Precision.TF32)
 
 #: suite layers a database does not hold yet: (file, suite, precision, mode) -> the cases
 #: left out (None: all of them)
-KNOWN_GAPS = {
-    ("nvidia-h100-80gb-hbm3.json", "depthwise", "tf32", "dgrad"): None,
-    ("nvidia-h100-80gb-hbm3.json", "depthwise", "tf32", "wgrad"):
-        {"dw_960_7_k3", "dw_240_28_k5", "dw_672_14_k5"},
-}
+KNOWN_GAPS: dict[tuple[str, str, str, str], set[str] | None] = {}
 
 #: the models of issue 21's first-call targets, at the models suite's batch and size
 MODELS = (("timm_resnet50", 32, 224), ("resnet50", 64, 224),
