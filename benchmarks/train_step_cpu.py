@@ -2,12 +2,14 @@
 model against ``optimize(model, "training")``, at a tiny size (batch 2, 32x32, float32, one
 thread) where the step is mostly host work. Medians of alternating steps.
 
-On the CPU fastconv's convolutions take its general autograd path (a Python backward);
-``--gpu-path`` makes them take the one eager GPU training runs (``plans._eager_native``:
-torch's own convolution and autograd, untimed), so the rows compare the two libraries'
-host layers as a GPU host runs them, without a GPU's noise.
+On the CPU fastconv's convolutions go through dispatch (its CPU choice, aten, differentiated
+by torch's autograd where ``plans._native`` allows); ``--gpu-path`` makes them take the path
+eager GPU training runs (``plans._eager_native``: torch's own convolution and autograd,
+untimed), so the rows compare the two libraries' host layers as a GPU host runs them,
+without a GPU's noise. ``--precision``: optimize's (default: its default).
 
-    PYTHONPATH=src python benchmarks/train_step_cpu.py [--gpu-path] [--reps 15] MODEL ...
+    PYTHONPATH=src python benchmarks/train_step_cpu.py [--gpu-path] [--precision P]
+        [--reps 15] MODEL ...
 """
 
 from __future__ import annotations
@@ -38,17 +40,20 @@ def main() -> None:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--gpu-path", action="store_true")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--precision", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.gpu_path:
         plans._eager_native = _native_everywhere
     x = torch.randn(2, 3, 32, 32)
     print(f"torch {torch.__version__}, CPU, 1 thread, batch 2, 32x32, float32; "
-          f"fastconv convolutions on {'the GPU eager path' if args.gpu_path else 'the CPU path'}")
+          f"fastconv convolutions on {'the GPU eager path' if args.gpu_path else 'the CPU path'}"
+          f", precision {args.precision or 'default'}")
     for name in args.models:
         torch.manual_seed(0)
         model = build(name).train()
-        nets = {"torch": copy.deepcopy(model), "fastconv": fastconv.optimize(model, "training")}
+        nets = {"torch": copy.deepcopy(model),
+                "fastconv": fastconv.optimize(model, "training", args.precision)}
         steps = {}
         for key, net in nets.items():
             opt = torch.optim.SGD(net.parameters(), lr=1e-4)

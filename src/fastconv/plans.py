@@ -339,11 +339,12 @@ def _native(cls, config, problem: ConvProblem) -> bool:
 
 
 def _flags_match(problem: ConvProblem) -> bool:
-    """Whether torch's own backward would compute in ``problem``'s precision: for float32
-    that follows cuDNN's TF32 switch as it stands now (torch reads it again when the backward
-    runs), so a strict-fp32 forward under torch's default ``allow_tf32=True`` must keep the
-    gradients on fastconv's path."""
-    if problem.dtype != torch.float32:
+    """Whether torch's own backward would compute in ``problem``'s precision: for float32 on
+    the GPU that follows cuDNN's TF32 switch as it stands now (torch reads it again when the
+    backward runs), so a strict-fp32 forward under torch's default ``allow_tf32=True`` must
+    keep the gradients on fastconv's path. Not on the CPU: cuDNN's switch does not apply
+    there, and fastconv's own CPU backward runs torch's convolutions too."""
+    if problem.dtype != torch.float32 or problem.device != "cuda":
         return True
     return (problem.precision == Precision.TF32) == torch.backends.cudnn.allow_tf32
 
