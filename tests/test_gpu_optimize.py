@@ -105,12 +105,38 @@ def _close(what, graphed, eager, tol=1e-5):
     assert err <= tol, (what, err)
 
 
+def _gradients_against_float64(model, inputs=8):
+    """The first convolution's weight gradient of a strict-fp32 training step of
+    ``optimize(model)`` against float64, on ``inputs`` fixed inputs. On one input in two or
+    so, a pre-activation within fp32's rounding of zero takes the other side of a ReLU than
+    in float64 (the gradient is then 5e-4..4e-3 off float64, in torch's own fp32 model too, on
+    other inputs than fastconv's); otherwise both are ~1e-5 off. So at least two inputs must
+    be within 1e-4. A backward computing in TF32 is 0.11-0.13 off on all eight (H100, torch's
+    model and fastconv's alike)."""
+    probe = optimize(model, "training", "ieee")
+    conv1 = [n for n, _ in probe.named_parameters()].index("model.conv1_bn_act.weight")
+    errors = {"fastconv": [], "torch": []}
+    for k in range(inputs):
+        generator = torch.Generator(device="cuda").manual_seed(k)
+        x = torch.randn((4, 3, 64, 64), device="cuda", generator=generator)
+        ref, own = copy.deepcopy(model).double(), copy.deepcopy(model)
+        ref(x.double()).square().mean().backward()
+        own(x).square().mean().backward()
+        probe.zero_grad(set_to_none=True)
+        probe(x).square().mean().backward()
+        grad = list(probe.parameters())[conv1].grad
+        for name, g in (("fastconv", grad), ("torch", own.conv1.weight.grad)):
+            errors[name].append(relative_error(g.double(), ref.conv1.weight.grad))
+    assert sum(e <= 1e-4 for e in errors["fastconv"]) >= 2, errors
+
+
 def test_training_cuda_graph_steps_equal_eager_steps(monkeypatch):
     """SGD steps replayed from CUDA graphs against the same steps run eagerly, strict fp32
     with deterministic algorithms (so the two run the same arithmetic): outputs and every
     parameter's gradient after each step, then weights, running statistics and step counts;
     a call with gradients already held runs eagerly and accumulates as eager calls do; a
-    new input shape captures again. The first step is also judged against float64.
+    new input shape captures again. The first step's outputs are also judged against
+    float64, and gradients on eight more inputs (``_gradients_against_float64``).
 
     Why deterministic and no max pool: training a random ResNet-18 at this size is
     ill-conditioned (benchmarks/train_drift.py: torch fp32 itself drifts 1e-3..3e-2 from a
@@ -144,15 +170,12 @@ def test_training_cuda_graph_steps_equal_eager_steps(monkeypatch):
         _close((shape, "output"), outs[1].detach(), outs[0].detach())
         for (name, _), g, e in zip(eager.named_parameters(), *grads):
             _close((shape, name), g, e)
-        if ref is not None:  # the first step, before any update: both against float64
+        if ref is not None:  # the first step, before any update: outputs against float64
             y = ref(x.double())
-            y.square().mean().backward()
-            conv1 = [n for n, _ in eager.named_parameters()].index(
-                "model.conv1_bn_act.weight")
-            for out, grad in zip(outs, grads):
+            for out in outs:
                 assert relative_error(out.detach().double(), y.detach()) < 1e-4
-                assert relative_error(grad[conv1].double(), ref.conv1.weight.grad) < 1e-4
 
+    _gradients_against_float64(model)
     step((4, 3, 64, 64), ref=copy.deepcopy(model).double())
     step((4, 3, 64, 64))
     step((4, 3, 64, 64))
