@@ -41,6 +41,9 @@ def install() -> None:
 
     def benchmark(fn):
         def wrapper(problem, names, run, op):
+            # (a timing outside a problem's tuning, a budgeted upgrade, is not counted)
+            pending.update(wait=0.0, eager=0.0)
+            failed.clear()
             LOG.append({"what": f"{problem.key()} {op}", "list": {}, "rows": [],
                         "start": time.perf_counter()})
             rows = fn(problem, names, run, op)
@@ -53,7 +56,6 @@ def install() -> None:
                     cost = failed.pop(0) if failed and r.note and not r.note.startswith(
                         (dispatch.BUDGET_NOTE, dispatch.PRUNED_NOTE)) else 0.0
                     entry["rows"].append({"row": r, "wait": 0.0, "eager": cost, "graph": 0.0})
-            failed.clear()
             return rows
         return wrapper
 
