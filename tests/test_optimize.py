@@ -129,6 +129,17 @@ def test_untraceable_model_fuses_sequential_chains_and_says_so():
         assert relative_error(opt(x), model(x)) < 1e-5
 
 
+def test_a_model_holding_fastconv_modules_is_traced_with_them_as_leaves():
+    """Traced into, ConvBNAct2d's forward met the tracer's proxies: the trace failed after
+    the layer had counted a training step on the copy."""
+    model = nn.Sequential(ConvBNAct2d(3, 4, 3), nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4),
+                          nn.ReLU()).train()
+    opt = optimize(model, "training", precision="ieee")
+    assert not any("could not trace" in n for n in opt.report.notes)
+    assert opt.report.fused == [("1", "conv -> bn -> relu")]
+    assert int(opt.state_dict()["0.bn.num_batches_tracked"]) == 0
+
+
 def test_bad_arguments():
     from fastconv import ConvError
 

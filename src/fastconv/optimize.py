@@ -31,6 +31,7 @@ from torch import nn
 from . import backends, dispatch
 from .errors import ConvError
 from .nn import convert
+from .nn.conv import _FastconvMixin
 from .nn.fused import ConvBNAct1d, ConvBNAct2d, _activation_of
 
 MODES = ("inference", "training")
@@ -440,10 +441,11 @@ class _Tracer(torch.fx.Tracer):
     (torchvision's StochasticDepth, timm's DropPath and DropBlock2d) stays a module too:
     traced into, its ``self.training`` became a constant of the graph, so a model optimized
     for training dropped paths in eval() as well, and one optimized for inference never
-    dropped any in train()."""
+    dropped any in train(). fastconv's own modules are leaves, as torch.nn's are (traced
+    into, their forwards' argument checks fail on the tracer's proxies)."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return (_known_norm(m) or _stochastic_depth(m)
+        return (_known_norm(m) or _stochastic_depth(m) or isinstance(m, _FastconvMixin)
                 or super().is_leaf_module(m, module_qualified_name))
 
 
