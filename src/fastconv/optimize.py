@@ -30,7 +30,7 @@ from torch import nn
 
 from . import backends, dispatch
 from .errors import ConvError
-from .nn import convert
+from .nn import convert, step
 from .nn.conv import _FastconvMixin
 from .nn.fused import ConvBNAct1d, ConvBNAct2d, _activation_of
 
@@ -77,6 +77,13 @@ class OptimizedModel(nn.Module):
     with ``cuda_graph`` on a GPU replays CUDA graphs per input signature: of the forward in
     inference; of the forward and its backward in training
     (``torch.cuda.make_graphed_callables``; the optimizer step stays the caller's).
+
+    An eager training forward batches host work the layers would do one by one
+    (:mod:`fastconv.nn.step`): one cast of every convolution parameter to the autocast
+    dtype, one increment of every fused BatchNorm's ``num_batches_tracked`` when the forward
+    ends. The values are the per-layer work's; the weight gradients reach their parameters
+    at the end of the backward (not under ``torch.distributed``, where the casts stay per
+    layer).
 
     An inference graph is captured again when a parameter or buffer was changed in place
     since its capture (the layers' cached folded weights are read by the graph).
@@ -128,12 +135,32 @@ class OptimizedModel(nn.Module):
                      if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
 
     def _run(self, *args, cache: bool = True):
+        """The model's forward under the optimization's autocast; an eager training forward
+        (``cache``: not one a CUDA graph captures) inside a :func:`step.training_step`."""
+        batched = cache and self.training and torch.is_grad_enabled() \
+            and not torch.compiler.is_compiling()
         if self.autocast is None:
-            return self.model(*args)
+            if not batched:
+                return self.model(*args)
+            with step.training_step((), None):
+                return self.model(*args)
         device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
         # (graph capture needs autocast's cast cache off: make_graphed_callables' rule)
         with torch.autocast(device, dtype=self.autocast, cache_enabled=cache):
-            return self.model(*args)
+            if not batched:
+                return self.model(*args)
+            with step.training_step(self._conv_params(), self.autocast):
+                return self.model(*args)
+
+    def _conv_params(self) -> list[torch.Tensor]:
+        """The weights and biases of the model's fastconv convolutions (the modules found
+        once: a module added later casts its own)."""
+        convs = self.__dict__.get("_convs")
+        if convs is None:
+            convs = self.__dict__["_convs"] = [m for m in self.model.modules()
+                                               if isinstance(m, _FastconvMixin)]
+        return [p for m in convs for p in (m._parameters.get("weight"),
+                                           m._parameters.get("bias")) if p is not None]
 
     def forward(self, *args):
         args = self._prepare(args)

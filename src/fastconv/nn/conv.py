@@ -16,6 +16,7 @@ from .. import backends, dispatch, plans
 from .. import functional as fc
 from ..errors import ConvTypeError
 from ..precision import parse
+from .step import current as current_step
 
 _REPR_DEFAULTS = {"backend": "auto", "precision": None}
 
@@ -104,6 +105,12 @@ class _FastconvMixin:
             residual = to_residual(residual)
         if params is not None:
             weight, bias = self._cast_params(weight, bias, params)
+        elif cast is not None and grad:  # the casts a training step made in one batch
+            step = current_step()
+            if step is not None and step.casts:
+                weight = step.casts.get(id(weight), weight)
+                if bias is not None:
+                    bias = step.casts.get(id(bias), bias)
         return plan.run(input, weight, bias, None, None, residual, None)
 
     def _keep(self, key, input, weight, bias, padding, activation, negative_slope, residual,

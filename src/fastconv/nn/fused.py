@@ -21,6 +21,7 @@ from ..batchnorm import bn_act
 from ..epilogue import Epilogue, activate
 from ..errors import ConvError, real_number
 from .conv import Conv1d, Conv2d, same_tensors, tensor_state
+from .step import current as current_step
 
 #: torch activation module -> (fastconv activation, negative_slope)
 _TORCH_ACTIVATIONS = {
@@ -118,9 +119,14 @@ class _ConvBNActMixin:
         factor = 0.0 if bn.momentum is None else bn.momentum
         tracked = buffers.get("num_batches_tracked")
         if training and bn.track_running_stats and tracked is not None:
-            tracked.add_(1)
-            if bn.momentum is None:  # cumulative moving average
+            step = current_step()
+            if bn.momentum is None:  # cumulative moving average: the count is read now
+                tracked.add_(1)
                 factor = 1.0 / float(tracked)
+            elif step is not None:  # incremented with the step's other counters
+                step.count(tracked)
+            else:
+                tracked.add_(1)
         batch_stats = training or (running_mean is None and running_var is None)
         if not batch_stats and not (torch.is_grad_enabled() and self._needs_grad()):
             return self._folded_forward(input, residual, activation)
