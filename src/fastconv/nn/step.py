@@ -22,8 +22,6 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import Tensor
 
-from .. import functional as fc
-
 
 class Step:
     """What one forward's layers share: ``casts`` (id of a parameter -> its cast) and the
@@ -77,10 +75,11 @@ class _Cast(torch.autograd.Function):
 
 def _casts(params: Iterable[Tensor], dtype: torch.dtype) -> dict[int, Tensor]:
     """id of each parameter autocast would cast (float32 ones requiring a gradient; each
-    once) -> its cast, made by one :class:`_Cast`."""
+    once) -> its cast to ``dtype`` (a half-precision autocast dtype), made by one
+    :class:`_Cast`."""
     todo = {}
     for p in params:
-        if p.requires_grad and p.dtype is torch.float32 and fc.autocast_casts(p, dtype):
+        if p.requires_grad and p.dtype is torch.float32:
             todo[id(p)] = p
     if not todo:
         return {}
@@ -99,7 +98,8 @@ def training_step(params: Iterable[Tensor], dtype: torch.dtype | None) -> Iterat
     """Opens a :class:`Step` for one forward: ``params`` cast to ``dtype`` (the autocast
     dtype; None: nothing cast), and the counters the layers deferred incremented when the
     forward ends, also when it raises (torch's layers increment before they compute)."""
-    casts = _casts(params, dtype) if dtype is not None and batches_casts() else {}
+    casts = _casts(params, dtype) if dtype is not None and dtype is not torch.float32 \
+        and batches_casts() else {}
     step = Step(casts)
     token = _STEP.set(step)
     try:
