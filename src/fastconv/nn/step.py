@@ -47,7 +47,10 @@ _STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar("fastconv_st
 
 
 def current() -> Step | None:
-    """The training step open around this forward, if any."""
+    """The training step open around this forward, if any (never inside torch.compile's
+    trace, which opens none and cannot trace a ContextVar's get)."""
+    if torch.compiler.is_compiling():
+        return None
     return _STEP.get()
 
 
