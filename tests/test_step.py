@@ -130,3 +130,38 @@ def test_cast_is_twice_differentiable():
         results.append((gw, gv, torch.autograd.grad((gw * gw).sum() + gv.sum(), w)[0]))
     for got, ref in zip(*results):
         torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+
+
+class _Nested(torch.nn.Module):
+    """A block computed under another autocast dtype (float16 inside the model's bf16)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = ConvBNAct2d(3, 4, 3, padding=1)
+        self.b = ConvBNAct2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        x = self.a(x)
+        with torch.autocast(x.device.type, torch.float16):
+            return self.b(x)
+
+
+@pytest.mark.parametrize("case", ["pre-hook changes the weight", "nested autocast dtype"])
+def test_casts_the_layer_cannot_use_are_left_to_autocast(case, monkeypatch):
+    """A weight changed in place after the step cast it (by a forward pre-hook), and a layer
+    under another autocast dtype: the layer takes autocast's cast, as without the step."""
+    torch.manual_seed(0)
+    net = _Nested().train()
+    if case == "pre-hook changes the weight":
+        def shrink(module, args):
+            with torch.no_grad():
+                module.weight.mul_(0.5)
+        net.b.register_forward_pre_hook(shrink)
+    batched = fastconv.optimize(net, "training", "bf16")
+    per_layer = copy.deepcopy(batched)
+    x = torch.randn(2, 3, 6, 7)
+    batched(x).float().square().sum().backward()
+    _off(monkeypatch)
+    per_layer(x).float().square().sum().backward()
+    for a, b in zip(batched.parameters(), per_layer.parameters()):
+        assert torch.equal(a, b) and torch.equal(a.grad, b.grad)

@@ -154,11 +154,13 @@ class OptimizedModel(nn.Module):
 
     def _conv_params(self) -> list[torch.Tensor]:
         """The weights and biases of the model's fastconv convolutions (the modules found
-        once: a module added later casts its own)."""
-        convs = self.__dict__.get("_convs")
-        if convs is None:
-            convs = self.__dict__["_convs"] = [m for m in self.model.modules()
-                                               if isinstance(m, _FastconvMixin)]
+        once per model: a module added later casts its own; a replica made by
+        ``nn.DataParallel``, holding another model, finds its own)."""
+        found = self.__dict__.get("_convs")
+        if found is None or found[0] is not self.model:
+            found = self.__dict__["_convs"] = (
+                self.model, [m for m in self.model.modules() if isinstance(m, _FastconvMixin)])
+        convs = found[1]
         return [p for m in convs for p in (m._parameters.get("weight"),
                                            m._parameters.get("bias")) if p is not None]
 

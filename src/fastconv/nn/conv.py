@@ -108,9 +108,9 @@ class _FastconvMixin:
         elif cast is not None and grad:  # the casts a training step made in one batch
             step = current_step()
             if step is not None and step.casts:
-                weight = step.casts.get(id(weight), weight)
+                weight = step.cast(weight, cast)
                 if bias is not None:
-                    bias = step.casts.get(id(bias), bias)
+                    bias = step.cast(bias, cast)
         return plan.run(input, weight, bias, None, None, residual, None)
 
     def _keep(self, key, input, weight, bias, padding, activation, negative_slope, residual,

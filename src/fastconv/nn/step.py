@@ -24,14 +24,26 @@ from torch import Tensor
 
 
 class Step:
-    """What one forward's layers share: ``casts`` (id of a parameter -> its cast) and the
-    counters to increment when the forward ends (id -> [tensor, count])."""
+    """What one forward's layers share: ``casts`` (id of a parameter -> (its cast to
+    ``dtype``, the parameter's version when cast)) and the counters to increment when the
+    forward ends (id -> [tensor, count])."""
 
-    __slots__ = ("casts", "counters")
+    __slots__ = ("casts", "dtype", "counters")
 
-    def __init__(self, casts: dict[int, Tensor]):
+    def __init__(self, casts: dict[int, tuple[Tensor, int]], dtype: torch.dtype | None):
         self.casts = casts
+        self.dtype = dtype
         self.counters: dict[int, list] = {}
+
+    def cast(self, t: Tensor, dtype: torch.dtype) -> Tensor:
+        """``t`` cast to ``dtype`` by this step, else ``t`` itself: autocast then casts it
+        as usual (a tensor the step did not cast, another autocast dtype inside the
+        forward, or a parameter changed in place since the step cast it, e.g. by a
+        forward pre-hook)."""
+        hit = self.casts.get(id(t))
+        if hit is None or dtype is not self.dtype or hit[1] != t._version:
+            return t
+        return hit[0]
 
     def count(self, tracked: Tensor) -> None:
         """``tracked += 1`` when the forward ends."""
@@ -76,17 +88,18 @@ class _Cast(torch.autograd.Function):
         return (None, *result)
 
 
-def _casts(params: Iterable[Tensor], dtype: torch.dtype) -> dict[int, Tensor]:
+def _casts(params: Iterable[Tensor], dtype: torch.dtype) -> dict[int, tuple[Tensor, int]]:
     """id of each parameter autocast would cast (float32 ones requiring a gradient; each
-    once) -> its cast to ``dtype`` (a half-precision autocast dtype), made by one
-    :class:`_Cast`."""
+    once) -> (its cast to ``dtype``, a half-precision autocast dtype, made by one
+    :class:`_Cast`; its version)."""
     todo = {}
     for p in params:
         if p.requires_grad and p.dtype is torch.float32:
             todo[id(p)] = p
     if not todo:
         return {}
-    return dict(zip(todo, _Cast.apply(dtype, *todo.values())))
+    return {key: (c, p._version) for (key, p), c in
+            zip(todo.items(), _Cast.apply(dtype, *todo.values()))}
 
 
 def batches_casts() -> bool:
@@ -103,7 +116,7 @@ def training_step(params: Iterable[Tensor], dtype: torch.dtype | None) -> Iterat
     forward ends, also when it raises (torch's layers increment before they compute)."""
     casts = _casts(params, dtype) if dtype is not None and dtype is not torch.float32 \
         and batches_casts() else {}
-    step = Step(casts)
+    step = Step(casts, dtype)
     token = _STEP.set(step)
     try:
         yield step
