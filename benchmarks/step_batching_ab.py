@@ -1,0 +1,73 @@
+"""The training step's batched host work (nn/step.py) on and off in one process: torch's
+model, ``optimize(model, "training")`` with the batching, and the same optimized model with
+it off (each convolution's cast made by autocast, each BatchNorm counting its own step), one
+step of each per round, the device synchronised around each step, the models bench's step
+(forward, backward, SGD). Per model: median wall ms of each row and the median over rounds
+of each round's ratio (same round, so the host's drift hits both sides alike).
+
+    PYTHONPATH=src python benchmarks/step_batching_ab.py timm_resnet50_b32 [CASE ...] \
+        [--rounds 40] [--precision bf16]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from fastconv.bench import models
+from fastconv.nn import step as stepmod
+from fastconv.precision import Precision
+
+_COUNT = stepmod.Step.count
+_BATCHES = stepmod.batches_casts
+
+
+def _batching(on: bool) -> None:
+    stepmod.batches_casts = _BATCHES if on else (lambda: False)
+    stepmod.Step.count = _COUNT if on else (lambda self, tracked: tracked.add_(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", nargs="+")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--precision", default="bf16")
+    args = ap.parse_args()
+    precision = Precision(args.precision)
+    cases = {c.name: c for c in models.CASES}
+    print(torch.__version__, torch.cuda.get_device_name(), args.precision,
+          f"{args.rounds} rounds; ms per training step (median), ratios: median of each "
+          "round's")
+    for name in args.cases:
+        case = cases[name]
+        torch.manual_seed(0)
+        net = models.BUILDERS[case.model]().cuda().train()
+        x = torch.randn(case.batch, 3, case.size, case.size, device="cuda")
+        torch_step, _ = models._callable("torch", net, x, precision, "train")
+        fc_step, _ = models._callable("fastconv", net, x, precision, "train")
+        rows = {"torch": (torch_step, True), "fastconv batched": (fc_step, True),
+                "fastconv per layer": (fc_step, False)}
+        times = {k: [] for k in rows}
+        for r in range(args.rounds + 3):
+            for key, (fn, on) in rows.items():
+                _batching(on)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                if r >= 3:  # warm-up rounds
+                    times[key].append((time.perf_counter() - start) * 1e3)
+        _batching(True)
+        med = {k: statistics.median(v) for k, v in times.items()}
+
+        def ratio(a, b):
+            return statistics.median(x / y for x, y in zip(times[a], times[b]))
+        print(f"{name:28s} " + "  ".join(f"{k} {v:6.2f}" for k, v in med.items())
+              + f"  | per layer / batched {ratio('fastconv per layer', 'fastconv batched'):.3f}"
+              f"  torch / batched {ratio('torch', 'fastconv batched'):.3f}"
+              f"  torch / per layer {ratio('torch', 'fastconv per layer'):.3f}")
+
+
+if __name__ == "__main__":
+    main()
