@@ -136,7 +136,8 @@ def test_a_model_holding_fastconv_modules_is_traced_with_them_as_leaves():
                           nn.ReLU()).train()
     opt = optimize(model, "training", precision="ieee")
     assert not any("could not trace" in n for n in opt.report.notes)
-    assert opt.report.fused == [("1", "conv -> bn -> relu")]
+    assert opt.report.fused == [("0", "already a ConvBNAct2d"), ("1", "conv -> bn -> relu")]
+    assert opt.report.coverage() == (2, 2, 2)
     assert int(opt.state_dict()["0.bn.num_batches_tracked"]) == 0
 
 

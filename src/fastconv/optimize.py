@@ -597,6 +597,10 @@ def _fuse_graph(gm: torch.fx.GraphModule, report: Report, precision,
                                                       nn.modules.conv._ConvNd):
             continue
         name, conv = node.target, modules[node.target]
+        if isinstance(conv, (ConvBNAct1d, ConvBNAct2d)):  # fastconv's own, fused already
+            if all(name != done for done, _ in report.fused):  # (once per module)
+                report.fused.append((name, f"already a {type(conv).__name__}"))
+            continue
         why = _why_not(node, conv, calls, modules)
         if why:
             report.left.append((name, why))
