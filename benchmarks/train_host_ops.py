@@ -6,12 +6,12 @@ gradients set to None after it; min over 15 rounds of 50 steps, rows alternating
 
 Rows: torch's modules; torch's ops bare (autocast's weight cast per layer, the
 ``num_batches_tracked`` increment, cuDNN's batch norm, ``relu_``); without the increment;
-with every weight cast to bf16 by one ``_foreach_copy_`` ahead of the layers (one autograd
-node for all casts); the same with torch's native batch norm instead of cuDNN's; fastconv's
-``ConvBNAct2d`` chained, and ``optimize(model, "training", "bf16")`` (the same layers, inside
-the optimized model's training step: batched casts and counters, nn/step.py); and one
-autograd Function per layer (torch's forward ops without autograd, its backward ops called
-directly).
+with every weight cast to bf16 ahead of the layers by nn/step.py's ``_Cast`` (one
+``_foreach_copy_``, one autograd node for all casts); the same with torch's native batch
+norm instead of cuDNN's; fastconv's ``ConvBNAct2d`` chained; ``optimize(model, "training",
+"bf16")`` (the same layers inside the optimized model's training step: batched casts and
+counters); and one autograd Function per layer (torch's forward ops without autograd, its
+backward ops called directly).
 
     PYTHONPATH=src python benchmarks/train_host_ops.py
 """
@@ -23,31 +23,10 @@ from host_parts import per_call_us
 
 import fastconv
 from fastconv.nn import ConvBNAct2d
+from fastconv.nn.step import _Cast  # one multi-tensor cast, one autograd node
 
 LAYERS, CHANNELS = 16, 16
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a smoke run
-
-
-class CastAll(torch.autograd.Function):
-    """Every tensor of ``weights`` cast to ``dtype`` by one multi-tensor copy; the gradients
-    cast back the same way."""
-
-    @staticmethod
-    def forward(ctx, dtype, *weights):
-        out = [torch.empty_like(w, dtype=dtype) for w in weights]
-        torch._foreach_copy_(out, list(weights))
-        ctx.dtypes = [w.dtype for w in weights]
-        return tuple(out)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        present = [(i, g) for i, g in enumerate(grads) if g is not None]
-        out = [torch.empty_like(g, dtype=ctx.dtypes[i]) for i, g in present]
-        torch._foreach_copy_(out, [g for _, g in present])
-        result = [None] * len(grads)
-        for (i, _), o in zip(present, out):
-            result[i] = o
-        return (None, *result)
 
 
 class LayerFn(torch.autograd.Function):
@@ -100,7 +79,7 @@ def main() -> None:
         def forward(h):
             weights = [c.weight for c in convs]
             if precast:
-                weights = CastAll.apply(torch.bfloat16, *weights)
+                weights = _Cast.apply(torch.bfloat16, *weights)
             for w, bn in zip(weights, bns):
                 if counter:
                     bn.num_batches_tracked.add_(1)
@@ -111,7 +90,7 @@ def main() -> None:
         return forward
 
     def layer_fns(h):
-        weights = CastAll.apply(torch.bfloat16, *[c.weight for c in convs])
+        weights = _Cast.apply(torch.bfloat16, *[c.weight for c in convs])
         h = h.to(torch.bfloat16)  # (autocast's cast of the first input, made here)
         for w, bn in zip(weights, bns):
             h = LayerFn.apply(h, w, bn.weight, bn.bias, bn.running_mean, bn.running_var)
