@@ -10,10 +10,9 @@ of each round's ratio (same round, so the host's drift hits both sides alike).
 """
 
 import argparse
-import statistics
-import time
 
 import torch
+from alternate import alternate, medians, ratio
 
 from fastconv.bench import models
 from fastconv.nn import step as stepmod
@@ -48,25 +47,15 @@ def main() -> None:
         fc_step, _ = models._callable("fastconv", net, x, precision, "train")
         rows = {"torch": (torch_step, True), "fastconv batched": (fc_step, True),
                 "fastconv per layer": (fc_step, False)}
-        times = {k: [] for k in rows}
-        for r in range(args.rounds + 3):
-            for key, (fn, on) in rows.items():
-                _batching(on)
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                fn()
-                torch.cuda.synchronize()
-                if r >= 3:  # warm-up rounds
-                    times[key].append((time.perf_counter() - start) * 1e3)
+        times = alternate({k: (fn, lambda on=on: _batching(on)) for k, (fn, on) in rows.items()},
+                          args.rounds, torch.cuda.synchronize)
         _batching(True)
-        med = {k: statistics.median(v) for k, v in times.items()}
-
-        def ratio(a, b):
-            return statistics.median(x / y for x, y in zip(times[a], times[b]))
+        med = medians(times)
+        ratios = {(a, b): ratio(times, a, b) for a, b in (
+            ("fastconv per layer", "fastconv batched"), ("torch", "fastconv batched"),
+            ("torch", "fastconv per layer"))}
         print(f"{name:28s} " + "  ".join(f"{k} {v:6.2f}" for k, v in med.items())
-              + f"  | per layer / batched {ratio('fastconv per layer', 'fastconv batched'):.3f}"
-              f"  torch / batched {ratio('torch', 'fastconv batched'):.3f}"
-              f"  torch / per layer {ratio('torch', 'fastconv per layer'):.3f}")
+              + "  | " + "  ".join(f"{a} / {b} {v:.3f}" for (a, b), v in ratios.items()))
 
 
 if __name__ == "__main__":
