@@ -136,9 +136,12 @@ class OptimizedModel(nn.Module):
 
     def _run(self, *args, cache: bool = True):
         """The model's forward under the optimization's autocast; an eager training forward
-        (``cache``: not one a CUDA graph captures) inside a :func:`step.training_step`."""
+        (``cache``: not one a CUDA graph captures, ours or the caller's) inside a
+        :func:`step.training_step`."""
         batched = cache and self.training and torch.is_grad_enabled() \
-            and not torch.compiler.is_compiling()
+            and not torch.compiler.is_compiling() and not (
+                any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+                and torch.cuda.is_current_stream_capturing())
         if self.autocast is None:
             if not batched:
                 return self.model(*args)
