@@ -273,3 +273,35 @@ def test_a_graph_captured_while_budget_cut_candidates_build_is_captured_again(tm
                           text=True, timeout=400)
     print(done.stdout)
     assert done.returncode == 0 and "recaptured" in done.stdout, done.stderr[-3000:]
+
+
+def test_kept_training_calls_on_the_gpu_equal_the_general_path(monkeypatch):
+    """From the second call in an eager training step each layer runs the entry its first
+    call kept (nn/fused.py, nn/conv.py: no signature checks): bf16 resnet18, channels-last,
+    in benchmark mode (where eager training runs torch's own ops). Its forward is the
+    general path's, bit for bit; its gradients within bf16 rounding (cuDNN's weight
+    gradients may sum in another order)."""
+    from fastconv import dispatch
+    from fastconv.nn import conv, fused
+
+    torch.manual_seed(0)
+    model = optimize(tv.models.resnet18(num_classes=10).cuda().train(), "training", "bf16")
+    general = copy.deepcopy(model)
+    x = torch.randn(4, 3, 64, 72, device="cuda")
+    runs = {}
+    with dispatch.settings("benchmark"):
+        for name, net in (("kept", model), ("general", general)):
+            if name == "general":
+                monkeypatch.setattr(fused._ConvBNActMixin, "_keep_step_call",
+                                    lambda *a: None)
+                monkeypatch.setattr(conv._FastconvMixin, "_step_plan", lambda *a: None)
+            net(x)  # the first call keeps the entries
+            out = net(x)
+            out.float().square().mean().backward()
+            runs[name] = (out, [p.grad for p in net.parameters()])
+    kept_layers = [m for m in model.modules() if "_step_entry" in m.__dict__]
+    assert len(kept_layers) == 20
+    assert not any("_step_entry" in m.__dict__ for m in general.modules())
+    assert torch.equal(runs["kept"][0], runs["general"][0])
+    for a, b in zip(runs["kept"][1], runs["general"][1]):
+        assert relative_error(a, b) <= 1e-2

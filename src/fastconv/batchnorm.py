@@ -86,26 +86,45 @@ def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tenso
     # (torch.compile's trace takes torch's batch norm, which Inductor fuses with its
     # neighbours, and cannot trace a ContextVar's get)
     if group is None and not FUSED_IN_EAGER:
-        compiling = torch.compiler.is_compiling()
-        if (compiling or not _FUSED_HERE.get()) \
-                and _native(y, compiling, gamma, beta, running_mean, running_var):
-            _check_count(y.numel() // y.shape[1], y)
-            if compiling:
+        if torch.compiler.is_compiling():
+            if _native(y, True, gamma, beta, running_mean, running_var):
+                _check_count(y.numel() // y.shape[1], y)
                 z = F.batch_norm(y, running_mean, running_var, gamma, beta, True, momentum,
                                  eps)
                 return activate(z if residual is None else z + residual, activation,
                                 negative_slope)
-            # eager: F.batch_norm's own op without its Python checks (done above), and the
-            # add and the activation in place on its fresh output, as torch's models do
-            # (batch norm's backward reads its input, not its output)
+        elif takes_torch_ops(y, gamma, beta, running_mean, running_var):
+            _check_count(y.numel() // y.shape[1], y)
+            # F.batch_norm's own op without its Python checks (done above)
             z = torch.batch_norm(y, gamma, beta, running_mean, running_var, True, momentum,
                                  eps, torch._C._get_cudnn_enabled())
-            if residual is not None:
-                z = z.add_(residual) if residual.dtype == z.dtype \
-                    and residual.shape == z.shape else z + residual
-            return activate(z, activation, negative_slope, inplace=True)
+            return finish_bn_act(z, residual, activation, negative_slope)
     return BNActFunction.apply(y, gamma, beta, residual, running_mean, running_var, momentum,
                                eps, activation, negative_slope, group)
+
+
+def fused_here() -> bool:
+    """Whether eager calls here take the fused passes (:data:`FUSED_IN_EAGER`,
+    :func:`fused_passes`)."""
+    return FUSED_IN_EAGER or _FUSED_HERE.get()
+
+
+def takes_torch_ops(y: Tensor, gamma: Tensor | None, beta: Tensor | None,
+                    running_mean: Tensor | None, running_var: Tensor | None) -> bool:
+    """Whether an eager :func:`bn_act` call outside a process group runs torch's batch norm
+    and :func:`finish_bn_act` (not the fused passes)."""
+    return not fused_here() and _native(y, False, gamma, beta, running_mean, running_var)
+
+
+def finish_bn_act(z: Tensor, residual: Tensor | None, activation: str,
+                  negative_slope: float) -> Tensor:
+    """``act(z + residual)`` on batch norm's fresh output ``z`` as torch's eager models
+    compute it: the add and the activation in place (batch norm's backward reads its input,
+    not its output)."""
+    if residual is not None:
+        z = z.add_(residual) if residual.dtype == z.dtype and residual.shape == z.shape \
+            else z + residual
+    return activate(z, activation, negative_slope, inplace=True)
 
 
 def _native(y: Tensor, compiling: bool, *params: Tensor | None) -> bool:

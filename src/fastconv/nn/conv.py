@@ -113,6 +113,77 @@ class _FastconvMixin:
                     bias = step.cast(bias, cast)
         return plan.run(input, weight, bias, None, None, residual, None)
 
+    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """torch.nn.ConvNd's forward calls this: the convolution through the module's plan
+        (inside an optimized model's training step, through the entry its first call of the
+        step's settings kept: :meth:`_step_run`)."""
+        step = current_step()
+        if step is not None:
+            kept = self.__dict__.get("_step_conv")
+            if kept is not None:
+                key = self._step_key_conv(input)
+                if key == kept[0]:
+                    try:
+                        return self._step_run(kept[1], step, key[0], input, weight, bias)
+                    except RuntimeError:  # the general path raises fastconv's error
+                        pass
+        given = input
+        input, padding = self._padded(input)
+        out = self._planned(input, weight, bias, padding)
+        if out is None:
+            out = self._as_torch(input, weight, bias, padding)
+        if out is not None:
+            if step is not None and step.dtype is not None:
+                key = self._step_key_conv(given)
+                plan = self._step_plan(key, given, weight)
+                if plan is not None:
+                    self.__dict__["_step_conv"] = (key, plan)
+            return out
+        fn = fc.conv1d if len(self.kernel_size) == 1 else fc.conv2d
+        return fn(input, weight, bias, self.stride, padding, self.dilation, self.groups,
+                  backend=self.backend, precision=self.precision)
+
+    def _step_key_conv(self, input: Tensor) -> tuple:
+        """What picks the convolution's plan in a training step beyond the operands:
+        autocast's dtype, the device kind, dispatch's settings and the module's padding and
+        options. Few reads, none of them a tensor's signature: this runs on every layer of
+        every eager training step, where a tensor signature check costs several times what
+        it costs alone (benchmarks/NOTES.md, issue 22, session 21)."""
+        cuda = input.is_cuda
+        device = "cuda" if cuda else "cpu"
+        return (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None,
+                cuda, dispatch.current(), self.padding, self.padding_mode, self.backend,
+                self.precision)
+
+    def _step_plan(self, key: tuple, input: Tensor, weight: Tensor):
+        """The plan :meth:`_planned` kept for this call where a step may keep it under
+        ``key`` (:meth:`_step_key_conv`'s, first): a final plan of torch's own convolution,
+        differentiated by torch's autograd, under 16-bit autocast. Else None."""
+        entry = self.__dict__.get("_plan")
+        plan = None if entry is None else entry[1]
+        if plan is None or plan.provisional or not plan.native_grad \
+                or key[0] not in (torch.bfloat16, torch.float16) \
+                or not (torch.is_grad_enabled() and (input.requires_grad
+                                                     or weight.requires_grad)):
+            return None
+        return plan
+
+    def _step_run(self, plan, step, dtype: torch.dtype, input: Tensor, weight: Tensor,
+                  bias: Tensor | None) -> Tensor:
+        """``plan`` (see :meth:`_step_plan`) run on the step's casts of the parameters.
+
+        The operands' signatures are not compared: torch's convolution takes any input
+        autocast gives it, and the plan (its geometry) does not depend on them. An input it
+        refuses raises here before anything is written (callers then take the general path,
+        which raises fastconv's error). The step's cast is its own check (the same
+        parameter, unchanged, in this dtype); a parameter the step did not cast is cast by
+        autocast, as in torch's layer."""
+        weight = step.cast(weight, dtype)
+        if bias is not None:
+            bias = step.cast(bias, dtype)
+        input, _ = self._padded(input)
+        return plan.run(input, weight, bias, None, None, None, None)
+
     def _keep(self, key, input, weight, bias, padding, activation, negative_slope, residual,
               grad, cast) -> tuple:
         """The entry :meth:`_planned` keeps for ``key``: ``(key, plan, input cast, residual
@@ -222,16 +293,6 @@ class Conv1d(_FastconvMixin, torch.nn.Conv1d):
         super().__init__(*args, **kwargs)
         self._init_fastconv(backend, precision)
 
-    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        input, padding = self._padded(input)
-        out = self._planned(input, weight, bias, padding)
-        if out is None:
-            out = self._as_torch(input, weight, bias, padding)
-        if out is not None:
-            return out
-        return fc.conv1d(input, weight, bias, self.stride, padding, self.dilation, self.groups,
-                         backend=self.backend, precision=self.precision)
-
 
 class Conv2d(_FastconvMixin, torch.nn.Conv2d):
     """torch.nn.Conv2d computed by :func:`fastconv.conv2d`."""
@@ -239,16 +300,6 @@ class Conv2d(_FastconvMixin, torch.nn.Conv2d):
     def __init__(self, *args, backend: str = "auto", precision: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._init_fastconv(backend, precision)
-
-    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        input, padding = self._padded(input)
-        out = self._planned(input, weight, bias, padding)
-        if out is None:
-            out = self._as_torch(input, weight, bias, padding)
-        if out is not None:
-            return out
-        return fc.conv2d(input, weight, bias, self.stride, padding, self.dilation, self.groups,
-                         backend=self.backend, precision=self.precision)
 
 
 class _TransposedMixin(_FastconvMixin):

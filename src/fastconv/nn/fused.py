@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional as fc
-from ..batchnorm import bn_act
+from ..batchnorm import bn_act, finish_bn_act, fused_here, takes_torch_ops
 from ..epilogue import Epilogue, activate
 from ..errors import ConvError, real_number
 from .conv import Conv1d, Conv2d, same_tensors, tensor_state
@@ -113,13 +113,19 @@ class _ConvBNActMixin:
         # (parameters, buffers and the BatchNorm read from their dicts: nn.Module's
         # __getattr__ costs ~0.4 us a lookup, nine per call)
         bn = self._modules["bn"]
+        step = current_step()
+        if step is not None:
+            kept = self.__dict__.get("_step_entry")
+            if kept is not None:
+                out = self._step_call(kept, step, bn, input, residual, activation)
+                if out is not None:
+                    return out
         buffers = bn._buffers
         running_mean, running_var = buffers.get("running_mean"), buffers.get("running_var")
         training = self.training and bn.training  # a BatchNorm that stays in eval: frozen
         factor = 0.0 if bn.momentum is None else bn.momentum
         tracked = buffers.get("num_batches_tracked")
         if training and bn.track_running_stats and tracked is not None:
-            step = current_step()
             if bn.momentum is None:  # cumulative moving average: the count is read now
                 tracked.add_(1)
                 factor = 1.0 / float(tracked)
@@ -135,6 +141,7 @@ class _ConvBNActMixin:
         group = self.process_group
         if group is None and self.sync_stats:
             group = torch.distributed.group.WORLD
+        given = input
         input, padding = self._padded(input)
         weight, bias = self._parameters["weight"], self._parameters["bias"]
         if batch_stats and group is None:
@@ -144,15 +151,67 @@ class _ConvBNActMixin:
             y = self._planned(input, weight, bias, padding)
             if y is not None and (residual is None or (residual.dtype == y.dtype
                                                        and residual.device == y.device)):
-                return bn_act(y, *_affine(bn), residual,
-                              running_mean, running_var, factor, bn.eps, activation,
-                              self.negative_slope, None)
+                gamma, beta = _affine(bn)
+                if step is not None and step.dtype is not None and training \
+                        and bn.track_running_stats and tracked is not None \
+                        and bn.momentum is not None:
+                    self._keep_step_call(bn, y, gamma, beta, given, residual, activation)
+                return bn_act(y, gamma, beta, residual, running_mean, running_var, factor,
+                              bn.eps, activation, self.negative_slope, None)
         fn = fc.conv_bn_act1d if self._RANK == 1 else fc.conv_bn_act2d
         return fn(input, weight, bias, running_mean, running_var, *_affine(bn), self.stride,
                   padding, self.dilation, self.groups, training=batch_stats, momentum=factor,
                   eps=bn.eps, activation=activation, negative_slope=self.negative_slope,
                   residual=residual, process_group=group, backend=self.backend,
                   precision=self.precision)
+
+    def _step_key(self, bn: torch.nn.Module, input: Tensor, residual: Tensor | None,
+                  activation: str) -> tuple:
+        """What picks the path of a training call of :meth:`_forward` inside a step beyond
+        the operands: the convolution's (:meth:`_step_key_conv`), the fused passes'
+        switches, the module's and its BatchNorm's options and flags, and the residual's
+        dtype and device kind."""
+        return (*self._step_key_conv(input), fused_here(), activation, self.negative_slope,
+                self.training, bn.training, bn.track_running_stats, bn.momentum is None,
+                self.process_group, self.sync_stats,
+                None if residual is None else (residual.dtype, residual.is_cuda))
+
+    def _keep_step_call(self, bn: torch.nn.Module, y: Tensor, gamma: Tensor | None,
+                        beta: Tensor | None, input: Tensor, residual: Tensor | None,
+                        activation: str) -> None:
+        """After a training call inside a step whose convolution a step may keep
+        (:meth:`_step_plan`) and whose batch norm is torch's (:func:`takes_torch_ops`):
+        keep the plan under :meth:`_step_key`, so that the next calls make the same ops with
+        no other check (:meth:`_step_call`)."""
+        key = self._step_key(bn, input, residual, activation)
+        plan = self._step_plan(key, input, self._parameters["weight"])
+        buffers = bn._buffers
+        if plan is not None and takes_torch_ops(y, gamma, beta, buffers.get("running_mean"),
+                                                buffers.get("running_var")):
+            self.__dict__["_step_entry"] = (key, plan)
+
+    def _step_call(self, kept: tuple, step, bn: torch.nn.Module, input: Tensor,
+                   residual: Tensor | None, activation: str) -> Tensor | None:
+        """The training call of :meth:`_forward` as the entry kept by
+        :meth:`_keep_step_call` says (the convolution by :meth:`_step_run`, torch's batch
+        norm, :func:`finish_bn_act`), or None (the general path then runs) where the key
+        differs or torch's ops refuse the operands: before anything is written, and before
+        a batch of one value per channel, which torch's batch norm takes without a word."""
+        key = self._step_key(bn, input, residual, activation)
+        if key != kept[0]:
+            return None
+        params, buffers = self._parameters, bn._buffers
+        try:
+            y = self._step_run(kept[1], step, key[0], input, params["weight"], params["bias"])
+            if y.numel() <= y.shape[1]:
+                return None
+            z = torch.batch_norm(y, *_affine(bn), buffers.get("running_mean"),
+                                 buffers.get("running_var"), True, bn.momentum, bn.eps,
+                                 torch._C._get_cudnn_enabled())
+        except RuntimeError:
+            return None
+        step.count(buffers["num_batches_tracked"])
+        return finish_bn_act(z, residual, activation, self.negative_slope)
 
     def _needs_grad(self) -> bool:
         return any(p.requires_grad for p in self.parameters())
