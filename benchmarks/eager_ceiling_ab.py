@@ -4,11 +4,12 @@ with each fastconv convolution module's forward replaced by the bare torch ops i
 (``torch.conv2d`` on the step's batched casts, ``torch.batch_norm``, the activation in
 place, the step's deferred counter; no checks, no plan lookup). The third row is the ceiling
 of any trimming of that Python: what an eager step issuing torch's kernels costs with none
-of it. Rows alternate in one process (alternate.py); the models bench's step (forward,
-backward, SGD), bf16 autocast, channels-last.
+of it. With ``--compile``, a fourth row: torch.compile (default mode) of torch's model.
+Rows alternate in one process (alternate.py); the models bench's step (forward, backward,
+SGD), bf16 autocast, channels-last.
 
     PYTHONPATH=src python benchmarks/eager_ceiling_ab.py timm_resnet50_b32 [CASE ...] \
-        [--rounds 30]
+        [--rounds 30] [--compile]
 """
 
 import argparse
@@ -77,6 +78,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="+")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--compile", action="store_true")
     args = ap.parse_args()
     precision = Precision.BF16
     cases = {c.name: c for c in models.CASES}
@@ -91,18 +93,21 @@ def main() -> None:
         torch_step, _ = models._callable("torch", net, x, precision, "train")
         fc_step, fc_net = models._callable("fastconv", net, x, precision, "train")
         diff = _check(fc_net, x.contiguous(memory_format=torch.channels_last))
-        times = alternate({"torch": (torch_step, lambda: _bare(False)),
-                           "fastconv": (fc_step, lambda: _bare(False)),
-                           "bare layers": (fc_step, lambda: _bare(True))},
-                          args.rounds, torch.cuda.synchronize)
+        rows = {"torch": (torch_step, lambda: _bare(False)),
+                "fastconv": (fc_step, lambda: _bare(False)),
+                "bare layers": (fc_step, lambda: _bare(True))}
+        if args.compile:
+            rows["torch.compile"] = (models._callable("torch_compile", net, x, precision,
+                                                      "train")[0], lambda: _bare(False))
+        times = alternate(rows, args.rounds, torch.cuda.synchronize)
         _bare(False)
         med = medians(times)
+        pairs = [("torch", "fastconv"), ("torch", "bare layers"), ("fastconv", "bare layers")]
+        if args.compile:
+            pairs.append(("torch.compile", "fastconv"))
         print(f"{name:24s} " + "  ".join(f"{k} {v:6.2f}" for k, v in med.items())
-              + f"  | torch / fastconv {ratio(times, 'torch', 'fastconv'):.3f}"
-              f"  torch / bare {ratio(times, 'torch', 'bare layers'):.3f}"
-              f"  fastconv / bare {ratio(times, 'fastconv', 'bare layers'):.3f}"
-              f"  (bare vs fastconv output: {diff:.1e})")
-
+              + "  | " + "  ".join(f"{a} / {b} {ratio(times, a, b):.3f}" for a, b in pairs)
+              + f"  (bare vs fastconv output: {diff:.1e})")
 
 if __name__ == "__main__":
     main()
