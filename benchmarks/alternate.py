@@ -10,6 +10,15 @@ import time
 from collections.abc import Callable
 
 
+def header(script: str) -> str:
+    """What a log of these rows was measured on: GPU, versions, the commit."""
+    from fastconv.bench import report
+
+    env = report.environment({}, script)
+    return (f"{script}: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, "
+            f"cuDNN {env['cudnn']}, fastconv {env['git_sha']}")
+
+
 def alternate(rows: dict[str, tuple[Callable[[], object], Callable[[], None]]], rounds: int,
               sync: Callable[[], None], warmup: int = 3) -> dict[str, list[float]]:
     """``rows``: name -> (call, set-up run before each of its calls, untimed). Milliseconds

@@ -15,7 +15,7 @@ SGD), bf16 autocast, channels-last.
 import argparse
 
 import torch
-from alternate import alternate, medians, ratio
+from alternate import alternate, header, medians, ratio
 
 from fastconv.bench import models
 from fastconv.epilogue import activate
@@ -82,7 +82,8 @@ def main() -> None:
     args = ap.parse_args()
     precision = Precision.BF16
     cases = {c.name: c for c in models.CASES}
-    print(torch.__version__, torch.cuda.get_device_name(), "bf16",
+    print(header("eager_ceiling_ab.py"))
+    print("bf16",
           f"{args.rounds} rounds; ms per training step (median), ratios: median of each "
           "round's")
     for name in args.cases:

@@ -12,7 +12,7 @@ of each round's ratio (same round, so the host's drift hits both sides alike).
 import argparse
 
 import torch
-from alternate import alternate, medians, ratio
+from alternate import alternate, header, medians, ratio
 
 from fastconv.bench import models
 from fastconv.nn import step as stepmod
@@ -35,7 +35,8 @@ def main() -> None:
     args = ap.parse_args()
     precision = Precision(args.precision)
     cases = {c.name: c for c in models.CASES}
-    print(torch.__version__, torch.cuda.get_device_name(), args.precision,
+    print(header("step_batching_ab.py"))
+    print(args.precision,
           f"{args.rounds} rounds; ms per training step (median), ratios: median of each "
           "round's")
     for name in args.cases:

@@ -13,6 +13,7 @@ import copy
 
 import eager_ceiling_ab
 import torch
+from alternate import header
 from host_parts import per_call_us
 
 from fastconv import dispatch
@@ -68,8 +69,8 @@ def main() -> None:
                 True),
         }
         result = per_call_us(rows, calls=500, rounds=9, sync=sync)
-    print(torch.__version__, torch.cuda.get_device_name() if dev == "cuda" else "CPU",
-          "us per call (min over 9 rounds of 500)")
+    print(header("step_layer_host.py"))
+    print("us per call (min over 9 rounds of 500)")
     for name, us in result.items():
         print(f"  {name:42s} {us:7.2f}")
 
