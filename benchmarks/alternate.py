@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
 
 
 def header(script: str) -> str:
@@ -17,6 +19,26 @@ def header(script: str) -> str:
     env = report.environment({}, script)
     return (f"{script}: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, "
             f"cuDNN {env['cudnn']}, fastconv {env['git_sha']}")
+
+
+def training_steps(script: str, names: Iterable[str], rounds: int, precision) -> Iterator:
+    """The header lines, then per models-bench case name: ``(name, torch's model, input,
+    torch's training step, fastconv's step, the optimized model)``, the models bench's
+    steps (forward, backward, SGD) on the GPU."""
+    from fastconv.bench import models
+
+    print(header(script))
+    print(precision.value, f"{rounds} rounds; ms per training step (median), ratios: median "
+          "of each round's")
+    cases = {c.name: c for c in models.CASES}
+    for name in names:
+        case = cases[name]
+        torch.manual_seed(0)
+        net = models.BUILDERS[case.model]().cuda().train()
+        x = torch.randn(case.batch, 3, case.size, case.size, device="cuda")
+        torch_step, _ = models._callable("torch", net, x, precision, "train")
+        fc_step, fc_net = models._callable("fastconv", net, x, precision, "train")
+        yield name, net, x, torch_step, fc_step, fc_net
 
 
 def alternate(rows: dict[str, tuple[Callable[[], object], Callable[[], None]]], rounds: int,

@@ -15,7 +15,7 @@ SGD), bf16 autocast, channels-last.
 import argparse
 
 import torch
-from alternate import alternate, header, medians, ratio
+from alternate import alternate, medians, ratio, training_steps
 
 from fastconv.bench import models
 from fastconv.epilogue import activate
@@ -81,18 +81,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true")
     args = ap.parse_args()
     precision = Precision.BF16
-    cases = {c.name: c for c in models.CASES}
-    print(header("eager_ceiling_ab.py"))
-    print("bf16",
-          f"{args.rounds} rounds; ms per training step (median), ratios: median of each "
-          "round's")
-    for name in args.cases:
-        case = cases[name]
-        torch.manual_seed(0)
-        net = models.BUILDERS[case.model]().cuda().train()
-        x = torch.randn(case.batch, 3, case.size, case.size, device="cuda")
-        torch_step, _ = models._callable("torch", net, x, precision, "train")
-        fc_step, fc_net = models._callable("fastconv", net, x, precision, "train")
+    for name, net, x, torch_step, fc_step, fc_net in training_steps(
+            "eager_ceiling_ab.py", args.cases, args.rounds, precision):
         diff = _check(fc_net, x.contiguous(memory_format=torch.channels_last))
         rows = {"torch": (torch_step, lambda: _bare(False)),
                 "fastconv": (fc_step, lambda: _bare(False)),

@@ -12,9 +12,8 @@ of each round's ratio (same round, so the host's drift hits both sides alike).
 import argparse
 
 import torch
-from alternate import alternate, header, medians, ratio
+from alternate import alternate, medians, ratio, training_steps
 
-from fastconv.bench import models
 from fastconv.nn import step as stepmod
 from fastconv.precision import Precision
 
@@ -34,18 +33,8 @@ def main() -> None:
     ap.add_argument("--precision", default="bf16")
     args = ap.parse_args()
     precision = Precision(args.precision)
-    cases = {c.name: c for c in models.CASES}
-    print(header("step_batching_ab.py"))
-    print(args.precision,
-          f"{args.rounds} rounds; ms per training step (median), ratios: median of each "
-          "round's")
-    for name in args.cases:
-        case = cases[name]
-        torch.manual_seed(0)
-        net = models.BUILDERS[case.model]().cuda().train()
-        x = torch.randn(case.batch, 3, case.size, case.size, device="cuda")
-        torch_step, _ = models._callable("torch", net, x, precision, "train")
-        fc_step, _ = models._callable("fastconv", net, x, precision, "train")
+    for name, _, _, torch_step, fc_step, _ in training_steps(
+            "step_batching_ab.py", args.cases, args.rounds, precision):
         rows = {"torch": (torch_step, True), "fastconv batched": (fc_step, True),
                 "fastconv per layer": (fc_step, False)}
         times = alternate({k: (fn, lambda on=on: _batching(on)) for k, (fn, on) in rows.items()},
