@@ -370,3 +370,18 @@ def test_plain_convolution_changed_or_refused_takes_the_general_path(gpu_path, m
     assert seen == ["kept"] * 2
     with pytest.raises(fastconv.ConvError, match="channel"):
         _layer_call(layer, torch.randn(2, 4, 6, 7))
+
+
+def test_the_step_keeps_only_the_plan_made_for_this_call(gpu_path):
+    """The plan entry a module holds may be another call's (a no-grad call's): the step
+    keeps a plan only when it is this call's signature's."""
+    torch.manual_seed(0)
+    layer = conv_module.Conv2d(3, 5, 3, padding=1).train()
+    x = torch.randn(2, 3, 6, 7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        key = layer._step_key_conv(x)
+        with torch.no_grad():
+            layer(x)
+        assert layer._step_plan(key, x, layer.weight, layer.bias) is None
+        layer(x)
+        assert layer._step_plan(key, x, layer.weight, layer.bias) is not None

@@ -73,22 +73,8 @@ class _FastconvMixin:
         names are made and the plan runs."""
         if torch.compiler.is_compiling() or not isinstance(input, Tensor):
             return None
-        grad = torch.is_grad_enabled() and (
-            input.requires_grad or weight.requires_grad
-            or (bias is not None and bias.requires_grad)
-            or (residual is not None and residual.requires_grad))
-        cast = None
-        if torch._C._is_any_autocast_enabled():
-            device = "cuda" if input.is_cuda else input.device.type
-            if torch.is_autocast_enabled(device):
-                cast = torch.get_autocast_dtype(device)
-        key = (input.shape, input.stride(), input.dtype, input.device, weight.shape,
-               weight.stride(), weight.dtype, weight.device,
-               None if bias is None else (bias.shape, bias.dtype, bias.device),
-               None if residual is None else (residual.shape, residual.stride(),
-                                              residual.dtype, residual.device),
-               padding, activation, negative_slope, self.backend, self.precision, grad, cast,
-               torch._C._get_cudnn_allow_tf32(), dispatch.current())
+        key, grad, cast = self._plan_key(input, weight, bias, padding, activation,
+                                         negative_slope, residual)
         kept = self.__dict__.get("_plan")
         if kept is None or kept[0] != key or (
                 kept[1] is not None and kept[1].provisional and kept[1].expired()):
@@ -113,6 +99,29 @@ class _FastconvMixin:
                     bias = step.cast(bias, cast)
         return plan.run(input, weight, bias, None, None, residual, None)
 
+    def _plan_key(self, input: Tensor, weight: Tensor, bias: Tensor | None, padding,
+                  activation: str, negative_slope: float, residual: Tensor | None) -> tuple:
+        """``(key, grad, cast)``: the signature :meth:`_planned` keeps its plan under (every
+        operand's, autograd's, autocast's, the TF32 switch's, dispatch settings'), whether
+        the call differentiates, and autocast's dtype (None: autocast off)."""
+        grad = torch.is_grad_enabled() and (
+            input.requires_grad or weight.requires_grad
+            or (bias is not None and bias.requires_grad)
+            or (residual is not None and residual.requires_grad))
+        cast = None
+        if torch._C._is_any_autocast_enabled():
+            device = "cuda" if input.is_cuda else input.device.type
+            if torch.is_autocast_enabled(device):
+                cast = torch.get_autocast_dtype(device)
+        key = (input.shape, input.stride(), input.dtype, input.device, weight.shape,
+               weight.stride(), weight.dtype, weight.device,
+               None if bias is None else (bias.shape, bias.dtype, bias.device),
+               None if residual is None else (residual.shape, residual.stride(),
+                                              residual.dtype, residual.device),
+               padding, activation, negative_slope, self.backend, self.precision, grad, cast,
+               torch._C._get_cudnn_allow_tf32(), dispatch.current())
+        return key, grad, cast
+
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         """torch.nn.ConvNd's forward calls this: the convolution through the module's plan
         (inside an optimized model's training step, through the entry its first call of the
@@ -135,7 +144,7 @@ class _FastconvMixin:
         if out is not None:
             if step is not None and step.dtype is not None:
                 key = self._step_key_conv(given)
-                plan = self._step_plan(key, given, weight)
+                plan = self._step_plan(key, given, weight, bias)
                 if plan is not None:
                     self.__dict__["_step_conv"] = (key, plan)
             return out
@@ -145,26 +154,32 @@ class _FastconvMixin:
 
     def _step_key_conv(self, input: Tensor) -> tuple:
         """What picks the convolution's plan in a training step beyond the operands:
-        autocast's dtype, the device kind, dispatch's settings and the module's padding and
-        options. Few reads, none of them a tensor's signature: this runs on every layer of
-        every eager training step, where a tensor signature check costs several times what
-        it costs alone (benchmarks/NOTES.md, issue 22, session 21)."""
+        autocast's dtype (on a CUDA or CPU input; None elsewhere), the device kind, dispatch
+        settings and the module's padding and options. Few reads, none of them a tensor's
+        signature: this runs on every layer of every eager training step, where a tensor
+        signature check costs several times what it costs alone (benchmarks/NOTES.md,
+        issue 22, session 21)."""
         cuda = input.is_cuda
-        device = "cuda" if cuda else "cpu"
-        return (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None,
+        device = "cuda" if cuda else "cpu" if input.is_cpu else None
+        return (torch.get_autocast_dtype(device)
+                if device is not None and torch.is_autocast_enabled(device) else None,
                 cuda, dispatch.current(), self.padding, self.padding_mode, self.backend,
                 self.precision)
 
-    def _step_plan(self, key: tuple, input: Tensor, weight: Tensor):
-        """The plan :meth:`_planned` kept for this call where a step may keep it under
-        ``key`` (:meth:`_step_key_conv`'s, first): a final plan of torch's own convolution,
+    def _step_plan(self, key: tuple, input: Tensor, weight: Tensor, bias: Tensor | None):
+        """The plan :meth:`_planned` ran for this call (the operands as given, before the
+        module's padding mode) where a step may keep it under ``key``
+        (:meth:`_step_key_conv`'s, first): a final plan of torch's own convolution,
         differentiated by torch's autograd, under 16-bit autocast. Else None."""
         entry = self.__dict__.get("_plan")
-        plan = None if entry is None else entry[1]
-        if plan is None or plan.provisional or not plan.native_grad \
-                or key[0] not in (torch.bfloat16, torch.float16) \
-                or not (torch.is_grad_enabled() and (input.requires_grad
-                                                     or weight.requires_grad)):
+        if entry is None or entry[1] is None or key[0] not in (torch.bfloat16, torch.float16):
+            return None
+        padded, padding = self._padded(input)
+        plan_key, grad, cast = self._plan_key(padded, weight, bias, padding, "none", 0.01,
+                                              None)
+        plan = entry[1]
+        if entry[0] != plan_key or not grad or cast is not key[0] or plan.provisional \
+                or not plan.native_grad:
             return None
         return plan
 

@@ -184,7 +184,8 @@ class _ConvBNActMixin:
         keep the plan under :meth:`_step_key`, so that the next calls make the same ops with
         no other check (:meth:`_step_call`)."""
         key = self._step_key(bn, input, residual, activation)
-        plan = self._step_plan(key, input, self._parameters["weight"])
+        plan = self._step_plan(key, input, self._parameters["weight"],
+                               self._parameters["bias"])
         buffers = bn._buffers
         if plan is not None and takes_torch_ops(y, gamma, beta, buffers.get("running_mean"),
                                                 buffers.get("running_var")):
