@@ -172,14 +172,15 @@ class _FastconvMixin:
         (:meth:`_step_key_conv`'s, first): a final plan of torch's own convolution,
         differentiated by torch's autograd, under 16-bit autocast. Else None."""
         entry = self.__dict__.get("_plan")
-        if entry is None or entry[1] is None or key[0] not in (torch.bfloat16, torch.float16):
-            return None
+        plan = None if entry is None else entry[1]
+        if plan is None or plan.provisional or not plan.native_grad \
+                or key[0] not in (torch.bfloat16, torch.float16) \
+                or not torch.is_grad_enabled():
+            return None  # (the cheap reads first: this runs on each call not kept)
         padded, padding = self._padded(input)
         plan_key, grad, cast = self._plan_key(padded, weight, bias, padding, "none", 0.01,
                                               None)
-        plan = entry[1]
-        if entry[0] != plan_key or not grad or cast is not key[0] or plan.provisional \
-                or not plan.native_grad:
+        if entry[0] != plan_key or not grad or cast is not key[0]:
             return None
         return plan
 
