@@ -34,6 +34,18 @@ class _FastconvMixin:
     #: read); so does a forced backend.
     compiled_as_torch: bool = True
 
+    #: What a module keeps between calls: its plan, parameter casts, training-step entries,
+    #: BatchNorm fold and output-shape memo. Each is derived from the module's attributes,
+    #: parameters and the call, is made again at the next call, and is never pickled or
+    #: copied (plans hold launchers and closures).
+    _KEPT = ("_plan", "_casts", "_step_conv", "_step_entry", "_fold", "_shape_memo")
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        for name in self._KEPT:
+            state.pop(name, None)
+        return state
+
     def _init_fastconv(self, backend: str, precision: str | None) -> None:
         """Checked now, not at the first forward."""
         if not isinstance(backend, str):
@@ -102,8 +114,11 @@ class _FastconvMixin:
     def _plan_key(self, input: Tensor, weight: Tensor, bias: Tensor | None, padding,
                   activation: str, negative_slope: float, residual: Tensor | None) -> tuple:
         """``(key, grad, cast)``: the signature :meth:`_planned` keeps its plan under (every
-        operand's, autograd's, autocast's, the TF32 switch's, dispatch settings'), whether
-        the call differentiates, and autocast's dtype (None: autocast off)."""
+        operand's, every geometry attribute the call reads: stride, padding, dilation,
+        groups; the epilogue's, the module's options, autograd's, autocast's, the TF32
+        switch's, dispatch settings'), whether the call differentiates, and autocast's
+        dtype (None: autocast off). Attributes changed after a call (``conv.stride = 2``)
+        give another key, as torch reads them at every call."""
         grad = torch.is_grad_enabled() and (
             input.requires_grad or weight.requires_grad
             or (bias is not None and bias.requires_grad)
@@ -118,8 +133,9 @@ class _FastconvMixin:
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                None if residual is None else (residual.shape, residual.stride(),
                                               residual.dtype, residual.device),
-               padding, activation, negative_slope, self.backend, self.precision, grad, cast,
-               torch._C._get_cudnn_allow_tf32(), dispatch.current())
+               self.stride, padding, self.dilation, self.groups, activation, negative_slope,
+               self.backend, self.precision, grad, cast, torch._C._get_cudnn_allow_tf32(),
+               dispatch.current())
         return key, grad, cast
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -155,7 +171,8 @@ class _FastconvMixin:
     def _step_key_conv(self, input: Tensor) -> tuple:
         """What picks the convolution's plan in a training step beyond the operands:
         autocast's dtype (on a CUDA or CPU input; None elsewhere), the device kind, dispatch
-        settings and the module's padding and options. Few reads, none of them a tensor's
+        settings and the module's geometry (stride, padding, dilation, groups, padding
+        mode) and options. Few reads, none of them a tensor's
         signature: this runs on every layer of every eager training step, where a tensor
         signature check costs several times what it costs alone (benchmarks/NOTES.md,
         issue 22, session 21)."""
@@ -163,8 +180,8 @@ class _FastconvMixin:
         device = "cuda" if cuda else "cpu" if input.is_cpu else None
         return (torch.get_autocast_dtype(device)
                 if device is not None and torch.is_autocast_enabled(device) else None,
-                cuda, dispatch.current(), self.padding, self.padding_mode, self.backend,
-                self.precision)
+                cuda, dispatch.current(), self.stride, self.padding, self.dilation,
+                self.groups, self.padding_mode, self.backend, self.precision)
 
     def _step_plan(self, key: tuple, input: Tensor, weight: Tensor, bias: Tensor | None):
         """The plan :meth:`_planned` ran for this call (the operands as given, before the

@@ -95,18 +95,22 @@ class _ConvBNActMixin:
         return self._forward(input, residual, self.activation)
 
     def _output_shape(self, input: Tensor) -> torch.Size:
-        """The output's shape for this input (remembered for the last input shape)."""
+        """The output's shape for this input (remembered for the last input shape, weight
+        shape and geometry)."""
+        weight = self._parameters["weight"]
+        key = (input.shape, weight.shape, self.stride, self.padding, self.dilation)
         memo = self.__dict__.get("_shape_memo")
-        if memo is not None and memo[0] == input.shape:
+        if memo is not None and memo[0] == key:
             return memo[1]
         if self.padding == "same":
             size = tuple(input.shape[2:])
         else:
             pad = (0,) * self._RANK if self.padding == "valid" else self.padding
             size = tuple((i + 2 * p - d * (k - 1) - 1) // s + 1 for i, p, d, k, s in
-                         zip(input.shape[2:], pad, self.dilation, self.kernel_size, self.stride))
-        shape = torch.Size((input.shape[0], self.out_channels, *size))
-        self.__dict__["_shape_memo"] = (input.shape, shape)
+                         zip(input.shape[2:], pad, self.dilation, weight.shape[2:],
+                             self.stride))
+        shape = torch.Size((input.shape[0], weight.shape[0], *size))
+        self.__dict__["_shape_memo"] = (key, shape)
         return shape
 
     def _forward(self, input: Tensor, residual: Tensor | None, activation: str) -> Tensor:
