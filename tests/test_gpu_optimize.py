@@ -114,7 +114,7 @@ def _gradients_against_float64(model, inputs=8):
     be within 1e-4. A backward computing in TF32 is 0.11-0.13 off on all eight (H100, torch's
     model and fastconv's alike)."""
     probe = optimize(model, "training", "ieee")
-    conv1 = [n for n, _ in probe.named_parameters()].index("model.conv1_bn_act.weight")
+    conv1 = [n for n, _ in probe.named_parameters()].index("conv1.weight")
     errors = {"fastconv": [], "torch": []}
     for k in range(inputs):
         generator = torch.Generator(device="cuda").manual_seed(k)

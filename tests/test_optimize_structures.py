@@ -106,11 +106,13 @@ def _first_in_channels(model):
     return next(m for m in model.modules() if isinstance(m, nn.Conv2d)).in_channels
 
 
-def test_walk_path_leaves_a_shared_conv_and_keeps_training_equal():
+def test_walk_path_fuses_a_chain_whose_conv_is_also_called_alone():
+    """The walked Sequential runs its chain fused; its conv, also called on its own, is the
+    conv as it was (one module, the same parameters), so training stays equal."""
     model = Untraceable(share=True)
     opt, errors = _train_side_by_side(model)
     assert any("torch.fx could not trace" in n for n in opt.report.notes)
-    assert any("shared" in why for _, why in opt.report.left), str(opt.report)
+    assert len(opt.report.fused) == 2, str(opt.report)
     assert max(errors) < 1e-5, errors
     assert opt.model.extra is opt.model.seq[0]  # still one module
 

@@ -99,17 +99,17 @@ def test_training_step_matches_torch():
     got_loss = fast(x).square().mean()
     got_loss.backward()
     assert torch.allclose(got_loss, want_loss, rtol=1e-4)
-    grads = dict(fast.model.named_parameters())
+    grads = dict(fast.named_parameters())
     params = dict(model.named_parameters())
     state = fast.state_dict()
     checked = 0
     for key, value in model.state_dict().items():
         assert torch.allclose(state[key].float(), value.float(), rtol=1e-4, atol=1e-5), key
-    # gradients through the original names (the state_dict map); a bias before a batch
+    # gradients under the original names; a bias before a batch
     # statistics norm has a gradient of rounding noise only: a floor of 1e-6 of the largest
     floor = 1e-6 * max(float(p.grad.abs().max()) for p in params.values())
     for name, p in params.items():
-        g = grads[fast._internal_keys.get(name, name)].grad
+        g = grads[name].grad
         assert g is not None, name
         assert float((g - p.grad).abs().max()) <= 1e-3 * float(p.grad.abs().max()) + floor, \
             name

@@ -28,11 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import backends, dispatch
+from . import backends, dispatch, original
 from .errors import ConvError
 from .nn import convert, step
-from .nn.conv import _FastconvMixin
+from .nn.chained import ChainedSequential
+from .nn.conv import Conv1d, Conv2d, _FastconvMixin
 from .nn.fused import ConvBNAct1d, ConvBNAct2d, _activation_of
+from .tracing import TRAINING_ARG, KeptWhole, has_hooks, known_norm, trace
 
 MODES = ("inference", "training")
 
@@ -43,6 +45,13 @@ _FUNCTION_ACTIVATIONS = {
 }
 _ADDS = (operator.add, operator.iadd, torch.add)
 _NO_NORM = "not followed by a BatchNorm module"
+_UNSEEN = ("not a Conv -> BatchNorm run of an nn.Sequential's children (the model was not "
+           "traced, so nothing else is fused)")
+_HOOKED = "has hooks (left as it is, so that they run)"
+_WALKED = ("fused only Conv -> BatchNorm runs of nn.Sequential children, each when the "
+           "Sequential is called as a whole. To fuse more, make the forward traceable by "
+           "torch.fx: no Python control flow on tensor values (torch.fx's 'Limitations of "
+           "Symbolic Tracing')")
 _FUSED = {1: (nn.Conv1d, nn.BatchNorm1d, ConvBNAct1d), 2: (nn.Conv2d, nn.BatchNorm2d, ConvBNAct2d)}
 
 
@@ -58,7 +67,8 @@ class Report:
         """(fused, eligible, total) convolutions: eligible ones are followed by a BatchNorm
         (fused, or left for a reason the report gives); total counts every convolution the
         pass looked at (the module walk, without a trace, sees only Sequential chains)."""
-        eligible = len(self.fused) + sum(not why.startswith(_NO_NORM) for _, why in self.left)
+        eligible = len(self.fused) + sum(not why.startswith(_NO_NORM) and why != _UNSEEN
+                                         for _, why in self.left)
         return len(self.fused), eligible, len(self.fused) + len(self.left)
 
     def __str__(self) -> str:
@@ -96,30 +106,29 @@ class OptimizedModel(nn.Module):
     needs a new ``optimize``); a model that cannot be captured (e.g. a host
     synchronisation in its forward) runs eagerly, with the reason in ``report.notes``.
 
-    ``state_dict()`` has the original model's keys (a fused layer's parameters and buffers
-    under its convolution's and BatchNorm's names, no ``model.`` prefix) and
+    ``state_dict()`` has the original model's keys and metadata (a fused layer's parameters
+    and buffers under its convolution's and BatchNorm's names, no ``model.`` prefix) and
     ``load_state_dict`` takes them: checkpoints move both ways between the original model
-    and the optimized one. ``named_parameters()`` shows the fused layers' own names.
+    and the optimized one. ``named_parameters()`` and ``parameters()`` give the original
+    names in the original order, so optimizer checkpoints move both ways too
+    (:mod:`fastconv.original`); ``.model.named_parameters()`` shows the copy's own names.
     """
 
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True):
+        if not recurse:
+            return super().named_parameters(prefix, recurse, remove_duplicate)
+        return original.named_parameters(self, prefix, remove_duplicate)
+
     def __init__(self, model: nn.Module, report: Report, channels_last: bool,
-                 autocast: torch.dtype | None, cuda_graph: bool,
-                 state_keys: dict[str, str] | None = None,
-                 aliases: dict[str, str] | None = None):
+                 autocast: torch.dtype | None, cuda_graph: bool, names: original.Names):
         super().__init__()
         self.model = model
-        # state_dict in the original model's keys: the fused layers' keys (relative to
-        # .model) -> the original conv's and BatchNorm's, and back
-        self._state_keys = dict(state_keys or {})
-        self._internal_keys = {v: k for k, v in self._state_keys.items()}
-        # original keys of tensors the original model holds under a second name that the
-        # copy lost (a module kept as two attributes: the trace keeps the path it calls)
-        # -> the original key the copy holds them under
-        self._aliases = dict(aliases or {})
+        self._names = names
         self._load_prefix = ""
-        self.register_state_dict_post_hook(_original_keys)
-        self.register_load_state_dict_pre_hook(_internal_keys)
-        self.register_load_state_dict_post_hook(_report_original_keys)
+        self.register_state_dict_post_hook(original.save_hook)
+        self.register_load_state_dict_pre_hook(original.load_hook)
+        self.register_load_state_dict_post_hook(original.report_hook)
         self.report = report
         self.channels_last = channels_last
         self.autocast = autocast
@@ -127,6 +136,14 @@ class OptimizedModel(nn.Module):
         self._graphs: dict = {}
         self._train_graphs: dict = {}
         self._noted_held_grads = False
+
+    def __getstate__(self) -> dict:
+        """Pickled and deep-copied without its CUDA graphs and the modules it found (made
+        again at the next call)."""
+        state = super().__getstate__()
+        state["_graphs"], state["_train_graphs"] = {}, {}
+        state.pop("_convs", None)
+        return state
 
     def _prepare(self, args):
         if not self.channels_last:
@@ -263,41 +280,17 @@ class OptimizedModel(nn.Module):
             lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
 
 
-def _original_keys(module: OptimizedModel, state_dict, prefix, local_metadata) -> None:
-    """state_dict post-hook: ``model.<fused key>`` -> the original model's key."""
-    inner = prefix + "model."
-    for key in [k for k in state_dict if k.startswith(inner)]:
-        rel = key[len(inner):]
-        state_dict[prefix + module._state_keys.get(rel, rel)] = state_dict.pop(key)
-    for alias, held in module._aliases.items():
-        if prefix + held in state_dict:
-            state_dict[prefix + alias] = state_dict[prefix + held]
-
-
-def _internal_keys(module: OptimizedModel, state_dict, prefix, local_metadata, strict,
-                   missing_keys, unexpected_keys, error_msgs) -> None:
-    """load_state_dict pre-hook: the original model's keys -> ``model.<fused key>`` (a
-    second name of a tensor the copy holds once is read only where the first is absent)."""
-    module._load_prefix = prefix  # for _report_original_keys
-    for alias, held in module._aliases.items():
-        value = state_dict.pop(prefix + alias, None)
-        if value is not None and prefix + held not in state_dict:
-            state_dict[prefix + held] = value
-    for key in [k for k in state_dict if k.startswith(prefix)]:
-        rel = key[len(prefix):]
-        state_dict[prefix + "model." + module._internal_keys.get(rel, rel)] = \
-            state_dict.pop(key)
-
-
-def _report_original_keys(module: OptimizedModel, incompatible) -> None:
-    """load_state_dict post-hook: missing and unexpected keys named as the caller wrote
-    them (the original model's keys)."""
-    inner = module._load_prefix + "model."
-    for keys in (incompatible.missing_keys, incompatible.unexpected_keys):
-        for i, key in enumerate(keys):
-            if key.startswith(inner):
-                rel = key[len(inner):]
-                keys[i] = module._load_prefix + module._state_keys.get(rel, rel)
+def _copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model``. torch's deepcopy of a TorchScript module gives it
+    parameters that are not leaves (computed from the originals), which a backward never
+    reaches: those are made leaves again, with the same values."""
+    model = copy.deepcopy(model)
+    for m in model.modules():
+        if isinstance(m, torch.jit.ScriptModule):
+            for name, p in list(m.named_parameters(recurse=False)):
+                if not p.is_leaf:
+                    setattr(m, name, nn.Parameter(p.detach(), requires_grad=p.requires_grad))
+    return model
 
 
 class _FrozenBatchNorm2d(nn.BatchNorm2d):
@@ -373,13 +366,14 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
         raise ConvError(f"precision: got {precision!r}; allowed: None, 'ieee', 'tf32', "
                         f"'bf16', 'fp16'")
     report = Report()
-    model = copy.deepcopy(model)
+    model = _copy(model)
     if any(t.is_cuda for t in itertools.chain(model.parameters(), model.buffers())):
         backends.REGISTRY["triton"].warm_up()  # Triton's driver made while this traces
-    _unfreeze_frozen_norms(model, report)
     names = collections.defaultdict(list)  # each tensor's state_dict keys in the original
     for key, t in model.state_dict(keep_vars=True).items():
         names[id(t)].append(key)
+    metadata, order = original.Names.of(model)
+    _unfreeze_frozen_norms(model, report)
     if mode == "inference":
         model.eval()
     elif not model.training:  # a training copy of an eval model; BatchNorms frozen by the
@@ -387,15 +381,18 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
     conv_precision = precision if precision in ("ieee", "tf32") else None
     state_keys: dict[str, str] = {}
     try:
-        gm = _trace(model)
+        gm, notes = trace(model)
     except Exception as exc:
-        report.notes.append(f"torch.fx could not trace the model ({type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0][:120]}); fused nn.Sequential chains "
-                            f"only")
-        out = _walk(model, report, conv_precision, state_keys)
+        why = str(exc) if isinstance(exc, KeptWhole) else (
+            f"torch.fx could not trace the model ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:120]})")
+        report.notes.append(f"not traced: {why}; {_WALKED}")
+        out = convert(model, inplace=True, precision=conv_precision)
+        _walk(out, report, conv_precision)
     else:
-        out = _fuse_graph(gm, report, conv_precision, state_keys)
-    convert(out, inplace=True, precision=conv_precision)
+        report.notes += notes
+        out = convert(_fuse_graph(gm, report, conv_precision, state_keys), inplace=True,
+                      precision=conv_precision)
     if channels_last:
         out = out.to(memory_format=torch.channels_last)
     if cuda_graph and not torch.cuda.is_available():
@@ -406,8 +403,8 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
     aliases = {key: next(k for k in keys if k in held) for keys in names.values()
                if len(keys) > 1 and any(k in held for k in keys)
                for key in keys if key not in held}
-    result = OptimizedModel(out, report, channels_last, autocast, cuda_graph, state_keys,
-                            aliases)
+    result = OptimizedModel(out, report, channels_last, autocast, cuda_graph,
+                            original.Names(state_keys, aliases, metadata, order))
     result.training = out.training
     if example_inputs is not None:
         with torch.no_grad():
@@ -466,78 +463,6 @@ def compile_model(model: nn.Module, precision: str | None = None, *,
                          options=options)
 
 
-class _Tracer(torch.fx.Tracer):
-    """torch.fx's tracer with every BatchNorm a leaf: a BatchNorm subclass holding its
-    activation (timm's BatchNormAct2d) stays one call, as torch's own BatchNorms do, instead
-    of being traced into (where its input looks used several times). Stochastic depth
-    (torchvision's StochasticDepth, timm's DropPath and DropBlock2d) stays a module too:
-    traced into, its ``self.training`` became a constant of the graph, so a model optimized
-    for training dropped paths in eval() as well, and one optimized for inference never
-    dropped any in train(). fastconv's own modules are leaves, as torch.nn's are (traced
-    into, their forwards' argument checks fail on the tracer's proxies)."""
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return (_known_norm(m) or _stochastic_depth(m) or isinstance(m, _FastconvMixin)
-                or super().is_leaf_module(m, module_qualified_name))
-
-
-#: Modules whose forward branches on ``self.training`` (random in training, identity in
-#: eval), from the libraries whose models optimize() is measured on.
-_STOCHASTIC = {("torchvision.ops.stochastic_depth", "StochasticDepth"),
-               ("fastconv.nn.stochastic", "StochasticDepth"),
-               ("timm.layers.drop", "DropPath"), ("timm.layers.drop", "DropBlock2d")}
-
-
-def _stochastic_depth(m: nn.Module) -> bool:
-    return (type(m).__module__, type(m).__name__) in _STOCHASTIC
-
-
-def _known_norm(m: nn.Module) -> bool:
-    """A BatchNorm whose forward is known: torch's own (a subclass that does not override
-    it) or timm's BatchNormAct2d (normalise, then ``.drop``, then ``.act``). Other
-    subclasses are traced into, so that nothing unknown is fused as a plain BatchNorm."""
-    if not isinstance(m, nn.modules.batchnorm._BatchNorm):
-        return False
-    forward = type(m).forward
-    return forward is nn.modules.batchnorm._BatchNorm.forward or (
-        forward.__qualname__ == "BatchNormAct2d.forward"
-        and forward.__module__.startswith("timm."))
-
-
-def _trace(model: nn.Module) -> torch.fx.GraphModule:
-    tracer = _Tracer()
-    graph = tracer.trace(model)
-    _live_training_flags(graph)
-    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
-
-
-#: Functions whose ``training`` argument a traced forward passes as ``self.training``
-#: (timm's heads: ``F.dropout(x, p, training=self.training)``).
-_TRAINING_ARG = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
-                 F.feature_alpha_dropout}
-
-
-def _live_training_flags(graph: torch.fx.Graph) -> None:
-    """Tracing reads ``self.training`` once, so a dropout call's ``training=`` argument
-    became a constant of the graph: a model traced for training would drop units in eval()
-    too (timm's classifiers, drop_rate 0.2 by default), one traced for inference never in
-    train(). Each such argument now reads the traced module's own flag at run time, which
-    train()/eval() set."""
-    flag = None
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in _TRAINING_ARG:
-            continue
-        if flag is None:
-            inputs = [n for n in graph.nodes if n.op == "placeholder"]
-            with graph.inserting_after(inputs[-1]) if inputs else \
-                    graph.inserting_before(node):
-                flag = graph.get_attr("training")
-        if isinstance(node.kwargs.get("training"), bool):
-            node.update_kwarg("training", flag)
-        elif len(node.args) > 2 and isinstance(node.args[2], bool):
-            node.update_arg(2, flag)
-
-
 def _inner_activation(bn: nn.Module) -> tuple[str, float] | str | None:
     """The activation a norm-act module applies after normalising (timm's BatchNormAct2d:
     ``.drop`` then ``.act``): None for a plain BatchNorm or an identity act, the activation,
@@ -566,7 +491,7 @@ def _conv_rank(conv) -> int | None:
 def _activation_node(node, modules) -> tuple[str, float] | None:
     if node.op == "call_module":
         module = modules.get(node.target)  # None: a layer fused during this pass
-        if module is None or isinstance(module, nn.Sequential):
+        if module is None or isinstance(module, nn.Sequential) or has_hooks(module):
             return None
         try:
             return _activation_of(module)
@@ -660,10 +585,10 @@ def _drop_identities(gm: torch.fx.GraphModule) -> None:
             continue
         if node.op == "call_module":
             m = modules.get(node.target)
-            same = isinstance(m, nn.Identity) or (
+            same = not has_hooks(m) and (isinstance(m, nn.Identity) or (
                 isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0
-                and len(node.args) == 1 and not node.kwargs)
-        elif node.op == "call_function" and node.target in _TRAINING_ARG:
+                and len(node.args) == 1 and not node.kwargs))
+        elif node.op == "call_function" and node.target in TRAINING_ARG:
             p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
             same = type(p) in (int, float) and p == 0
         else:
@@ -682,7 +607,7 @@ def _free_eval_stochastic_depth(gm: torch.fx.GraphModule) -> None:
             continue
         module = gm.get_submodule(node.target)
         if (type(module).__module__, type(module).__name__) != (
-                "torchvision.ops.stochastic_depth", "StochasticDepth"):
+                "torchvision.ops.stochastic_depth", "StochasticDepth") or has_hooks(module):
             continue
         from .nn.stochastic import StochasticDepth
 
@@ -752,6 +677,11 @@ def _fused_layer(conv, bn, act, precision) -> nn.Module:
     return _FUSED[rank][2]._holding(conv, bn, *act, precision=precision)
 
 
+#: the forwards of the convolutions fused as torch's: torch's own and fastconv's
+_CONV_FORWARDS = (nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv1d._conv_forward,
+                  nn.Conv2d._conv_forward, _FastconvMixin._conv_forward)
+
+
 def _why_not(node, conv, calls, modules) -> str:
     """Why the chain starting at this convolution cannot be fused ('' when it can)."""
     users = list(node.users)
@@ -774,11 +704,16 @@ def _why_not(node, conv, calls, modules) -> str:
     rank = _conv_rank(conv)
     if rank is None or not isinstance(bn, _FUSED[rank][1]):
         return f"{type(conv).__name__} with {type(bn).__name__}: no fused layer for this rank"
+    if has_hooks(conv) or has_hooks(bn):
+        return _HOOKED
+    if type(conv).forward not in _CONV_FORWARDS or \
+            type(conv)._conv_forward not in _CONV_FORWARDS:
+        return f"{type(conv).__name__} has a forward of its own (not fused as a convolution)"
     if calls.get(node.target, 0) > 1 or calls.get(bn_node.target, 0) > 1:
         return "the convolution or its BatchNorm is called on more than one path"
     if bn_node.args[0] is not node or len(bn_node.args) != 1 or bn_node.kwargs:
         return "the BatchNorm is called with other arguments"
-    if not _known_norm(bn):
+    if not known_norm(bn):
         return f"{type(bn).__name__} has a forward of its own (not fused as a BatchNorm)"
     if not bn.track_running_stats and not bn.training:
         return "a BatchNorm without running statistics in eval mode"
@@ -786,30 +721,34 @@ def _why_not(node, conv, calls, modules) -> str:
     return inner if isinstance(inner, str) else ""
 
 
-def _walk(model: nn.Module, report: Report, precision,
-          state_keys: dict[str, str]) -> nn.Module:
-    """Fusion without a trace: Conv, BatchNorm [, activation] consecutive in a Sequential,
-    where neither module is also registered elsewhere (a shared module must stay itself)."""
-    registrations: dict[int, int] = {}
-    for _, m in model.named_modules(remove_duplicate=False):
-        registrations[id(m)] = registrations.get(id(m), 0) + 1
+def _walk(model: nn.Module, report: Report, precision) -> None:
+    """Fusion without a trace (``model`` already converted): each run Conv, BatchNorm [,
+    activation] of an ``nn.Sequential``'s children, none of them with hooks, runs fused when
+    the Sequential is called as a whole, and its children stay as they are for a forward
+    that calls them one by one (:class:`ChainedSequential`). Every other convolution is
+    left, with the reason."""
+    fused_ids: set[int] = set()
     for parent_name, parent in list(model.named_modules()):
-        if not isinstance(parent, nn.Sequential):
+        if type(parent) is not nn.Sequential:
             continue
         children = list(parent.named_children())
-        i = 0
+        chains, i = [], 0
         while i < len(children):
             name, conv = children[i]
-            rank = _conv_rank(conv) if isinstance(conv, nn.modules.conv._ConvNd) else None
             nxt = children[i + 1][1] if i + 1 < len(children) else None
+            # (exact types: a subclass may have a forward of its own)
+            rank = {Conv1d: 1, Conv2d: 2}.get(type(conv))
             if rank is None or not isinstance(nxt, _FUSED[rank][1]):
                 i += 1
                 continue
             full = f"{parent_name}.{name}" if parent_name else name
-            inner = _inner_activation(nxt) if _known_norm(nxt) else \
+            inner = _inner_activation(nxt) if known_norm(nxt) else \
                 f"{type(nxt).__name__} has a forward of its own (not fused as a BatchNorm)"
+            if not isinstance(inner, str) and (has_hooks(conv) or has_hooks(nxt)):
+                inner = _HOOKED
             if isinstance(inner, str):
                 report.left.append((full, inner))
+                fused_ids.add(id(conv))
                 i += 1
                 continue
             act_mod = children[i + 2][1] if i + 2 < len(children) and inner is None else None
@@ -817,21 +756,16 @@ def _walk(model: nn.Module, report: Report, precision,
                 act = inner or _activation_of(act_mod)
             except ConvError:
                 act_mod, act = None, ("none", 0.01)
-            shared = [m for m in (conv, nxt) if registrations[id(m)] > 1]
-            if shared:
-                report.left.append((full, f"the {type(shared[0]).__name__} is registered in "
-                                          f"{registrations[id(shared[0])]} places (shared)"))
-                i += 1
-                continue
-            fused = _fused_layer(conv, nxt, act, precision)
-            bn_name = children[i + 1][0]
-            _record_keys(state_keys, fused, full, full,
-                         f"{parent_name}.{bn_name}" if parent_name else bn_name)
-            setattr(parent, name, fused)
-            setattr(parent, children[i + 1][0], nn.Identity())
-            if act_mod is not None:
-                setattr(parent, children[i + 2][0], nn.Identity())
+            if act_mod is not None and has_hooks(act_mod):
+                act_mod, act = None, ("none", 0.01)
+            n = 2 if act_mod is None else 3
+            chains.append((i, n, _fused_layer(conv, nxt, act, precision)))
+            fused_ids.add(id(conv))
             report.fused.append((full, "conv -> bn" + (f" -> {act[0]}" if act[0] != "none"
                                                         else "")))
-            i += 3 if act_mod is not None else 2
-    return model
+            i += n
+        if chains:
+            ChainedSequential.chain(parent, chains)
+    report.left += [(name, _UNSEEN) for name, m in model.named_modules()
+                    if isinstance(m, nn.modules.conv._ConvNd) and id(m) not in fused_ids
+                    and not isinstance(m, (ConvBNAct1d, ConvBNAct2d))]
