@@ -216,9 +216,15 @@ def _width(node, module: Callable[[str], nn.Module]) -> int:
             return m.out_features
     if _cat_dim(node) == 1:
         return sum(_width(a, module) for a in node.args[0])
-    if _per_channel(node, module) and isinstance(node.args[0], torch.fx.Node):
-        return _width(node.args[0], module)
+    if _per_channel(node, module) and _tensor_arg(node) is not None:
+        return _width(_tensor_arg(node), module)
     raise ConvError(f"cannot tell how many channels {node.name} has")
+
+
+def _tensor_arg(node):
+    """The tensor a per-channel node acts on: its first argument that is a node (``0.5 * x``
+    has its number first)."""
+    return next((a for a in node.args if isinstance(a, torch.fx.Node)), None)
 
 
 def _passthrough(m: nn.Module) -> bool:
@@ -296,6 +302,10 @@ class _Space:
         self.seen[node] = hops
         self.todo.append(node)
 
+    def _spatial_dims(self) -> int:
+        """How many spatial dimensions the producer's output has."""
+        return len(self.modules[self.start.target].kernel_size)
+
     def _where(self, node) -> str:
         return f"({node.target})" if node.op == "call_module" else f"({node.name})"
 
@@ -310,7 +320,7 @@ class _Space:
         elif _tie(node):
             inputs = node.args
         elif isinstance(m, _BatchNorm) or _per_channel(node, self.modules.__getitem__):
-            inputs = node.args[:1]
+            inputs = [_tensor_arg(node)]
         elif node.op == "placeholder":
             raise _NoGrowth(f"a residual add ties its width to the model's input "
                             f"({node.name})")
@@ -409,6 +419,10 @@ class _Space:
                     width := _width(source, self.modules.__getitem__)):
                 raise _NoGrowth(f"reaches Linear {where} with {m.in_features} features from "
                                 f"{width} channels: not one feature per channel")
+            if isinstance(m, nn.Linear) and not _pooled(source, self.modules,
+                                                        self._spatial_dims()):
+                raise _NoGrowth(f"reaches Linear {where} without a global pooling and a "
+                                f"flatten before it: its features may not be the channels")
             if hops and getattr(m, "groups", 1) > 1:
                 raise _NoGrowth(f"reaches the grouped convolution {where} through a "
                                 f"concatenation (not supported)")
@@ -437,6 +451,100 @@ class _Space:
             raise _NoGrowth(f"concatenated {where}: {exc}") from None
         index = next(i for i, a in enumerate(inputs) if a is source)
         self._visit(node, hops + ((node, index),))
+
+
+#: modules and functions acting per element, which keep a tensor's shape
+_ELEMENTWISE = tuple(t for t in PASSTHROUGH if not issubclass(t, nn.modules.pooling._MaxPoolNd)
+                     and not issubclass(t, nn.modules.pooling._AvgPoolNd))
+_ELEMENTWISE_FUNCTIONS = _PASS_FUNCTIONS - {
+    torch.nn.functional.max_pool2d, torch.nn.functional.avg_pool2d,
+    torch.nn.functional.adaptive_avg_pool2d, torch.nn.functional.adaptive_max_pool2d,
+    torch.flatten}
+
+
+def _through_elementwise(node, modules: dict):
+    """The first node at or before ``node`` (following first arguments) that is not an
+    element-wise activation, dropout or identity."""
+    while True:
+        if node.op == "call_module" and isinstance(modules.get(node.target), _ELEMENTWISE):
+            pass
+        elif node.op == "call_function" and node.target in _ELEMENTWISE_FUNCTIONS:
+            pass
+        elif node.op == "call_method" and node.target in ("relu", "relu_", "sigmoid", "tanh",
+                                                          "contiguous", "clone"):
+            pass
+        else:
+            return node
+        if not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return node
+        node = node.args[0]
+
+
+def _reduces(node, spatial: int) -> bool | None:
+    """Whether ``node`` pools every spatial dimension to one: True where the result is
+    (N, C), False where it keeps them as size-1 dimensions, None where it pools nothing or
+    not all of them."""
+    target = node.target
+    if node.op == "call_module":
+        return None
+    if target in ("mean", "amax", torch.mean, torch.amax):
+        dims = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+        dims = (dims,) if isinstance(dims, int) else dims
+        rank = spatial + 2
+        if not isinstance(dims, (tuple, list)) or \
+                {d % rank for d in dims if isinstance(d, int)} != set(range(2, rank)):
+            return None
+        keep = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False)
+        return not keep
+    if target in (torch.nn.functional.adaptive_avg_pool2d,
+                  torch.nn.functional.adaptive_max_pool2d, torch.nn.functional.adaptive_avg_pool1d,
+                  torch.nn.functional.adaptive_max_pool1d):
+        size = node.kwargs.get("output_size", node.args[1] if len(node.args) > 1 else None)
+        return False if _ones(size) else None
+    return None
+
+
+def _ones(size) -> bool:
+    return size == 1 or (isinstance(size, (tuple, list)) and all(s == 1 for s in size))
+
+
+def _flattens(node, modules: dict) -> bool:
+    """Whether ``node`` flattens (N, C, 1, ...) to (N, C)."""
+    if node.op == "call_module":
+        m = modules.get(node.target)
+        return isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1
+    start = node.kwargs.get("start_dim", node.args[1] if len(node.args) > 1 else 0)
+    if node.op == "call_function" and node.target is torch.flatten:
+        return start == 1 and node.kwargs.get("end_dim", -1) == -1 and len(node.args) <= 2
+    if node.op == "call_method" and node.target == "flatten":
+        return start == 1 and node.kwargs.get("end_dim", -1) == -1 and len(node.args) <= 2
+    return node.op == "call_method" and node.target in ("view", "reshape") \
+        and len(node.args) == 3 and node.args[2] == -1
+
+
+def _pooled(source, modules: dict, spatial: int) -> bool:
+    """Whether ``source`` is provably (N, C): every spatial dimension pooled to one and
+    dropped (a global pooling and a flatten, or a mean over them), so that a Linear layer
+    reading it takes the channels as its features."""
+    node = _through_elementwise(source, modules)
+    if node.op == "call_module" and _global_pool(modules.get(node.target), spatial):
+        return False  # (N, C, 1, ...): a flatten must follow
+    reduced = _reduces(node, spatial)
+    if reduced is not None:
+        return reduced
+    if not _flattens(node, modules) or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    pool = _through_elementwise(node.args[0], modules)
+    if pool.op == "call_module":
+        return _global_pool(modules.get(pool.target), spatial)
+    return _reduces(pool, spatial) is False
+
+
+def _global_pool(m, spatial: int) -> bool:
+    """An adaptive pooling module to one value per channel, of ``spatial`` dimensions."""
+    kinds = {1: (nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d),
+             2: (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)}.get(spatial, ())
+    return isinstance(m, kinds) and _ones(m.output_size)
 
 
 def _branch_of(path: str, modules: dict) -> str | None:

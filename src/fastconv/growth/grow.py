@@ -3,6 +3,7 @@ state to the new parameters."""
 
 from __future__ import annotations
 
+import collections
 import math
 import warnings
 
@@ -55,8 +56,39 @@ def _check_growth(factor_or_mapping, pairs: list[_Pair]) -> None:
                         f"must be at least 1")
 
 
+class _Holders:
+    """Every path each module of a model is registered under, and every name each of its
+    parameters and buffers is held under: a layer reached under one name but held under
+    two (a module registered twice, a weight tied to another layer's) cannot be replaced
+    by a widened copy without leaving the other name on the old one."""
+
+    def __init__(self, model: nn.Module):
+        self.paths: dict[int, list[str]] = collections.defaultdict(list)
+        for path, m in model.named_modules(remove_duplicate=False):
+            self.paths[id(m)].append(path)
+        self.names: dict[int, list[str]] = collections.defaultdict(list)
+        # (nn.Module's own walk: an OptimizedModel names its parameters as the original)
+        for name, t in (*nn.Module.named_parameters(model, remove_duplicate=False),
+                        *model.named_buffers(remove_duplicate=False)):
+            self.names[id(t)].append(name)
+
+    def check(self, path: str, layer: nn.Module) -> None:
+        """Raise ConvError where ``layer`` (at ``path``) is held under other names too."""
+        paths = self.paths.get(id(layer), [path])
+        if len(paths) > 1:
+            raise ConvError(f"{path}: the module is registered under {len(paths)} names "
+                            f"({', '.join(paths)}); a widened copy would replace it under "
+                            f"one only")
+        for name, t in (*layer.named_parameters(), *layer.named_buffers()):
+            others = [n for n in self.names.get(id(t), ()) if n != f"{path}.{name}"]
+            if others:
+                raise ConvError(f"{path}.{name}: the same tensor is held as "
+                                f"{', '.join(others)} (tied); widening it here would untie "
+                                f"them")
+
+
 def _grow_pair(pair: _Pair, get, factor_or_mapping, init, noise, generator,
-               carries: dict[str, Carries]):
+               carries: dict[str, Carries], holders: _Holders):
     """(the widened layers by path, or None when the width stays; old and new width) of
     one producer (and those tied to it) with every layer it reaches."""
     producers = [get(n) for n in (pair.producer, *pair.tied)]
@@ -91,6 +123,8 @@ def _grow_pair(pair: _Pair, get, factor_or_mapping, init, noise, generator,
     grown: dict[str, nn.Module] = {}
 
     def apply(path, fn, what, size):
+        if path not in grown:
+            holders.check(path, get(path))
         layer = grown[path] if path in grown else get(path)
         wp = placed(path, w)
         if getattr(layer, size) != wp.old:
@@ -131,6 +165,7 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
     report = GrowthReport(notes=[note] if note else [])
     current: dict[str, nn.Module] = {}
     carries: dict[str, Carries] = {}
+    holders = _Holders(module)
     failed_branches: dict[str, str] = {}
 
     def get(path):
@@ -142,7 +177,7 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
         try:
             names = (pair.producer, *pair.tied)
             grown, old, new = _grow_pair(pair, get, factor_or_mapping, init, noise,
-                                         generator, carries)
+                                         generator, carries, holders)
             if grown is None:
                 report.not_grown += [(n, f"its width stays {old}") for n in names]
                 continue
@@ -162,6 +197,16 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
     if report.failed and (on_error == "raise" or any(
             not any(_inside(p, b) for b in failed_branches) for p, _ in report.failed)):
         raise GrowthError("grow_width: nothing was changed", report)
+    drops: dict[str, list[int]] = {}
+    for branch in failed_branches:  # each MultiBranch drops its failures at once
+        owner_path, _, index = ("." + branch).rpartition(".branches.")
+        drops.setdefault(owner_path.lstrip("."), []).append(int(index))
+    for owner_path, indices in drops.items():
+        owner = module.get_submodule(owner_path) if owner_path else module
+        if len(indices) >= len(owner.branches):
+            raise GrowthError(f"grow_width: every branch of {owner_path or 'the model'} "
+                              f"failed, and a MultiBranch needs one; nothing was changed",
+                              report)
     for path in list(current):  # a dropped branch's widened layers are not installed
         if any(_inside(path, b) for b in failed_branches):
             del current[path]
@@ -178,11 +223,7 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
     for m in module.modules():  # a concatenation's width is its branches'
         if isinstance(m, MultiBranch) and m.merge == "concat":
             m.out_channels = sum(_out_width(b) for b in m.branches)
-    drops: dict[str, list[int]] = {}
-    for branch, why in failed_branches.items():  # each MultiBranch drops its failures at once
-        owner_path, _, index = ("." + branch).rpartition(".branches.")
-        drops.setdefault(owner_path.lstrip("."), []).append(int(index))
-        report.dropped.append((branch, why))
+    report.dropped += list(failed_branches.items())
     for owner_path, indices in drops.items():
         (module.get_submodule(owner_path) if owner_path else module).drop_branches(indices)
     if optimizer is not None:

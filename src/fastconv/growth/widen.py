@@ -124,6 +124,15 @@ def _check_conv(conv, what: str) -> None:
                         f"ConvTranspose*, ConvBNAct*), got {type(conv).__name__}")
 
 
+def _copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` holding its very parameters and buffers: the widening replaces
+    those it widens, and every other one (a consumer's bias) stays the tensor that an
+    optimizer and any tied layer hold. (The public ``widen_*`` functions return copies:
+    they widen a deep copy of what they are given.)"""
+    shared = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return copy.deepcopy(module, shared)
+
+
 def _out_axis(conv) -> int:
     return 1 if conv.transposed else 0
 
@@ -151,7 +160,7 @@ def _widen_conv_out(conv, w: Widening, init: str, noise: float, generator,
                     carries: Carries, prefix: str = ""):
     _check_conv(conv, "conv")
     axis, groups = _out_axis(conv), conv.groups
-    new = copy.deepcopy(conv)
+    new = _copy(conv)
     weight = conv.weight.detach()
     if init == "net2net":
         nw = _gather(weight, w, axis, groups)
@@ -226,7 +235,7 @@ def _widen_conv_in(conv, w: Widening, init: str, carries: Carries, prefix: str =
         _check_conv(conv, "conv")
         axis = 0 if conv.transposed else 1  # the input-channel axis of the weight
         groups = conv.groups
-    new = copy.deepcopy(conv)
+    new = _copy(conv)
     weight = conv.weight.detach()
     if init == "net2net":
         share = (1.0 / w.counts().to(weight.device, weight.dtype)).index_select(
@@ -251,7 +260,7 @@ def _widen_conv_in(conv, w: Widening, init: str, carries: Carries, prefix: str =
 def _widen_batchnorm(bn, w: Widening, carries: Carries, prefix: str = ""):
     if not isinstance(bn, _BatchNorm):
         raise ConvError(f"bn: expected a BatchNorm module, got {type(bn).__name__}")
-    new = copy.deepcopy(bn)
+    new = _copy(bn)
     fresh_values = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
     for name, fill in fresh_values.items():
         t = getattr(bn, name)
@@ -275,7 +284,7 @@ def widen_conv_out(conv, new_out: int, init: str = "zero", noise: float = 0.0, *
     ConvBNAct). The old filters are unchanged; see the module docstring for ``init``."""
     _check_conv(conv, "conv")
     w = widening or Widening.plan(conv.out_channels, new_out, conv.groups, init, generator)
-    return _widen_conv_out(conv, w, init, noise, generator, {})
+    return _widen_conv_out(copy.deepcopy(conv), w, init, noise, generator, {})
 
 
 def widen_conv_in(conv, new_in: int, init: str = "zero", *, widening: Widening | None = None,
@@ -287,7 +296,7 @@ def widen_conv_in(conv, new_in: int, init: str = "zero", *, widening: Widening |
     w = widening or Widening.plan(conv.in_channels, new_in, conv.groups, init, generator)
     if init == "net2net" and w.source is None:
         raise ConvError("widening: net2net needs the producer's widening (its source map)")
-    return _widen_conv_in(conv, w, init, {})
+    return _widen_conv_in(copy.deepcopy(conv), w, init, {})
 
 
 def widen_batchnorm(bn, new_features: int, *, widening: Widening | None = None):
@@ -297,7 +306,7 @@ def widen_batchnorm(bn, new_features: int, *, widening: Widening | None = None):
     if not isinstance(bn, _BatchNorm):
         raise ConvError(f"bn: expected a BatchNorm module, got {type(bn).__name__}")
     w = widening or Widening.plan(bn.num_features, new_features)
-    return _widen_batchnorm(bn, w, {})
+    return _widen_batchnorm(copy.deepcopy(bn), w, {})
 
 
 def _blocks(producer, consumer) -> int:
@@ -323,6 +332,8 @@ def widen_pair(producer, consumer, new_width: int, bn=None, init: str = "zero",
     w = Widening.plan(producer.out_channels, new_width, _blocks(producer, consumer), init,
                       generator)
     carries: Carries = {}
+    # one copy of the three: tensors they share stay shared
+    producer, consumer, bn = copy.deepcopy((producer, consumer, bn))
     p = _widen_conv_out(producer, w, init, noise, generator, carries)
     c = _widen_conv_in(consumer, w, init, carries)
     b = _widen_batchnorm(bn, w, carries) if bn is not None else None
