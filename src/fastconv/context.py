@@ -43,6 +43,28 @@ def timing_candidates():
     finally:
         _TIMING.reset(token)
 
+_TRANSIENT: contextvars.ContextVar[bool] = contextvars.ContextVar("fastconv_transient",
+                                                                  default=False)
+
+
+def transient() -> bool:
+    """True while a graph compiled by torch.compile runs fastconv's ops: their operands may
+    be buffers the graph reuses for other values (Inductor's buffer reuse) without moving
+    their version counters, so nothing derived from an operand may be kept by its identity
+    and version (a packed weight)."""
+    return _TRANSIENT.get()
+
+
+@contextlib.contextmanager
+def transient_operands():
+    """The block in which :func:`transient` is True (fastconv's custom ops)."""
+    token = _TRANSIENT.set(True)
+    try:
+        yield
+    finally:
+        _TRANSIENT.reset(token)
+
+
 _SETTINGS: contextvars.ContextVar[Settings] = contextvars.ContextVar("fastconv_dispatch",
                                                                      default=_UNSET)
 

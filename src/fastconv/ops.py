@@ -17,6 +17,12 @@ other activations recompute ``z`` with one more forward), ``d residual = dz``,
 gradient is the forward convolution of ``dc`` and its weight gradient the wgrad of that
 convolution with ``x`` in the role of the output gradient.
 
+The ops run their operands as buffers of the compiled graph (``context.transient_operands``):
+Inductor reuses a buffer for another value without moving its version counter, so a weight
+derived from an operand (a packed copy) is made afresh at each call, never kept by the
+operand's identity (a compiled model's first call, after an eager copy of it had packed
+weights of the same shapes, ran on another layer's packed weight).
+
 No ``from __future__ import annotations`` here: torch.library reads the annotations.
 """
 
@@ -24,6 +30,7 @@ No ``from __future__ import annotations`` here: torch.library reads the annotati
 import torch
 from torch import Tensor
 
+from .context import transient_operands
 from .epilogue import Epilogue
 from .plans import backward_formula, conv_impl, run_grad, setup_context
 from .problem import ConvProblem, empty_in_layout, layout_of
@@ -34,9 +41,10 @@ def _conv_op(input: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor |
              pad_pre: list[int], pad_post: list[int], dilation: list[int], groups: int,
              transposed: bool, output_padding: list[int], activation: str,
              negative_slope: float, backend: str, precision: str) -> Tensor:
-    y = conv_impl(input, weight, bias, scale, shift, residual, stride, pad_pre, pad_post,
-                  dilation, groups, transposed, output_padding, activation, negative_slope,
-                  backend, precision)
+    with transient_operands():
+        y = conv_impl(input, weight, bias, scale, shift, residual, stride, pad_pre, pad_post,
+                      dilation, groups, transposed, output_padding, activation,
+                      negative_slope, backend, precision)
     if layout_of(y) != layout_of(input):  # keep the layout the fake implementation promises
         y = empty_in_layout(y.shape, layout_of(input), y.dtype, y.device).copy_(y)
     return y
@@ -71,8 +79,9 @@ def input_grad_impl(grad_out: Tensor, input: Tensor, weight: Tensor, stride: lis
     benchmarks/NOTES.md, issue 23); the copy is made only where the strides differ."""
     if input.numel() == 0:
         return torch.empty_like(input)
-    dx = run_grad("dgrad", grad_out, input, weight, stride, pad_pre, pad_post, dilation,
-                  groups, backend, precision)
+    with transient_operands():
+        dx = run_grad("dgrad", grad_out, input, weight, stride, pad_pre, pad_post, dilation,
+                      groups, backend, precision)
     return _with_strides_of(dx, input)  # the registered fake promises empty_like(input)
 
 
@@ -95,8 +104,9 @@ def weight_grad_impl(grad_out: Tensor, input: Tensor, weight: Tensor, stride: li
     graphs on the depthwise layers, benchmarks/NOTES.md, issue 23)."""
     if grad_out.numel() == 0:
         return torch.zeros_like(weight)
-    dw = run_grad("wgrad", grad_out, input, weight, stride, pad_pre, pad_post, dilation,
-                  groups, backend, precision)
+    with transient_operands():
+        dw = run_grad("wgrad", grad_out, input, weight, stride, pad_pre, pad_post, dilation,
+                      groups, backend, precision)
     return _with_strides_of(dw, weight)
 
 

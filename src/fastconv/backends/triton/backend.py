@@ -17,6 +17,7 @@ import sys
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from ...context import transient
 from ...precision import Precision
 from ...problem import ConvProblem, empty_in_layout, layout_of
 from ..base import Backend
@@ -647,8 +648,9 @@ def roll_weight(w: torch.Tensor, block_c: int) -> torch.Tensor:
 
 def _cached(w: torch.Tensor, key: tuple, make) -> torch.Tensor:
     """``make()``, a derived form of ``w``, cached per weight tensor and version (see
-    ``packed_weight``); made afresh while a CUDA graph is captured."""
-    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+    ``packed_weight``); made afresh while a CUDA graph is captured and inside a compiled
+    graph's op (``context.transient``: ``w`` may be a reused buffer)."""
+    if transient() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
         return make()
     per_key = _PACKED.get(w)
     hit = per_key.get(key) if per_key is not None else None
