@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -247,6 +248,7 @@ def cmd_explain(args) -> int:
     import torch
 
     import fastconv
+    from fastconv import ConvError, plans
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     device = "cuda" if has_gpu else "cpu"
@@ -255,12 +257,34 @@ def cmd_explain(args) -> int:
         print(f"--input {args.input} / --weight {args.weight}: expected N,C,L and K,C/g,R "
               f"(1-D) or N,C,H,W and K,C/g,R,S (2-D)", file=sys.stderr)
         return 2
-    x = torch.randn(shape, device=device).to(dtype)
-    if args.layout == "nhwc" and len(shape) == 4:
-        x = x.contiguous(memory_format=torch.channels_last)
-    w = torch.randn(wshape, device=device).to(dtype)
     k = wshape[1] * args.groups if args.transposed else wshape[0]
-    b = torch.randn(k, device=device).to(dtype) if args.bias else None
+    layout = torch.channels_last if args.layout == "nhwc" and len(shape) == 4 \
+        else torch.contiguous_format
+
+    def tensors(on):  # the operands on ``on``: meta first, to validate without memory
+        x = torch.randn(shape, device=on, dtype=dtype).contiguous(memory_format=layout)
+        return (x, torch.randn(wshape, device=on, dtype=dtype),
+                torch.randn(k, device=on, dtype=dtype) if args.bias else None)
+
+    try:
+        problem = plans.forward_problem(
+            len(shape) - 2, args.transposed, *tensors("meta"), args.stride, args.padding,
+            args.dilation, args.groups, 0, args.activation, 0.01, None, None, None, None,
+            args.backend, args.precision)
+    except ConvError as exc:
+        print(f"explain: {exc}", file=sys.stderr)
+        return 2
+    need = dtype.itemsize * (math.prod(shape) + math.prod(wshape)
+                             + math.prod(problem.output_shape()))
+    free = _free_bytes(device)
+    if need > free // 2:
+        print(f"explain: --input {','.join(map(str, shape))} --weight "
+              f"{','.join(map(str, wshape))} needs {need / 2**30:.1f} "
+              f"GiB of {device} memory for its tensors and output, and "
+              f"{free / 2**30:.1f} GiB are free; explain runs the candidates on real tensors",
+              file=sys.stderr)
+        return 2
+    x, w, b = tensors(device)
     ex = fastconv.explain(x, w, b, args.stride, args.padding, args.dilation, args.groups,
                           transposed=args.transposed,
                           activation=args.activation, backend=args.backend,
@@ -269,6 +293,15 @@ def cmd_explain(args) -> int:
         print("no CUDA GPU found: CPU backends only, nothing timed")
     print(ex)
     return 0
+
+
+def _free_bytes(device: str) -> int:
+    """Memory free on ``device`` ("cuda": the current GPU's; "cpu": the machine's)."""
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def cmd_demo(args) -> int:
@@ -350,10 +383,16 @@ def cmd_plans(args) -> int:
             for (name, store), d in zip(stores, document["stores"]):
                 step(f"checking the {name}")
                 parts.append(store.importable(d))
-            counts = []
-            for (name, store), entries in zip(stores, parts):
-                step(f"merging {len(entries)} {name}")
-                counts.append(store.merge(entries))
+            counts, snapshots = [], []
+            try:  # a store that fails to merge puts back those merged before it
+                for (name, store), entries in zip(stores, parts):
+                    step(f"merging {len(entries)} {name}")
+                    snapshots.append(store.snapshot())
+                    counts.append(store.merge(entries))
+            except Exception:
+                for (_, store), snapshot in zip(stores, snapshots):
+                    store.restore(snapshot)
+                raise
         print(", ".join(f"{n} {name}" for (name, _), n in zip(stores, counts))
               + f" merged into {os.path.dirname(path)}")
         return 0

@@ -763,7 +763,25 @@ def parse_budget(text: str, what: str = "FASTCONV_TUNE_BUDGET") -> TuningBudget:
         else TuningBudget(seconds[0])
 
 
-TUNING = parse_budget(os.environ.get("FASTCONV_TUNE_BUDGET", ""))
+class _Unreadable:
+    """The budget while ``FASTCONV_TUNE_BUDGET`` cannot be read: importing fastconv works,
+    and the first use of the budget raises the error that names the variable."""
+
+    def __init__(self, error: ConvError):
+        self.error = error
+
+    def __getattr__(self, name):
+        raise self.error
+
+
+def _budget_from_environment() -> TuningBudget | _Unreadable:
+    try:
+        return parse_budget(os.environ.get("FASTCONV_TUNE_BUDGET", ""))
+    except ConvError as exc:
+        return _Unreadable(exc)
+
+
+TUNING = _budget_from_environment()
 
 
 def tuning_budget(per_problem_s: float = float("inf"),

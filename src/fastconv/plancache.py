@@ -41,6 +41,7 @@ import warnings
 from typing import Any
 
 from .env import __version__, cudnn_frontend
+from .errors import ConvError
 
 FORMAT = 1
 FILE_NAME = f"plans-v{FORMAT}.json"
@@ -54,10 +55,17 @@ OFF_WORDS = ("", "off", "0", "none", "false", "no", "disable", "disabled")
 
 
 def cache_dir() -> str | None:
-    """The on-disk cache directory (``~`` expanded), or None when disabled."""
+    """The on-disk cache directory (``~`` expanded), or None when disabled. ConvError where
+    ``FASTCONV_CACHE_DIR`` names something that is not a directory."""
     env = os.environ.get("FASTCONV_CACHE_DIR")
     if env is not None:
-        return None if env.strip().lower() in OFF_WORDS else os.path.expanduser(env)
+        if env.strip().lower() in OFF_WORDS:
+            return None
+        path = os.path.expanduser(env)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConvError(f"FASTCONV_CACHE_DIR: got {env!r}, which is not a directory; "
+                            f"expected a directory (created if missing) or 'off'")
+        return path
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "fastconv")
 
@@ -315,11 +323,35 @@ class PlanCache:
                 if isinstance(k, str) and isinstance(v, dict)}
 
     def merge(self, entries: dict[str, dict]) -> int:
-        """Write ``entries`` (from :meth:`importable`) into the disk store."""
+        """Write ``entries`` (from :meth:`importable`) into the disk store, below the
+        machine's own: an entry of a key stored here already is not taken, and imported
+        entries only fill the room left under ``DISK_ENTRIES`` (the most recently used
+        first, each keeping its own time of use), so they never evict one of the machine's.
+        Returns how many were taken."""
         with self._lock:
-            self._unsaved.update(entries)
-            self._save()
-        return len(entries)
+            return self._save(imported=entries)
+
+    def snapshot(self) -> bytes | None:
+        """The disk store's file as it is (None: no file), for :meth:`restore`."""
+        path = self.path()
+        if not path or not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    def restore(self, snapshot: bytes | None) -> None:
+        """Put back the file :meth:`snapshot` read (an import that failed half-way)."""
+        path = self.path()
+        with self._lock:
+            self._disk = None
+            if not path:
+                return
+            if snapshot is None:
+                if os.path.exists(path):
+                    os.remove(path)
+                return
+            with open(path, "wb") as f:
+                f.write(snapshot)
 
     def _store(self, key: str, entry: dict) -> None:
         if not self.path():
@@ -327,8 +359,9 @@ class PlanCache:
         self._unsaved[key] = entry  # until a save succeeds: the next one retries it
         self._save()
 
-    def _save(self) -> None:
-        """Merge the unsaved entries into the file (under its lock) and rewrite it."""
+    def _save(self, imported: dict[str, dict] | None = None) -> int:
+        """Merge the unsaved entries into the file (under its lock) and rewrite it; with
+        ``imported``, those too (see :meth:`merge`; returns how many were taken)."""
         path = self.path()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with _file_lock(path + ".lock"):
@@ -340,6 +373,9 @@ class PlanCache:
                 oldest = sorted(disk, key=lambda k: disk[k].get("used", 0))
                 for old in oldest[:len(disk) - DISK_ENTRIES]:
                     del disk[old]
+            taken = sorted((k for k in imported or () if k not in disk),
+                           key=lambda k: -_used(imported[k]))[:DISK_ENTRIES - len(disk)]
+            disk.update((k, dict(imported[k], used=_used(imported[k]))) for k in taken)
             self._disk = disk
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
                                        prefix=f".{self.file_name}-", suffix=".tmp")
@@ -352,11 +388,18 @@ class PlanCache:
             finally:
                 if os.path.exists(tmp):
                     os.remove(tmp)
+        return len(taken)
 
     def _warn(self, message: str) -> None:
         if not self._warned:
             self._warned = True
             warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _used(entry: dict) -> float:
+    """When an entry was last used (0: never said)."""
+    used = entry.get("used")
+    return float(used) if isinstance(used, (int, float)) else 0.0
 
 
 @contextlib.contextmanager

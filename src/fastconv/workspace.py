@@ -13,6 +13,7 @@ memory while growing the buffer.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 
@@ -56,8 +57,9 @@ def _limit_from_environment() -> int:
     except ValueError:
         raise ConvError(f"FASTCONV_WORKSPACE_MB: got {env!r}; expected a number of MiB") \
             from None
-    if mb < 0:
-        raise ConvError(f"FASTCONV_WORKSPACE_MB: got {env!r}; must be >= 0")
+    if not math.isfinite(mb) or mb < 0:
+        raise ConvError(f"FASTCONV_WORKSPACE_MB: got {env!r}; expected a finite number of "
+                        f"MiB >= 0")
     return int(mb * 2**20)
 
 
