@@ -14,7 +14,7 @@ import torch
 
 def header(script: str) -> str:
     """What a log of these rows was measured on: GPU, versions, the commit."""
-    from fastconv.bench import report
+    from fastconv.tools.bench import report
 
     env = report.environment({}, script)
     return (f"{script}: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, "
@@ -25,7 +25,7 @@ def training_steps(script: str, names: Iterable[str], rounds: int, precision) ->
     """The header lines, then per models-bench case name: ``(name, torch's model, input,
     torch's training step, fastconv's step, the optimized model)``, the models bench's
     steps (forward, backward, SGD) on the GPU."""
-    from fastconv.bench import models
+    from fastconv.tools.bench import models
 
     print(header(script))
     print(precision.value, f"{rounds} rounds; ms per training step (median), ratios: median "

@@ -15,7 +15,7 @@ for suite in "$@"; do
     cache=/tmp/budget-cache-$suite-$budget
     rm -rf "$cache"
     start=$SECONDS
-    FASTCONV_CACHE_DIR=$cache timeout "${SUITE_S:-280}" python3 -m fastconv.cli bench \
+    FASTCONV_CACHE_DIR=$cache timeout "${SUITE_S:-280}" python3 -m fastconv.tools.cli bench \
       --suite "$suite" --precision bf16 --mode fwd --provider fastconv,torch \
       --tune-budget "$budget" --out "$out/$budget" > "$out/$suite-$budget.log" 2>&1 \
       || echo "$suite $budget: exit $?"

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fastconv.bench.runner import time_graph
 from fastconv.dispatch import rotation_count
 from fastconv.precision import relative_error
+from fastconv.tools.bench.runner import time_graph
 
 
 @triton.jit

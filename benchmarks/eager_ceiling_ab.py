@@ -17,11 +17,11 @@ import argparse
 import torch
 from alternate import alternate, medians, ratio, training_steps
 
-from fastconv.bench import models
 from fastconv.epilogue import activate
 from fastconv.nn import conv, fused
 from fastconv.nn import step as stepmod
 from fastconv.precision import Precision
+from fastconv.tools.bench import models
 
 _FORWARDS = {cls: cls.forward for cls in (fused._ConvBNActMixin, conv.Conv2d)}
 

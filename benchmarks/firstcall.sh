@@ -24,7 +24,7 @@ for case in "$@"; do
     [ "$run" = "$provider" ] && rm -rf /tmp/fc-plans /tmp/fc-triton
     FASTCONV_CACHE_DIR=/tmp/fc-plans TRITON_CACHE_DIR=/tmp/fc-triton timeout ${CASE_TIMEOUT:-300} \
       python3 -c "${PRELUDE:-}
-import runpy, sys; sys.argv[0] = 'fastconv'; runpy.run_module('fastconv.cli', run_name='__main__')" \
+import runpy, sys; sys.argv[0] = 'fastconv'; runpy.run_module('fastconv.tools.cli', run_name='__main__')" \
       bench --suite models --cases "$case" --mode "${MODE:-eval}" \
       --precision "${PRECISION:-bf16}" --provider "$provider" --tune-budget "${BUDGET:-default}" \
       --reps 20 --out "$OUT/firstcall/$case-$run${TAG:-}" > "$OUT/firstcall/$case-$run${TAG:-}.log" 2>&1 \

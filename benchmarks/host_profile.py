@@ -17,8 +17,8 @@ import statistics
 
 import torch
 
-from fastconv.bench import runner, suites
 from fastconv.precision import Precision
+from fastconv.tools.bench import runner, suites
 
 
 def main() -> None:

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from fastconv import batchnorm, dispatch, plans
-from fastconv.bench import models
 from fastconv.nn import Conv2d
 from fastconv.nn.fused import ConvBNAct2d
 from fastconv.optimize import optimize
 from fastconv.precision import relative_error
+from fastconv.tools.bench import models
 
 VERBOSE = "-v" in sys.argv
 

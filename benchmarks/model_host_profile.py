@@ -19,7 +19,7 @@ import time
 import torch
 
 import fastconv
-from fastconv.bench import models
+from fastconv.tools.bench import models
 
 
 def _wall(fn, x, calls: int) -> float:

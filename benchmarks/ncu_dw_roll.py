@@ -10,7 +10,7 @@ import torch
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
 from fastconv.backends.triton.depthwise import DwConfig
-from fastconv.bench.suites import SUITES
+from fastconv.tools.bench.suites import SUITES
 
 case = next(c for c in SUITES["depthwise_models"] if c.name == sys.argv[1])
 a, b, w, r = (int(v) for v in sys.argv[2].split(","))

@@ -17,7 +17,7 @@ import time
 import torch
 
 import fastconv
-from fastconv.tune import build
+from fastconv.tools.tune import build
 
 MODELS = ("timm_resnet50", "resnet50", "timm_mobilenetv3_large_100", "timm_efficientnet_b0",
           "timm_convnext_tiny", "timm_resnext50_32x4d", "deeplabv3_r50")

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from fastconv.backends.triton.configs import TileConfig
 from fastconv.backends.triton.fprop import launch_fprop
-from fastconv.bench.runner import time_graph
+from fastconv.tools.bench.runner import time_graph
 
 
 @triton.jit

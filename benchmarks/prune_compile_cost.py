@@ -33,8 +33,8 @@ from triton.runtime import driver  # noqa: E402
 from fastconv import dispatch  # noqa: E402
 from fastconv.backends.triton import compiles, cost  # noqa: E402
 from fastconv.backends.triton.backend import TritonBackend  # noqa: E402
-from fastconv.bench import suites  # noqa: E402
 from fastconv.problem import ConvProblem  # noqa: E402
+from fastconv.tools.bench import suites  # noqa: E402
 
 #: (suite, case, op): 1x1 and 3x3 layers at four sizes (the 7x7 one with split-K tiles), a
 #: data gradient, and a channels-first conv1d (row tiles)

@@ -18,9 +18,9 @@ from sweep_fprop import time_configs  # (run as a script: benchmarks/ is on sys.
 
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
-from fastconv.bench.report import geomean
-from fastconv.bench.runner import time_graph
-from fastconv.bench.suites import SUITES
+from fastconv.tools.bench.report import geomean
+from fastconv.tools.bench.runner import time_graph
+from fastconv.tools.bench.suites import SUITES
 
 SETS = 4
 VARIANTS = [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, False),

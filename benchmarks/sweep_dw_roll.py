@@ -22,10 +22,10 @@ from sweep_fprop import time_configs  # (run as a script: benchmarks/ is on sys.
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
 from fastconv.backends.triton.depthwise import _ROLL_WGRAD, DwConfig
-from fastconv.bench.report import geomean
-from fastconv.bench.runner import cuda_core_tflops, measure_ceilings, time_graph
-from fastconv.bench.suites import SUITES
 from fastconv.precision import Precision
+from fastconv.tools.bench.report import geomean
+from fastconv.tools.bench.runner import cuda_core_tflops, measure_ceilings, time_graph
+from fastconv.tools.bench.suites import SUITES
 
 SETS = 4
 #: --grid: tiles of 4 to 16 elements per thread, 1 to 32 rows per program

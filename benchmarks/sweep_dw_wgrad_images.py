@@ -15,9 +15,9 @@ import torch
 
 from fastconv.backends.triton.depthwise import _ROLL_WGRAD, DwConfig
 from fastconv.backends.triton.dw_wgrad import eligible, launch_wgrad
-from fastconv.bench.report import geomean
-from fastconv.bench.runner import time_graph
-from fastconv.bench.suites import SUITES
+from fastconv.tools.bench.report import geomean
+from fastconv.tools.bench.runner import time_graph
+from fastconv.tools.bench.suites import SUITES
 
 SETS = 4
 RULES = (None, 1, 2, 4)  # None: launch_wgrad's default

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from fastconv import ConvProblem
 from fastconv.backends.triton import TritonBackend
 from fastconv.backends.triton.configs import TileConfig
-from fastconv.bench.report import geomean
-from fastconv.bench.runner import time_graph
-from fastconv.bench.suites import SUITES
 from fastconv.precision import relative_error
+from fastconv.tools.bench.report import geomean
+from fastconv.tools.bench.runner import time_graph
+from fastconv.tools.bench.suites import SUITES
 
 
 def time_configs(name, problem, configs, fns_of, out, ref, op="fprop"):

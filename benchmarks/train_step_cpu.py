@@ -24,8 +24,8 @@ import torch
 
 import fastconv
 from fastconv import plans
-from fastconv.bench import models
-from fastconv.tune import build
+from fastconv.tools.bench import models
+from fastconv.tools.tune import build
 
 _EAGER_NATIVE = plans._eager_native
 

@@ -26,9 +26,9 @@ from timm_steps import kernels_by_name
 from torch.profiler import ProfilerActivity, profile
 
 import fastconv
-from fastconv.bench import models
 from fastconv.costs import time_costs
 from fastconv.precision import Precision
+from fastconv.tools.bench import models
 
 
 def _steps(case: models.ModelCase, precision: Precision, aten: bool):

@@ -17,7 +17,8 @@ import signal
 import sys
 import time
 
-from fastconv import backends, cli, dispatch
+from fastconv import backends, dispatch
+from fastconv.tools import cli
 
 LOG: list[dict] = []  # one entry per problem: {"what", "list": {backend: s}, "rows": [...]}
 

@@ -15,7 +15,7 @@ logs=${OUT:-out}/tune-logs  # tarred at the end: at most 8 files come back from 
 mkdir -p "$cache" "$logs"
 prec=${PRECISION:-bf16}
 train=(); [ "${TRAIN:-0}" = 1 ] && train=(--train)
-tune=(python3 -m fastconv.cli tune)
+tune=(python3 -m fastconv.tools.cli tune)
 [ "${TUNE_COST:-0}" = 1 ] && tune=(python3 "$(dirname "$0")/tune_cost.py")
 for item in "$@"; do
   IFS=: read -r kind name batch size <<< "$item"

@@ -90,7 +90,7 @@ def main() -> int:
                 for proc in running.values():
                     os.killpg(proc.pid, signal.SIGTERM)
             # tune_models.sh runs each item under `timeout`, in a process group of its own
-            subprocess.run(["pkill", "-TERM", "-f", "fastconv.cli tune|tune_cost.py"],
+            subprocess.run(["pkill", "-TERM", "-f", "fastconv.tools.cli tune|tune_cost.py"],
                            check=False)
     for t in threads:
         t.join()

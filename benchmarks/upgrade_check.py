@@ -16,9 +16,9 @@ import time
 import torch
 
 from fastconv import ConvProblem, dispatch
-from fastconv.bench import runner, suites
 from fastconv.epilogue import Epilogue
 from fastconv.precision import Precision
+from fastconv.tools.bench import runner, suites
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ for suite in "$@"; do
   timeout "${LOOP_S:-300}" python3 benchmarks/upgrade_check.py "$suite" --timeout "${WAIT_S:-240}" \
     > "$out/$suite-loop.log" 2>&1 || echo "$suite loop: exit $?"
   grep -E "first round" "$out/$suite-loop.log"
-  timeout "${SUITE_S:-200}" python3 -m fastconv.cli bench --suite "$suite" --precision bf16 \
+  timeout "${SUITE_S:-200}" python3 -m fastconv.tools.cli bench --suite "$suite" --precision bf16 \
     --mode fwd --provider fastconv,torch --tune-budget default --out "$out/after" \
     > "$out/$suite-after.log" 2>&1 || echo "$suite bench: exit $?"
   grep geomean "$out/$suite-after.log"

@@ -9,7 +9,7 @@ out=${OUT:-out}/zoo-$mode
 mkdir -p "$out"
 source "$(dirname "$0")/device_env.sh"
 for case in "$@"; do
-  FASTCONV_CACHE_DIR=/tmp/zoo-cache-$case timeout ${PER_MODEL_S:-150} python3 -m fastconv.cli bench \
+  FASTCONV_CACHE_DIR=/tmp/zoo-cache-$case timeout ${PER_MODEL_S:-150} python3 -m fastconv.tools.cli bench \
     --suite models --cases "$case" --precision bf16 --mode "$mode" --provider torch,fastconv \
     --tune-budget default --out "$out" > "$out/$case.log" 2>&1 || echo "$case: exit $?"
   for f in "$out"/models-*.json; do [ -e "$f" ] && mv "$f" "$out/$case-$(basename "$f")"; done

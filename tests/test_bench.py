@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from fastconv import cli
-from fastconv.bench import compare, report, runner, suites
 from fastconv.precision import Precision
+from fastconv.tools import cli
+from fastconv.tools.bench import compare, report, runner, suites
 
 ROW_KEYS = {"case", "provider", "precision", "mode", "ms_p50", "ms_p20", "ms_p80", "tflops",
             "gbps", "rel_err"}
@@ -151,7 +151,7 @@ def test_shrunk_cases_stay_valid():
 
 
 def test_plots_are_written_and_not_empty(tmp_path):
-    from fastconv.bench.plot import plot
+    from fastconv.tools.bench.plot import plot
 
     rows = _rows_with({"torch": 2.0, "fastconv": 1.0, "fastconv_triton": 3.0})
     doc = {"meta": {"suite": "seed000", "gpu": "fake",
@@ -303,7 +303,7 @@ def test_model_comparisons_turn_dropout_and_stochastic_depth_off():
     """A training row compares one step's output with float64: random layers must be off
     (torchvision's StochasticDepth left on gave torch itself a 0.87 relative error)."""
     torchvision = pytest.importorskip("torchvision")
-    from fastconv.bench import models
+    from fastconv.tools.bench import models
 
     net = torchvision.models.efficientnet_b0(num_classes=10).train()
     x = torch.randn(2, 3, 33, 31)

@@ -57,7 +57,7 @@ def test_importing_fastconv_imports_no_kernel_module():
     ["nosuchcommand"],
 ])
 def test_bad_arguments_print_one_line_and_exit_2(args, capsys):
-    from fastconv import cli
+    from fastconv.tools import cli
 
     with pytest.raises(SystemExit) as exited:
         raise SystemExit(cli.main(args))
@@ -69,7 +69,8 @@ def test_bad_arguments_print_one_line_and_exit_2(args, capsys):
 
 
 def test_debug_shows_the_traceback():
-    from fastconv import ConvError, cli
+    from fastconv import ConvError
+    from fastconv.tools import cli
 
     with pytest.raises(ConvError, match="backend"):
         cli.main(["--debug", "explain", "--input", "1,3,8,8", "--weight", "4,3,3,3",

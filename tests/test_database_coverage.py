@@ -14,9 +14,9 @@ import torch
 
 import fastconv
 from fastconv import dispatch, plancache
-from fastconv.bench import runner, suites
 from fastconv.precision import Precision
 from fastconv.problem import ConvProblem
+from fastconv.tools.bench import runner, suites
 
 FILES = sorted(f for f in os.listdir(plancache.DATABASE_DIR) if f.endswith(".json"))
 PRECISIONS = (Precision.BF16, Precision.FP16, Precision.TF32)
@@ -70,7 +70,7 @@ def test_every_layer_of_the_tuned_suites(name):
 def _model_problems(key: str, precision: Precision, monkeypatch) -> list[ConvProblem]:
     """The convolutions ``optimize(model)`` solves in inference: one batch-1 forward on the
     CPU, every problem whose key is asked for recorded."""
-    from fastconv.bench import models
+    from fastconv.tools.bench import models
 
     if key.startswith("timm_"):
         pytest.importorskip("timm")

@@ -404,7 +404,7 @@ def test_out_of_memory_candidate_is_skipped(fakes, monkeypatch):
 
 def test_check_counts_refused_problems_instead_of_failing(monkeypatch):
     """A backend that refuses some problems (cuDNN: epilogues) is checked on the rest."""
-    from fastconv import check
+    from fastconv.tools import check
 
     monkeypatch.setitem(backends.REGISTRY, "picky", type("Picky", (backends.REGISTRY["aten"],), {
         "NAME": "picky",
@@ -417,7 +417,7 @@ def test_check_counts_refused_problems_instead_of_failing(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only output")
 def test_explain_and_plans_commands(monkeypatch, tmp_path, capsys):
-    from fastconv import cli
+    from fastconv.tools import cli
 
     monkeypatch.setenv("FASTCONV_CACHE_DIR", str(tmp_path))
     assert cli.main(["explain", "--input", "2,8,9,7", "--weight", "4,8,3,3", "--padding", "1",

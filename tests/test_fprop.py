@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import fastconv
-from fastconv import testing
 from fastconv.precision import TOLERANCE, Precision, relative_error
+from fastconv.tools import testing
 
 BACKEND = "triton"
 PRECISIONS = list(Precision)

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import fastconv
-from fastconv import backends, testing
+from fastconv import backends
 from fastconv.precision import TOLERANCE, Precision, relative_error
+from fastconv.tools import testing
 
 pytestmark = pytest.mark.gpu
 BACKENDS = list(backends.REGISTRY)
@@ -110,7 +111,7 @@ def test_conv1d_row_tiles_are_correct(dtype, precision, names):
     named) at batch 3, on NCL inputs as conv1d users pass them, with a shift + residual +
     relu epilogue, into poisoned outputs, against float64."""
     from fastconv.backends.triton.backend import TritonBackend
-    from fastconv.bench import suites
+    from fastconv.tools.bench import suites
 
     for case in suites.get("seed002_conv1d"):
         if names is not None and case.name not in names:

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 import fastconv
 from fastconv.backends.triton import depthwise
-from fastconv.bench import suites
 from fastconv.precision import TOLERANCE, Precision, relative_error
+from fastconv.tools.bench import suites
 
 pytestmark = pytest.mark.gpu
 

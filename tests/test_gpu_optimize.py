@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from fastconv import batchnorm
-from fastconv.bench import models
 from fastconv.optimize import optimize
 from fastconv.precision import TOLERANCE, Precision, relative_error
+from fastconv.tools.bench import models
 
 pytestmark = pytest.mark.gpu
 tv = pytest.importorskip("torchvision")

@@ -20,7 +20,7 @@ def make():
 
 
 def _fastconv(*args, env):
-    return subprocess.run([sys.executable, "-m", "fastconv.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fastconv.tools.cli", *args], capture_output=True,
                           text=True, timeout=500, env=env)
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import fastconv
-from fastconv.bench import models
 from fastconv.precision import relative_error
+from fastconv.tools.bench import models
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("torchvision")

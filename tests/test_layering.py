@@ -70,3 +70,26 @@ def test_the_modules_import_each_other_without_cycles():
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_library_imports_no_tool():
+    """Nothing outside fastconv.tools imports it (at the top or inside a function), but
+    ``python -m fastconv``, which is the command line."""
+    graph = _imports()
+    for name, deps in graph.items():
+        if not name.startswith("fastconv.tools") and name != "fastconv.__main__":
+            tools = sorted(d for d in deps if d.startswith("fastconv.tools"))
+            assert not tools, f"{name} imports {tools}"
+
+
+def test_importing_fastconv_imports_neither_growth_nor_the_tools():
+    import subprocess
+    import sys
+
+    code = ("import sys, fastconv\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('fastconv.growth', "
+            "'fastconv.tools'))))\n"
+            "fastconv.growth.grow_width\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"

@@ -464,7 +464,7 @@ def test_imported_plans_never_evict_the_machines_own(tmp_path, monkeypatch):
 
 
 def test_explain_validates_before_it_allocates(capsys):
-    from fastconv import cli
+    from fastconv.tools import cli
 
     assert cli.main(["explain", "--input", "64,1024,1024,1024",
                      "--weight", "64,1024,3,3"]) == 2

@@ -154,7 +154,8 @@ def test_bad_arguments():
 def test_segmentation_demo_runs_checks_and_writes_a_png(train, tmp_path, capsys,
                                                         monkeypatch):
     pytest.importorskip("matplotlib")
-    from fastconv import batchnorm, demo
+    from fastconv import batchnorm
+    from fastconv.tools import demo
 
     # the batch-norm passes as torch operations: the Triton interpreter would take minutes
     # over DeepLab's 60 layers (the kernels have their own tests)
@@ -172,8 +173,8 @@ def test_segmentation_demo_runs_checks_and_writes_a_png(train, tmp_path, capsys,
 @pytest.mark.parametrize("mode", ["eval", "train"])
 def test_models_suite_rows(mode, monkeypatch):
     from fastconv import batchnorm
-    from fastconv.bench import models
     from fastconv.precision import Precision
+    from fastconv.tools.bench import models
 
     monkeypatch.setattr(batchnorm, "USE_TRITON", torch.cuda.is_available())
     case = models.shrink(models.CASES[2])  # resnet50

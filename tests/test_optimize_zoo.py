@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 
 import fastconv
-from fastconv.bench import models
 from fastconv.precision import relative_error
+from fastconv.tools.bench import models
 
 pytest.importorskip("torchvision")
 ZOO = list(models.BUILDERS)

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from fastconv import cli, dispatch, plancache
+from fastconv import dispatch, plancache
 from fastconv.backends import cudnn
+from fastconv.tools import cli
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def test_export_and_import_show_a_progress_bar_on_a_terminal_only(stores, tmp_pa
     """Each store read, checked, merged and the file written is a step of a progress bar
     on a terminal; piped, stderr stays empty (the commands take milliseconds, and scripts
     read their output)."""
-    from fastconv import progress
+    from fastconv.tools import progress
 
     steps = []
     real = progress.Bar.advance

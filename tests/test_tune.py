@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import fastconv
-from fastconv import cli, dispatch, tune
+from fastconv import dispatch
+from fastconv.tools import cli, tune
 
 
 def test_a_model_name_that_does_not_exist_lists_the_known_ones():
@@ -99,7 +100,7 @@ def test_shapes_from_a_file_and_the_cli_checks_them_before_the_gpu(tmp_path, cap
 def test_cases_are_tuned_once_each_with_a_progress_line_per_step(monkeypatch, capsys):
     """tune_cases runs the bench's call for every case and mode (eval only where the case has
     a BatchNorm), in benchmark mode, with a progress line each on stderr (no terminal)."""
-    from fastconv.bench import runner
+    from fastconv.tools.bench import runner
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
@@ -146,7 +147,7 @@ def test_every_mode_of_a_shape_runs_on_the_bench_s_real_inputs(monkeypatch):
     """tune_cases with the bench's own input sets (on the CPU here) in every mode: the
     gradient modes need the output gradient the sets carry (``fastconv tune --mode train``
     failed with KeyError 'g' on the GPU at 976db49, which the fake sets above hid)."""
-    from fastconv.bench import runner
+    from fastconv.tools.bench import runner
 
     real, ran = runner._input_sets, []
     monkeypatch.setattr(runner, "_input_sets", lambda case, prec, layout, mode: real(

@@ -1,9 +1,13 @@
 """fastconv: fast, correct convolutions for PyTorch on NVIDIA GPUs.
 
-Public names only; importing fastconv compiles nothing and queries no device.
+Public names only; importing fastconv compiles nothing and queries no device. ``growth``
+is imported at its first use, the tools (``fastconv.tools``: command line, demo, bench) only
+by those who use them.
 """
 
-from . import dispatch, growth, nn
+import importlib
+
+from . import dispatch, nn
 from .env import __version__
 from .epilogue import ACTIVATIONS, Epilogue
 from .errors import ConvError, ConvTypeError, NotSupported
@@ -27,3 +31,9 @@ __all__ = [
     "conv_transpose1d", "conv_transpose2d",
     "__version__", "compile", "dispatch", "explain", "growth", "nn", "optimize",
 ]
+
+
+def __getattr__(name: str):
+    if name == "growth":  # imported at its first use
+        return importlib.import_module(".growth", __name__)
+    raise AttributeError(f"module 'fastconv' has no attribute {name!r}")

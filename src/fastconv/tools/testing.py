@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .epilogue import ACTIVATIONS, Epilogue
-from .precision import DTYPE, Precision, relative_error
+from ..epilogue import ACTIVATIONS, Epilogue
+from ..precision import DTYPE, Precision, relative_error
 
 #: Sentinel written into output buffers before a run: any element left unwritten shows up.
 POISON = float("nan")
@@ -112,7 +112,7 @@ def reference(case: dict, t: dict[str, Any]) -> torch.Tensor:
 def run_case(case: dict, t: dict[str, Any], *, backend: str, precision: Precision,
              poison_out: bool = True) -> torch.Tensor:
     """Run ``case`` through fastconv, into a poisoned ``out=`` buffer when asked."""
-    from . import functional
+    from .. import functional
 
     fn = functional.conv1d if case["rank"] == 1 else functional.conv2d
     out = None

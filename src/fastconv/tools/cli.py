@@ -52,7 +52,7 @@ def cmd_info(args) -> int:
 
 def cmd_check(args) -> int:
     has_gpu = _prepare_cpu()
-    from fastconv.check import HEADER, format_row, run_check
+    from fastconv.tools.check import HEADER, format_row, run_check
 
     if not has_gpu:
         print("No GPU found: checking on the CPU, Triton kernels in the interpreter on small "
@@ -80,10 +80,10 @@ def cmd_check(args) -> int:
 def cmd_bench(args) -> int:
     has_gpu = _prepare_cpu()
     from fastconv import dispatch
-    from fastconv.bench import compare, report, runner, suites
     from fastconv.errors import ConvError
     from fastconv.precision import Precision
-    from fastconv.progress import Bar
+    from fastconv.tools.bench import compare, report, runner, suites
+    from fastconv.tools.progress import Bar
 
     if args.tune_budget != "default":  # (default: the library's, or FASTCONV_TUNE_BUDGET's)
         try:
@@ -97,7 +97,7 @@ def cmd_bench(args) -> int:
         for name, cases in suites.SUITES.items():
             print(f"{name}: {len(cases)} cases: {', '.join(c.name for c in cases)}")
         return 0
-    from fastconv.bench.models import PROVIDERS as MODEL_PROVIDERS
+    from fastconv.tools.bench.models import PROVIDERS as MODEL_PROVIDERS
 
     allowed = runner.PROVIDERS + tuple(p for p in MODEL_PROVIDERS if p not in runner.PROVIDERS)
     providers = []
@@ -129,7 +129,7 @@ def cmd_bench(args) -> int:
     runs = []
     for suite in args.suite.split(","):
         if suite == "models":  # whole models (bench/models.py)
-            from fastconv.bench import models
+            from fastconv.tools.bench import models
             cases = models.CASES if has_gpu else [models.shrink(c)
                                                   for c in models.CASES[:args.cpu_cases]]
         else:
@@ -170,7 +170,7 @@ def cmd_bench(args) -> int:
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
             written += report.write(doc, out_dir, stem)
             if args.plot and suite != "models":  # (no FLOP model for whole networks)
-                from fastconv.bench.plot import plot
+                from fastconv.tools.bench.plot import plot
                 written += plot(doc, out_dir, stem)
             _print_table(rows)
             if old is not None:
@@ -183,7 +183,7 @@ def cmd_bench(args) -> int:
 
 def _print_table(rows) -> None:
     """A rich table on a terminal (when rich is installed), plain text otherwise (logs)."""
-    from fastconv.bench import report
+    from fastconv.tools.bench import report
 
     if sys.stdout.isatty():
         try:
@@ -197,7 +197,7 @@ def _print_table(rows) -> None:
 
 
 def cmd_compare(args) -> int:
-    from fastconv.bench import compare
+    from fastconv.tools.bench import compare
 
     old, new = compare.load(args.old), compare.load(args.new)
     return _report_deltas(compare.deltas(old["rows"], new["rows"]), args.fail_if_regression)
@@ -205,7 +205,7 @@ def cmd_compare(args) -> int:
 
 def _report_deltas(deltas, threshold) -> int:
     """Print per-case deltas; 3 when ``threshold`` is set and some case is slower by more."""
-    from fastconv.bench import compare
+    from fastconv.tools.bench import compare
 
     print(compare.format_deltas(deltas, threshold))
     if threshold is None:
@@ -305,7 +305,7 @@ def _free_bytes(device: str) -> int:
 
 
 def cmd_demo(args) -> int:
-    from fastconv import demo
+    from fastconv.tools import demo
 
     return demo.run(batch=args.batch, size=args.size, precision=args.precision,
                     train=args.train, image=args.image, weights=args.weights, out=args.out,
@@ -313,7 +313,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from fastconv import tune
+    from fastconv.tools import tune
 
     given = [args.model is not None, args.suite is not None, bool(args.shape or args.shapes)]
     if sum(given) != 1:
@@ -348,7 +348,7 @@ def torch_cuda_available() -> bool:
 def cmd_plans(args) -> int:
     from fastconv import dispatch, plancache, workspace
     from fastconv.backends import cudnn
-    from fastconv.progress import Bar
+    from fastconv.tools.progress import Bar
 
     cache = dispatch.CACHE
     path = cache.path()

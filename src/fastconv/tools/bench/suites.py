@@ -202,7 +202,7 @@ def shrink(case: BenchCase) -> BenchCase:
 
 
 def get(name: str) -> list[BenchCase]:
-    from ..errors import ConvError
+    from ...errors import ConvError
 
     if name not in SUITES:
         raise ConvError(f"suite: got {name!r}; allowed: {', '.join(SUITES)}")

@@ -21,10 +21,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import costs, dispatch, functional
-from ..epilogue import Epilogue
-from ..precision import DTYPE, Precision, relative_error
-from ..problem import ConvProblem
+from ... import costs, dispatch, functional
+from ...epilogue import Epilogue
+from ...precision import DTYPE, Precision, relative_error
+from ...problem import ConvProblem
 from .suites import BenchCase
 
 PROVIDERS = ("fastconv", "fastconv_triton", "fastconv_aten", "cudnn_fe", "torch",
@@ -38,7 +38,7 @@ BACKEND_OF = {"fastconv": "auto", "fastconv_triton": "triton", "fastconv_aten": 
 def unavailable(provider: str) -> str:
     """Why ``provider`` cannot run here ("" if it can)."""
     if provider in BACKEND_OF and provider != "fastconv":
-        from .. import backends
+        from ... import backends
 
         ok, why = backends.get(BACKEND_OF[provider]).available()
         return "" if ok else why
@@ -294,7 +294,7 @@ def _eval_modules(provider: str, case: BenchCase, precision: Precision, t: dict,
     BatchNorm, activation)`` in eval mode (``torch``; ``torch_compile`` compiles the first
     set's once) or the fastconv ``ConvBNAct`` built from it, holding the input set's values
     (BatchNorm in float32, as the functional rows keep it)."""
-    from ..nn import fused
+    from ...nn import fused
 
     if case.transposed or case.causal or case.bias:
         raise ValueError(f"eval rows run Conv -> BatchNorm -> activation modules; "
@@ -326,7 +326,7 @@ def _eval_modules(provider: str, case: BenchCase, precision: Precision, t: dict,
 def _gradient(provider: str, case: BenchCase, precision: Precision, mode: str,
               compiled: dict):
     """``f(g, x, w) -> dx`` (mode dgrad) or ``-> dw`` (wgrad) for ``provider``."""
-    from .. import ops
+    from ... import ops
 
     if case.transposed or case.causal:
         raise ValueError(f"mode {mode} times a convolution's gradient with symmetric padding; "

@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import torch
 
-from . import dispatch
-from .errors import ConvError
-from .precision import Precision, parse
+from .. import dispatch
+from ..errors import ConvError
+from ..precision import Precision, parse
 
 
 def tune_model(model: torch.nn.Module | str, batch: int = 32, size: int = 224,
@@ -33,7 +33,7 @@ def tune_model(model: torch.nn.Module | str, batch: int = 32, size: int = 224,
     ``fastconv.optimize`` runs it on a ``(batch, 3, size, size)`` input in ``precision``
     (channels-last for 16-bit), for inference, or with ``train`` for a training step.
     ``progress``: a bar on stderr, a step per convolution layer. Returns what was done."""
-    from .optimize import optimize
+    from ..optimize import optimize
 
     prec = parse(precision)
     net = build(model) if isinstance(model, str) else model
@@ -119,9 +119,9 @@ def parse_shape(spec: str):
     ``torch.nn.functional.conv2d``'s arguments (integers, the same on every side) or
     ``bias``, ``transposed``, ``bn``, ``causal`` (0 or 1), ``activation`` (a name as
     ``fastconv.conv2d`` takes it) and ``output_padding``. Checked as a call would be."""
+    from ..epilogue import Epilogue
+    from ..problem import ConvProblem
     from .bench.suites import BenchCase
-    from .epilogue import Epilogue
-    from .problem import ConvProblem
 
     parts = spec.strip().split(":") if isinstance(spec, str) else []
     if len(parts) < 2:

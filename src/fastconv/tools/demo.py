@@ -20,8 +20,8 @@ import time
 
 import torch
 
+from ..precision import TOLERANCE, Precision, relative_error
 from .bench.models import float64_truth, no_dropout, output, train_step
-from .precision import TOLERANCE, Precision, relative_error
 
 
 def _model(num_classes: int, weights: str | None, device):
@@ -97,7 +97,7 @@ class _Autocast(torch.nn.Module):
 def _variants(model, x, on_gpu: bool, precision: str, train: bool):
     """(name, callable returning the output, precision it is held to, skip reason,
     the network it runs); a training variant steps its own copy of the model."""
-    from .optimize import optimize
+    from ..optimize import optimize
 
     ieee = Precision.IEEE if precision == "ieee" else Precision.TF32
     ours = Precision(precision) if precision != "ieee" else ieee
@@ -145,7 +145,7 @@ def run(batch: int | None = None, size: int | None = None, precision: str | None
     precision = precision or ("bf16" if on_gpu else "ieee")
     reps = reps or (20 if on_gpu else 3)
     if precision not in ("ieee", "tf32", "bf16", "fp16"):
-        from .errors import ConvError
+        from ..errors import ConvError
         raise ConvError(f"precision: got {precision!r}; allowed: ieee, tf32, bf16, fp16")
     torch.manual_seed(0)
     model = _model(num_classes, weights, device)

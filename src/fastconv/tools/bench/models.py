@@ -31,8 +31,8 @@ import time
 
 import torch
 
-from .. import dispatch
-from ..precision import Precision, relative_error
+from ... import dispatch
+from ...precision import Precision, relative_error
 
 PROVIDERS = ("torch", "torch_compile", "torch_compile_ro", "fastconv", "fastconv_cuda_graph",
              "fastconv_compile", "fastconv_compile_ro")
@@ -139,7 +139,7 @@ def train_step(net: torch.nn.Module, x: torch.Tensor, lr: float = 1e-3):
 
 def _callable(provider: str, model, x, precision: Precision, mode: str):
     """(call, network) for one provider."""
-    from ..optimize import compile_model, optimize
+    from ...optimize import compile_model, optimize
 
     half = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(precision)
     cmode = "reduce-overhead" if provider.endswith("_ro") else None

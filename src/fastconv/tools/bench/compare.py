@@ -6,7 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..errors import ConvError
+from ...errors import ConvError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,9 +12,10 @@ import random
 
 import torch
 
-from . import backends, testing
-from .errors import NotSupported
-from .precision import TOLERANCE, Precision
+from .. import backends
+from ..errors import NotSupported
+from ..precision import TOLERANCE, Precision
+from . import testing
 
 
 @dataclasses.dataclass
