@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from fastconv import plancache  # noqa: E402
 
-#: cache-key suffixes of the current format (dispatch._cost): the eager and CUDA-graph
+#: cache-key suffixes of the current format (dispatch.store.cost_name): the eager and CUDA-graph
 #: rankings, without and with the backward
 SUFFIXES = ("|eager", "|graph", "|eager+grad", "|graph+grad")
 

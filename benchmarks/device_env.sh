@@ -1,5 +1,5 @@
-# Sourced by every device script (run_gpu.sh, firstcall.sh, tune_models.sh, zoo_models.sh,
-# budget_cost.sh, upgrade_check.sh): fastconv from this tree (SRC: another source tree, e.g.
+# Sourced by every device script (run_gpu.sh, firstcall.sh, tune_models.sh, zoo_models.sh):
+# fastconv from this tree (SRC: another source tree, e.g.
 # an older commit's src/ for a before/after run) and the carried wheels, unbuffered output.
 # A script run without it found no fastconv on the device (python3 -m fastconv.tools.cli: "No
 # module named 'fastconv'"; a device call lost so on 2026-11-25).

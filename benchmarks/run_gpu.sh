@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, `fastconv check`, and the benchmark suites.
 # Usage (on the device machine, from the repository root):
-#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [ptests] [check] [bench] [sweep] [dwsweep] [rollsweep] [overhead] [launch] [stress]
+#   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [ptests] [check] [bench] [sweep] [launch]
 # bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions,
 # TEST_FILES the files (default: every tests/test_gpu*.py). All of them (234 tests at 976db49)
 # take more than 330 s in 8 ptests processes on the H100 machine: test_gpu_depthwise.py (105)
@@ -62,25 +62,7 @@ for step in $steps; do
            [ -d "$OUT/results" ] && tar czf "$OUT/results-$(date +%H%M%S).tgz" -C "$OUT" results \
              && rm -rf "$OUT/results" ;;
     launch) python3 benchmarks/launch_overhead.py 2>&1 | tee "$OUT/launch.log" | tail -80 || status=1 ;;
-    overhead) python3 benchmarks/dispatch_overhead.py 2>&1 | tee "$OUT/overhead.log" | tail -4 || status=1 ;;
-    probe) python3 benchmarks/probe_fprop.py 2>&1 | tee "$OUT/probe.log" | tail -20 || status=1 ;;
     sweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_fprop.py ${SWEEP_ARGS:-} ${SWEEP_SUITE:+--suite $SWEEP_SUITE} $(echo ${CASES:-} | tr , " ") 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
-    dwsweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_depthwise.py $(echo ${CASES:-} | tr , ' ') 2>&1 | tee "$OUT/dwsweep.log" | tail -40 || status=1 ;;
-    # dw_roll / dw_wgrad tiles (ROLL_ARGS: sweep_dw_roll.py's options, CASES its layers). The
-    # layers are first swept in JOBS processes at once, their timings discarded, to compile
-    # every tile on the device's cores into Triton's cache; then once more, one at a time.
-    rollsweep) cases=$(echo ${CASES:?rollsweep: CASES} | tr , ' '); n=0
-               for c in $cases; do
-                 python3 benchmarks/sweep_dw_roll.py ${ROLL_ARGS:-} $c > /dev/null 2>&1 &
-                 n=$((n + 1)); [ $((n % ${JOBS:-8})) -eq 0 ] && wait
-               done; wait
-               timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_dw_roll.py ${ROLL_ARGS:-} $cases 2>&1 \
-                 | tee "$OUT/rollsweep.log" | tail -40 || status=1 ;;
-    # processes sharing one plan-cache directory (issue 19): 20 one after another, 4 at once
-    stress) timeout ${STRESS_TIMEOUT:-420} python3 benchmarks/cache_stress.py --workload mobilenet \
-              --timeout 150 ${STRESS_ARGS:-} --dir "$OUT/stresscache" --log "$OUT/cache_stress.log" 2>&1 \
-              | tee "$OUT/stress.log" | tail -4 || status=1
-            rm -rf "$OUT/stresscache" ;;
   esac
 done
 exit $status

@@ -6,7 +6,6 @@
 # Usage (device): CACHE=/path bash benchmarks/tune_models.sh model:NAME[:BATCH[:SIZE]] suite:NAME
 #   shape:SPEC ...  (SUITE_MODES: the modes of suites and shapes, default fwd,dgrad,wgrad)
 # Each item is capped at ITEM_S seconds (default 280); the cache is copied to $OUT after each.
-# TUNE_COST=1: through tune_cost.py, each item's log ending in its candidates' costs.
 # Then (here, with the cache that came back) `build_tuning_db.py --keep --capability 9.0 FILE`.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -16,7 +15,6 @@ mkdir -p "$cache" "$logs"
 prec=${PRECISION:-bf16}
 train=(); [ "${TRAIN:-0}" = 1 ] && train=(--train)
 tune=(python3 -m fastconv.tools.cli tune)
-[ "${TUNE_COST:-0}" = 1 ] && tune=(python3 "$(dirname "$0")/tune_cost.py")
 for item in "$@"; do
   IFS=: read -r kind name batch size <<< "$item"
   start=$SECONDS

@@ -41,7 +41,7 @@ def _held(entries: dict, problem: ConvProblem, op: str = "fprop",
           layouts: tuple[str, ...] = ()) -> bool:
     """Whether the database holds both benchmark-mode choices of ``problem`` on a GPU (in its
     layout or one of ``layouts``)."""
-    return any(all(dispatch._cache_key(dataclasses.replace(problem, device="cuda", layout=lay),
+    return any(all(dispatch.store.cache_key(dataclasses.replace(problem, device="cuda", layout=lay),
                                        "auto", "benchmark", op, False, cost) in entries
                    for cost in ("eager", "graph"))
                for lay in (problem.layout, *layouts))

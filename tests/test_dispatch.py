@@ -54,17 +54,17 @@ def fakes(monkeypatch, tmp_path):
     monkeypatch.setenv("FASTCONV_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("FASTCONV_DISPATCH", raising=False)
     monkeypatch.delenv("FASTCONV_DETERMINISTIC", raising=False)
-    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache())
-    monkeypatch.setattr(dispatch, "_UPGRADES", {})
+    monkeypatch.setattr(dispatch.store, "CACHE", plancache.PlanCache())
+    monkeypatch.setattr(dispatch.upgrades, "UPGRADES", {})
     calls = []
 
     def fake_time(fn):  # a candidate's TIMES entry: GPU ms, or (GPU ms, host ms)
         t = fn()
         return t if isinstance(t, tuple) else (t, 0.0)
 
-    monkeypatch.setattr(dispatch, "time_costs", fake_time)
-    # host times measured again (dispatch._refine_host): the first measurement stands
-    monkeypatch.setattr(dispatch, "time_host_cost", lambda fn, guess: guess)
+    monkeypatch.setattr(dispatch.timing, "time_costs", fake_time)
+    # host times measured again (dispatch.timing._refine_host): the first measurement stands
+    monkeypatch.setattr(dispatch.timing, "time_host_cost", lambda fn, guess: guess)
 
     def run(cls, config):
         calls.append((cls.NAME, config))
@@ -185,7 +185,7 @@ def test_benchmark_choice_persists_to_a_new_process(fakes, tmp_path):
     assert data["environment"] == plancache.environment() and len(data["entries"]) == 2
     assert sorted(k.rsplit("|", 1)[1] for k in data["entries"]) == ["eager", "graph"]
     calls.clear()
-    dispatch.CACHE = plancache.PlanCache()  # what a new process starts with
+    dispatch.store.CACHE = plancache.PlanCache()  # what a new process starts with
     assert dispatch.choose(p, run=run, mode="benchmark") == first
     with dispatch.settings(graph=True):
         assert dispatch.choose(p, run=run, mode="benchmark") == first
@@ -231,7 +231,7 @@ def test_the_cheapest_candidates_host_times_are_measured_again_interleaved(fakes
     monkeypatch.setattr(_Fake, "TIMES", {"a": (0.030, 0.010), "b": (0.035, 0.012),
                                          "c": (0.090, 0.010), "d": (0.200, 0.010)})
     first = {"a": 0.060}  # a's own timing: its host time inflated
-    monkeypatch.setattr(dispatch, "time_costs",
+    monkeypatch.setattr(dispatch.timing, "time_costs",
                         lambda fn: (lambda t: (t[0], first.pop(config[0], t[1])))(fn()))
     config = []
     real_run = run
@@ -241,7 +241,7 @@ def test_the_cheapest_candidates_host_times_are_measured_again_interleaved(fakes
         return real_run(cls, c)
     p = _problem(k=5)
     again = []
-    monkeypatch.setattr(dispatch, "time_host_cost",
+    monkeypatch.setattr(dispatch.timing, "time_host_cost",
                         lambda fn, guess: again.append(fn()) or again[-1][1])
     choice = dispatch.choose(p, run=run_noting, mode="benchmark")
     assert (choice.config, choice.host_ms) == ("a", 0.010)
@@ -272,9 +272,9 @@ def test_graph_replayed_times_on_rotated_operands_rank_both_choices(fakes, monke
     def rotating(cls, config, k=0):
         return config if k == 0 or cls.NAME != "fake" else run(cls, config)
     rotating.operand_sets = type("Sets", (), {"count": 3})()
-    monkeypatch.setattr(dispatch, "time_graph_cost", fake_graph)
+    monkeypatch.setattr(dispatch.timing, "time_graph_cost", fake_graph)
     p = _problem(k=5)
-    monkeypatch.setattr(dispatch, "time_costs", lambda fn: _Fake.TIMES[fn()])
+    monkeypatch.setattr(dispatch.timing, "time_costs", lambda fn: _Fake.TIMES[fn()])
     eager = dispatch.choose(p, run=rotating, mode="benchmark")
     assert sorted(rotations) == [("a", 3, 0.050), ("b", 3, 0.040), ("c", 3, 0.045)]
     assert (eager.config, eager.graph_ms) == ("c", None)  # 0.045 + 0.010 < a's 0.062
@@ -289,7 +289,7 @@ def test_graph_replayed_times_on_rotated_operands_rank_both_choices(fakes, monke
         assert (choice.config, choice.ms, choice.gpu_ms, choice.graph_ms) == \
             ("a", 0.052, 0.050, 0.052)
         text = str(dispatch.explain(p, mode="benchmark", run=rotating))
-        dispatch.CACHE = plancache.PlanCache()  # a new process: read from disk
+        dispatch.store.CACHE = plancache.PlanCache()  # a new process: read from disk
         assert dispatch.cached(p, mode="benchmark") == choice
     assert "* fake:a" in text and "graph     52.0 us" in text and "graph     70.0 us" in text
     monkeypatch.setattr(_Fake, "TIMES", {"a": (0.050, 0.010), "c": (0.045, 0.010)})
@@ -327,7 +327,7 @@ def test_cache_from_an_older_candidate_list_is_rebuilt(fakes, tmp_path):
     data["environment"]["candidates"] = str(plancache.CANDIDATES_REVISION - 1)
     path.write_text(json.dumps(data))
     calls.clear()
-    dispatch.CACHE = plancache.PlanCache()  # a new process
+    dispatch.store.CACHE = plancache.PlanCache()  # a new process
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dispatch.choose(p, run=run, mode="benchmark")
@@ -437,8 +437,8 @@ def test_explain_and_plans_commands(monkeypatch, tmp_path, capsys):
 def clock(monkeypatch):
     """A fake monotonic clock that each candidate run advances by 1 s."""
     now = [0.0]
-    monkeypatch.setattr(dispatch, "_clock", lambda: now[0])
-    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget())
+    monkeypatch.setattr(dispatch.timing, "clock", lambda: now[0])
+    monkeypatch.setattr(dispatch.budget, "TUNING", dispatch.TuningBudget())
     return now
 
 
@@ -522,7 +522,7 @@ def test_aten_then_the_heuristics_pick_are_timed_first(fakes, clock, monkeypatch
         NAME = "aten"
         TIMES = {"a": 2.0}
     monkeypatch.setattr(backends, "REGISTRY", {c.NAME: c for c in (_Fake, _Refuses, _Aten)})
-    monkeypatch.setattr(dispatch, "_rule", lambda problem, names, op: "refuses")
+    monkeypatch.setattr(dispatch.policy, "rule", lambda problem, names, op: "refuses")
     dispatch.tuning_budget(per_problem_s=1.5)
     dispatch.choose(_problem(k=4), run=_ticking(run, clock), mode="benchmark")
     assert calls == [("aten", "a"), ("refuses", "a")]
@@ -597,7 +597,7 @@ def test_a_progress_line_on_a_terminal_only(fakes, clock, monkeypatch, capsys, t
     monkeypatch.setattr("sys.stderr.isatty", lambda: tty)
     if env is not None:
         monkeypatch.setenv("FASTCONV_PROGRESS", env)
-    monkeypatch.setattr(dispatch, "PROGRESS_AFTER_S", 1.5)
+    monkeypatch.setattr(dispatch.timing, "PROGRESS_AFTER_S", 1.5)
     dispatch.choose(_problem(k=4), run=_ticking(run, clock), mode="benchmark")
     err = capsys.readouterr().err
     if shown:  # from the third candidate (2 s in): which one, how many left
@@ -738,7 +738,7 @@ def test_a_spent_budget_still_starts_background_builds(fakes, clock, monkeypatch
     p = _problem()
     choice = dispatch.choose(p, run=run, mode="benchmark")
     assert choice.provisional and set(futures) == {"a", "b", "c"}
-    rows = dispatch._UPGRADES[next(iter(dispatch._UPGRADES))].rows
+    rows = dispatch.upgrades.UPGRADES[next(iter(dispatch.upgrades.UPGRADES))].rows
     assert [(r.name(), r.timed, bool(r.builds)) for r in rows if r.backend == "fake"] == \
         [("fake:a", True, False), ("fake:b", False, True), ("fake:c", False, True)]
     assert any(r.backend == "refuses" and "not listed" in r.note for r in rows)
@@ -762,7 +762,7 @@ def test_a_budgeted_timing_waits_briefly_for_builds(fakes, clock, monkeypatch):
     futures = {}
     building = _building(futures, done="a")  # "b" and "c" never finish here
     monkeypatch.setattr(backends, "REGISTRY", {"fake": building, "refuses": _Refuses})
-    monkeypatch.setattr(dispatch, "BUILD_WAIT_S", 0.05)
+    monkeypatch.setattr(dispatch.timing, "BUILD_WAIT_S", 0.05)
     dispatch.tuning_budget(per_problem_s=60, per_process_s=600)
     start = time.monotonic()
     rows = dispatch.explain(_problem(), mode="benchmark", run=run).rows
@@ -811,7 +811,7 @@ def test_past_the_process_budget_aten_runs_untimed_until_the_builds_are_done(fak
         assert (choice.backend, choice.config, choice.provisional) == \
             ("aten", aten.PROVISIONAL, True)
     assert calls == [("fake", c) for c in "abc"]  # the builds collected; nothing timed
-    rows = dispatch._UPGRADES[next(iter(dispatch._UPGRADES))].rows
+    rows = dispatch.upgrades.UPGRADES[next(iter(dispatch.upgrades.UPGRADES))].rows
     assert [(r.name(), r.timed, r.assumed) for r in rows][0] == ("aten", False, True)
     assert not (tmp_path / plancache.FILE_NAME).exists()
     for f in futures.values():

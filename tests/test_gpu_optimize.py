@@ -247,7 +247,7 @@ _RECAPTURE = textwrap.dedent("""
         second = fast(x)
         again = fast._graphs[key]
         assert again[0] is not hit[0] and not again[4]  # captured again, with final choices
-        assert not dispatch._UPGRADES and not dispatch.building()
+        assert not dispatch.upgrades.UPGRADES and not dispatch.building()
         third = fast(x)
         assert fast._graphs[key][0] is again[0]  # and kept
     for y in (first, second, third):

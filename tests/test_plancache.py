@@ -178,22 +178,22 @@ def test_dispatch_uses_a_database_choice_within_a_budget_and_retimes_it_exhausti
     x, w = torch.randn(2, 3, 9, 7), torch.randn(4, 3, 3, 3)
     problem = dataclasses.replace(
         fastconv.ConvProblem.from_tensors(x, w, None, padding=1, rank=2), device="cuda")
-    key = dispatch._cache_key(problem, "auto", "benchmark", "fprop", False,
-                              dispatch._cost(False, False))
+    key = dispatch.store.cache_key(problem, "auto", "benchmark", "fprop", False,
+                              dispatch.store.cost_name(False, False))
     database(entries={key: {"backend": "aten", "config": None, "ms": 7.0}})
-    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
-    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": []})
+    monkeypatch.setattr(dispatch.store, "CACHE", plancache.PlanCache(database=True))
+    monkeypatch.setattr(dispatch.policy, "supported", lambda p, det=False: {"aten": []})
     timed = []
 
     def fake_costs(fn):  # (GPU ms, host ms)
         fn()
         timed.append(fn)
         return 0.5, 0.25
-    monkeypatch.setattr(dispatch, "time_costs", fake_costs)
-    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 8.0))
+    monkeypatch.setattr(dispatch.timing, "time_costs", fake_costs)
+    monkeypatch.setattr(dispatch.budget, "TUNING", dispatch.TuningBudget(1.0, 8.0))
     choice = dispatch.choose(problem, run=lambda cls, config: None, mode="benchmark")
     assert (choice.backend, choice.ms, timed) == ("aten", 7.0, [])  # no timing at all
-    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget())  # exhaustive
+    monkeypatch.setattr(dispatch.budget, "TUNING", dispatch.TuningBudget())  # exhaustive
     choice = dispatch.choose(problem, run=lambda cls, config: None, mode="benchmark")
     assert len(timed) == 1 and choice.ms == 0.75  # timed: its own choice now
     assert "source" not in dispatch.CACHE.get(key)
@@ -237,10 +237,10 @@ def _stored(database, monkeypatch, entry: dict, ks=(4,)):
     problems = [dataclasses.replace(fastconv.ConvProblem.from_tensors(
         torch.randn(2, 3, 9, 7), torch.randn(k, 3, 3, 3), None, padding=1, rank=2),
         device="cuda") for k in ks]
-    keys = [dispatch._cache_key(p, "auto", "benchmark", "fprop", False, "eager")
+    keys = [dispatch.store.cache_key(p, "auto", "benchmark", "fprop", False, "eager")
             for p in problems]
     database(entries={k: dict(entry) for k in keys})
-    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache(database=True))
+    monkeypatch.setattr(dispatch.store, "CACHE", plancache.PlanCache(database=True))
     return problems, keys
 
 
@@ -252,17 +252,17 @@ def test_a_database_choice_runs_once_inside_the_budget_or_gives_way_to_aten(data
     from fastconv import backends, dispatch
 
     monkeypatch.setitem(backends.REGISTRY, "tile", _Tile)
-    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": [], "tile": []})
+    monkeypatch.setattr(dispatch.policy, "supported", lambda p, det=False: {"aten": [], "tile": []})
     now = [0.0]
-    monkeypatch.setattr(dispatch, "_clock", lambda: now[0])
+    monkeypatch.setattr(dispatch.timing, "clock", lambda: now[0])
     ran = []
 
     def run(cls, config):
         ran.append(cls.NAME)
         now[0] += 3.0  # a compilation
-    monkeypatch.setattr(dispatch, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
+    monkeypatch.setattr(dispatch.timing, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
     problems, _ = _stored(database, monkeypatch, _TILE_CHOICE, ks=(4, 6, 8))
-    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
+    monkeypatch.setattr(dispatch.budget, "TUNING", dispatch.TuningBudget(1.0, 5.0))
     got = [dispatch.choose(p, run=run, mode="benchmark").backend for p in problems]
     # 0 -> 3 s, 3 -> 6 s: both adopted (run once each); then spent: aten for the third,
     # not timed (nothing charged)
@@ -285,12 +285,12 @@ def test_database_choices_of_a_backend_missing_here_are_tuned_anew_with_one_warn
         def available(cls):
             return False, "the package is not installed"
     monkeypatch.setitem(backends.REGISTRY, "tile", _Missing)
-    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {
+    monkeypatch.setattr(dispatch.policy, "supported", lambda p, det=False: {
         "aten": [], "tile": ["tile is unavailable: the package is not installed"]})
-    monkeypatch.setattr(dispatch, "_WARNED_MISSING", set())
-    monkeypatch.setattr(dispatch, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
+    monkeypatch.setattr(dispatch.upgrades, "WARNED_MISSING", set())
+    monkeypatch.setattr(dispatch.timing, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
     problems, _ = _stored(database, monkeypatch, _TILE_CHOICE, ks=(4, 6))
-    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
+    monkeypatch.setattr(dispatch.budget, "TUNING", dispatch.TuningBudget(1.0, 5.0))
     ran = []
 
     def run(cls, config):
@@ -311,10 +311,10 @@ def test_a_database_entry_naming_no_backend_is_refused_and_decided_anew(database
     file) is dropped with a warning, and the problem decided as a new one."""
     from fastconv import dispatch
 
-    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": []})
-    monkeypatch.setattr(dispatch, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
+    monkeypatch.setattr(dispatch.policy, "supported", lambda p, det=False: {"aten": []})
+    monkeypatch.setattr(dispatch.timing, "time_costs", lambda fn: (fn(), (1.0, 0.0))[1])
     (problem,), (key,) = _stored(database, monkeypatch, {"backend": backend, "config": None})
-    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
+    monkeypatch.setattr(dispatch.budget, "TUNING", dispatch.TuningBudget(1.0, 5.0))
     ran = []
     with pytest.warns(RuntimeWarning, match="ignoring the stored plan"):
         choice = dispatch.choose(problem, run=lambda cls, config: ran.append(cls.NAME),
@@ -341,10 +341,10 @@ def test_a_database_choice_compiling_in_the_background_runs_aten_meanwhile(datab
             started.append(run)
             return [build]
     monkeypatch.setitem(backends.REGISTRY, "tile", _Building)
-    monkeypatch.setattr(dispatch, "supported", lambda p, det=False: {"aten": [], "tile": []})
-    monkeypatch.setattr(dispatch, "_AHEAD", {})
+    monkeypatch.setattr(dispatch.policy, "supported", lambda p, det=False: {"aten": [], "tile": []})
+    monkeypatch.setattr(dispatch.upgrades, "AHEAD", {})
     (problem,), (key,) = _stored(database, monkeypatch, _TILE_CHOICE)
-    monkeypatch.setattr(dispatch, "TUNING", dispatch.TuningBudget(1.0, 5.0))
+    monkeypatch.setattr(dispatch.budget, "TUNING", dispatch.TuningBudget(1.0, 5.0))
     ran = []
 
     def run(cls, config):

@@ -18,7 +18,7 @@ def stores(monkeypatch, tmp_path):
     new machine: new store objects)."""
     def use(name):
         monkeypatch.setenv("FASTCONV_CACHE_DIR", str(tmp_path / name))
-        monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache())
+        monkeypatch.setattr(dispatch.store, "CACHE", plancache.PlanCache())
         monkeypatch.setattr(cudnn, "PLANS", plancache.PlanCache(file_name="cudnn-plans-v1.json"))
     use("a")
     return use

@@ -31,7 +31,7 @@ def test_the_budget_is_lifted_for_the_tuning_calls_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     budget = dispatch.TuningBudget(1.0, 8.0)
-    monkeypatch.setattr(dispatch, "TUNING", budget)
+    monkeypatch.setattr(dispatch.budget, "TUNING", budget)
     seen = []
 
     def step():

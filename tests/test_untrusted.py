@@ -24,7 +24,7 @@ _BOUND = 1e-5  # strict fp32 (DESIGN.md §4)
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTCONV_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(dispatch, "CACHE", plancache.PlanCache())
+    monkeypatch.setattr(dispatch.store, "CACHE", plancache.PlanCache())
     functional.clear_plans()
     yield tmp_path
     functional.clear_plans()
@@ -37,7 +37,7 @@ def _write_cache(path, entries: dict) -> None:
 
 
 def _fresh_process():
-    dispatch.CACHE = plancache.PlanCache()
+    dispatch.store.CACHE = plancache.PlanCache()
     functional.clear_plans()
 
 
@@ -80,7 +80,7 @@ def _case(rng: random.Random):
 def _run_pinned(x, w, groups, entry, cache_dir):
     problem = fastconv.ConvProblem.from_tensors(x, w, None, 1, 1, 1, groups, rank=2,
                                                 precision="ieee")
-    key = dispatch._cache_key(problem, "auto", "pinned", "fprop", False)
+    key = dispatch.store.cache_key(problem, "auto", "pinned", "fprop", False)
     _write_cache(cache_dir, {key: entry})
     _fresh_process()
     with warnings.catch_warnings():
@@ -137,7 +137,7 @@ def test_a_refused_entry_warns_once_and_is_decided_again(cache_dir):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         problem = fastconv.ConvProblem.from_tensors(x, w, None, 1, 1, rank=2, precision="ieee")
-        key = dispatch._cache_key(problem, "auto", "pinned", "fprop", False)
+        key = dispatch.store.cache_key(problem, "auto", "pinned", "fprop", False)
         _write_cache(cache_dir, {key: bad})
         _fresh_process()
         y = fastconv.conv2d(x, w, None, 1, 1, dispatch="pinned", precision="ieee")
@@ -152,7 +152,7 @@ def test_a_cached_backend_that_cannot_run_here_is_not_used(cache_dir):
     x, w = torch.randn(1, 3, 7, 6), torch.randn(4, 3, 3, 3)
     for mode in ("pinned", "heuristic"):
         problem = fastconv.ConvProblem.from_tensors(x, w, None, 1, 1, rank=2, precision="ieee")
-        key = dispatch._cache_key(problem, "auto", mode, "fprop", False)
+        key = dispatch.store.cache_key(problem, "auto", mode, "fprop", False)
         _write_cache(cache_dir, {key: {"backend": "cudnn", "config": 0}})
         _fresh_process()
         with pytest.warns(RuntimeWarning, match="cudnn"):

@@ -262,6 +262,6 @@ def _exhaustively(step: Callable[[], None], what: str) -> dict:
             step()
         torch.cuda.synchronize()
     finally:
-        dispatch.TUNING = old
+        dispatch.budget.TUNING = old
     return {"what": what, "choices": len(dispatch.CACHE) - before,
             "seconds": time.perf_counter() - start, "cache": dispatch.CACHE.path()}

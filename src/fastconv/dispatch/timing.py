@@ -1,0 +1,248 @@
+"""Timing the candidates of a problem: in order of promise, within the tuning budget, each
+on the call's own tensors (GPU and host time per call) and replayed from a CUDA graph over
+operand copies larger than the L2 cache (graph time); the few cheapest host times measured
+again, interleaved. Candidates that build in the background are timed as their builds
+finish; those left building are timed later (``upgrades``)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+from .. import backends
+from ..context import timing_candidates
+from ..costs import time_costs, time_graph_cost, time_host_cost  # (tests replace them here)
+from ..problem import ConvProblem
+from . import budget, policy, store
+
+
+@dataclasses.dataclass
+class Row:
+    """One candidate as explain() shows it."""
+    backend: str
+    config: Any = None
+    gpu_ms: float | None = None  # GPU time per call, back to back on the call's tensors
+    host_ms: float | None = None  # host time per call
+    note: str = ""  # refusal or failure reason; empty when timed
+    chosen: bool = False
+    graph_ms: float | None = None  # GPU time per call from a CUDA graph on rotated operands
+    # left untimed by the budget, its background build started: timed once built
+    builds: list | None = dataclasses.field(default=None, repr=False, compare=False)
+    # the choice of a problem met after the process's budget was spent, run untimed (timed
+    # with the candidates left building once they are built)
+    assumed: bool = False
+
+    def name(self) -> str:
+        return self.backend + store.config_suffix(self.config)
+
+    @property
+    def timed(self) -> bool:
+        return self.gpu_ms is not None
+
+    def cost(self, graph: bool) -> float:
+        """Graph-replayed GPU time (on operands that come from memory, not a warm L2 cache)
+        where it was measured, plus the host time for an eager call."""
+        gpu = self.graph_ms if self.graph_ms is not None else self.gpu_ms
+        return gpu if graph else gpu + self.host_ms
+
+
+def benchmark(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
+    with timing_candidates():
+        return _time_candidates(problem, names, run, op)
+
+
+def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
+    """Every candidate's row, timed in order of promise (aten, the heuristic's pick, then
+    the rest) until the tuning budget is spent (``budget.TUNING``); the rows left are
+    marked, not timed. A backend's candidates are listed only when its turn comes, inside
+    the budget: listing cuDNN's plans builds graphs and queries its heuristics (seconds for
+    some problems)."""
+    tuning = budget.TUNING
+    first = policy.rule(problem, names, op)
+    order = sorted(names, key=lambda n: (n != "aten", n != first))  # (stable after)
+    rows: list[Row] = []
+    progress = _Progress(problem, op)
+    start = clock()
+    # past the process's budget nothing is timed now: aten runs (``Row.assumed``), and the
+    # candidates building in the background are timed with it once built (timing it alone
+    # chose nothing and cost a first call ~0.1-0.4 s per problem)
+    starved = tuning.spent_s >= tuning.per_process_s and order[0] == "aten"
+
+    def spent_all() -> bool:
+        spent = clock() - start
+        return (starved or any(r.timed for r in rows)) and (
+            spent >= tuning.per_problem_s or tuning.spent_s + spent >= tuning.per_process_s)
+
+    skipped = f"{BUDGET_NOTE} ({tuning.describe()})"
+    for b, name in enumerate(order):
+        cls = backends.REGISTRY[name]
+        if spent_all() and not cls.BUILDS_AHEAD and not (starved and name == "aten"):
+            rows.append(Row(name, note=f"{skipped}; candidates not listed"))
+            continue
+        try:
+            configs = cls.candidates(problem, op)
+        except Exception as exc:  # e.g. a cuDNN graph that does not build here
+            rows.append(Row(name, None, None, f"no candidates: {short(exc)}"))
+            continue
+        pruned = []
+        if tuning.candidates is not None:
+            configs, pruned = cls.prune(problem, op, configs, tuning.candidates)
+        ahead = _compile_ahead(cls, configs, run)
+        for i, config in enumerate(configs):
+            if not spent_all():
+                progress.show(name + store.config_suffix(config), len(configs) - i - 1,
+                              order[b + 1:], clock() - start)
+            if spent_all() or not _wait_built(ahead[i], start, any(r.timed for r in rows)):
+                rows += [Row(name, c, note=skipped, builds=a)
+                         for c, a in zip(configs[i:], ahead[i:])]
+                if starved and name == "aten" and i == 0:
+                    rows[-len(configs)].assumed = True
+                    rows[-len(configs)].note += ("; runs untimed (timed beside the builds "
+                                                 "once done)")
+                break
+            rows.append(Row(name, config))
+            time_row(rows[-1], run)
+        rows += [Row(name, c, note=f"{PRUNED_NOTE} ({tuning.describe()})") for c in pruned]
+    _refine_host(rows, run)
+    tuning.spent_s += clock() - start
+    progress.done()
+    return rows
+
+
+def _compile_ahead(cls, configs: list, run) -> list[list | None]:
+    """Every configuration's background build started at once (None: builds inline)."""
+    ahead = []
+    for config in configs:
+        try:
+            ahead.append(cls.compile_ahead(lambda config=config: run(cls, config)))
+        except Exception:  # timing it reports the failure
+            ahead.append(None)
+    return ahead
+
+
+#: Seconds a budgeted timing waits for a candidate's background build once another
+#: candidate was timed. A build not done by then is timed once it is (``upgrades.upgrade``).
+#: On a cold Triton cache a tile compiles for seconds: waiting out the problem's whole
+#: budget for it left the backends after it (cuDNN's plans) unlisted; with the short wait
+#: they are timed in that budget instead (first calls unchanged, CUDA-graph time equal or
+#: 1 % better).
+BUILD_WAIT_S = 0.25
+
+
+def _wait_built(jobs: list | None, start: float, bounded: bool) -> bool:
+    """Wait for a candidate's background build, within the problem's budget and
+    ``BUILD_WAIT_S`` (exhaustive tuning: without limit) where ``bounded`` (some candidate
+    was timed already); False if that ran out first."""
+    if not jobs:
+        return True
+    if not bounded:
+        concurrent.futures.wait(jobs)
+        return True
+    tuning = budget.TUNING
+    left = min(tuning.per_problem_s - (clock() - start),
+               tuning.per_process_s - tuning.spent_s - (clock() - start),
+               float("inf") if tuning.exhaustive else BUILD_WAIT_S)
+    timeout = None if math.isinf(left) else max(0.0, left)
+    return not concurrent.futures.wait(jobs, timeout=timeout).not_done
+
+
+def time_row(row: Row, run) -> None:
+    """``row``'s GPU and host time per call (``costs.time_costs``), then its graph time
+    (:func:`time_graphed`); a candidate that fails leaves the reason in its note."""
+    cls = backends.REGISTRY[row.backend]
+    try:
+        row.gpu_ms, row.host_ms = time_costs(lambda: run(cls, row.config))
+    except torch.OutOfMemoryError as exc:
+        torch.cuda.empty_cache()
+        row.note = f"out of memory: {short(exc)}"
+    except Exception as exc:  # cannot compile here, workspace over the cap, ...
+        row.note = short(exc)
+    else:
+        time_graphed(row, run, cls, row.config)
+
+
+def time_graphed(row: Row, run, cls, config) -> None:
+    """``row.graph_ms`` where ``run`` can rotate over operand sets (``run(cls, config, k)``
+    runs on set k of ``run.operand_sets.count``); a candidate that cannot be captured keeps
+    its eager GPU time for the eager ranking, with the reason in its note, and is left out
+    of the CUDA-graph ranking (``policy.best``)."""
+    sets = getattr(run, "operand_sets", None)
+    if sets is None:
+        return
+    try:
+        row.graph_ms = time_graph_cost(lambda k: run(cls, config, k), sets.count, row.gpu_ms)
+    except torch.OutOfMemoryError as exc:
+        torch.cuda.empty_cache()
+        row.note = f"graph timing: out of memory: {short(exc)}"
+    except Exception as exc:
+        row.note = f"graph timing: {short(exc)}"
+
+
+clock = time.monotonic  # (tests replace it)
+BUDGET_NOTE = "not timed: tuning budget spent"
+PRUNED_NOTE = "not timed: pruned by the cost model"
+
+
+def untimed(rows: list[Row]) -> bool:
+    """Whether the budget left candidates untimed (the choice is then stored partial)."""
+    return any(r.note.startswith((BUDGET_NOTE, PRUNED_NOTE)) for r in rows)
+
+
+#: Seconds of tuning one problem after which a progress line appears on a terminal.
+PROGRESS_AFTER_S = 2.0
+
+
+class _Progress:
+    """A progress line on stderr (a terminal only; ``FASTCONV_PROGRESS=0`` turns it off)
+    once one problem's tuning has run ``PROGRESS_AFTER_S``: the problem, the candidate being
+    timed, how many of its backend's are left and the backends still to come."""
+
+    def __init__(self, problem: ConvProblem, op: str):
+        self.what = f"{op} of {problem.describe()}"
+        self.shown = False
+        self.on = os.environ.get("FASTCONV_PROGRESS", "1").strip().lower() not in (
+            "0", "off", "false", "no") and sys.stderr.isatty()
+
+    def show(self, name: str, left: int, later: list[str], spent: float) -> None:
+        if self.on and spent >= PROGRESS_AFTER_S:
+            self.shown = True
+            then = f", then {', '.join(later)}" if later else ""
+            sys.stderr.write(f"\rfastconv: tuning {self.what}: {name} ({left} more of its "
+                             f"backend{then}; {spent:.0f} s)\x1b[K")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _refine_host(rows: list[Row], run, top: int = 4, rounds: int = 3) -> None:
+    """The host times of the ``top`` candidates of least eager cost measured again,
+    interleaved over ``rounds``; each keeps its least. A candidate's own timing runs in one
+    stretch, and the first one timed for a problem (aten) measured up to 2-4x its host time
+    when timed again later: interleaving compares them under the same conditions."""
+    best = sorted((r for r in rows if r.timed), key=lambda r: r.cost(False))[:top]
+    if len(best) < 2:
+        return
+    for _ in range(rounds):
+        for r in best:
+            cls = backends.REGISTRY[r.backend]
+            try:
+                host = time_host_cost(lambda cls=cls, config=r.config: run(cls, config),
+                                      r.host_ms)
+            except Exception:  # timed once already; keep that
+                continue
+            r.host_ms = min(r.host_ms, host)
