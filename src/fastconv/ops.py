@@ -76,7 +76,7 @@ def input_grad_impl(grad_out: Tensor, input: Tensor, weight: Tensor, stride: lis
     of ``input``; its values are not read). The plan allocates the result itself: aten's
     convolution_backward has no ``out=``, and copying its result into a preallocated
     tensor cost a full pass over ``dx`` (0.70-0.94x torch's dgrad on the depthwise layers,
-    benchmarks/NOTES.md, issue 23); the copy is made only where the strides differ."""
+    benchmarks/NOTES.md); the copy is made only where the strides differ."""
     if input.numel() == 0:
         return torch.empty_like(input)
     with transient_operands():
@@ -101,7 +101,7 @@ def weight_grad_impl(grad_out: Tensor, input: Tensor, weight: Tensor, stride: li
     of ``weight``; its values are not read). Deterministic with the Triton kernels. As
     ``input_grad_impl``, the plan allocates the result: copying aten's result into a
     preallocated tensor was one more kernel per call (0.92-0.98x torch's wgrad under CUDA
-    graphs on the depthwise layers, benchmarks/NOTES.md, issue 23)."""
+    graphs on the depthwise layers, benchmarks/NOTES.md)."""
     if grad_out.numel() == 0:
         return torch.zeros_like(weight)
     with transient_operands():

@@ -203,7 +203,7 @@ def _bind_backward(problem: ConvProblem, input_grad: bool):
         # The input's values are never read, but its layout picks cuDNN's: an expanded
         # (stride-0) stand-in reads as NCHW, and a depthwise weight (K, 1, R, S) is both
         # layouts at once, so a channels-last problem ran in NCHW at 3-9x the time
-        # (benchmarks/NOTES.md, issue 23). The stand-in is an empty tensor in the problem's
+        # (benchmarks/NOTES.md). The stand-in is an empty tensor in the problem's
         # layout (the output buffer itself where it has the input's shape).
         if symmetric and out is not None:
             fake_input = out

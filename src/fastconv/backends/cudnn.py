@@ -406,7 +406,7 @@ class _Restored:
 def _ordered(cudnn) -> bool:
     """Whether this frontend executes an ordered tuple of buffers by ``tensor_uids``
     (1.32: its operand binding is cached, ~10 us less host time per call than a
-    {uid: tensor} dict on an H100 host, results/issue20/2026-11-24-s4/)."""
+    {uid: tensor} dict on an H100 host, benchmarks/results/host/2026-11-24-s4/)."""
     return "tensor_uids" in inspect.signature(cudnn.pygraph.execute_plan_at_index).parameters
 
 

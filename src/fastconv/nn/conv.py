@@ -174,8 +174,7 @@ class _FastconvMixin:
         settings and the module's geometry (stride, padding, dilation, groups, padding
         mode) and options. Few reads, none of them a tensor's
         signature: this runs on every layer of every eager training step, where a tensor
-        signature check costs several times what it costs alone (benchmarks/NOTES.md,
-        issue 22, session 21)."""
+        signature check costs several times what it costs alone (benchmarks/NOTES.md)."""
         cuda = input.is_cuda
         device = "cuda" if cuda else "cpu" if input.is_cpu else None
         return (torch.get_autocast_dtype(device)

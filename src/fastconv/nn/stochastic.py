@@ -11,7 +11,7 @@ class StochasticDepth(torchvision.ops.StochasticDepth):
     """``torchvision.ops.StochasticDepth`` returning its input at once wherever torchvision's
     returns it unchanged (eval(), or p = 0). torchvision's forward logs its API use and
     checks its arguments on every call first: ~8 us of host per call under cProfile, 18
-    calls per eager ConvNeXt-T forward (benchmarks/NOTES.md, issue 22, session 16).
+    calls per eager ConvNeXt-T forward (benchmarks/NOTES.md).
     Training calls are torchvision's own."""
 
     def forward(self, input: Tensor) -> Tensor:

@@ -202,7 +202,7 @@ def _pool() -> cf.ProcessPoolExecutor:
 #: How much lower the workers' CPU priority is than the caller's (POSIX ``nice``): their
 #: compiles run while the caller's eager calls, host-bound, go on (at the same priority,
 #: 8 workers compiling in the background doubled a model's eager step time on the H100's
-#: 16-core host; benchmarks/NOTES.md, issue 21).
+#: 16-core host; benchmarks/NOTES.md).
 NICENESS = 10
 
 

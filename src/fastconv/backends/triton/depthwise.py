@@ -67,7 +67,8 @@ _ROWS = [(4, 256, 4), (8, 128, 4), (2, 512, 4), (16, 64, 4), (1, 1024, 4)]
 _PAIRS = [(8, 128, 4), (2, 256, 4), (4, 128, 4), (8, 64, 4), (16, 64, 8)]
 _PLANE = [(16, 64, 4), (8, 128, 4), (32, 64, 8), (16, 128, 8)]
 # (columns, channels, warps, rows per program): the best of 18 tiles on seven
-# depthwise_models layers (H100, benchmarks/sweep_dw_roll.py --grid, issue 23), most wins first
+# depthwise_models layers (H100 sweep; git 0c96fb4:benchmarks/sweep_dw_roll.py), most wins
+# first
 _ROLL = [(16, 32, 4, 16), (16, 32, 2, 32), (32, 32, 8, 8), (8, 64, 4, 8), (32, 16, 4, 8),
          (16, 32, 2, 8)]
 _ROLL_CPU = [(4, 8, 4, 3)]
@@ -455,7 +456,7 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
     """Depthwise forward on 4-D (N, C, H, W)-indexed views (any strides); also any grouped
     convolution (``w4`` of shape (K, C/groups, R, S)): each output element reduces its
     group's C/groups input channels over the window, on CUDA cores (no tensor-core tile is
-    wasted on 4-32 channels per group; benchmarks/NOTES.md, issue 7). Returns the launch
+    wasted on 4-32 channels per group; benchmarks/NOTES.md). Returns the launch
     prepared for its six tensors (``x4, w4, out4`` and scale, shift, residual, ``out4``
     where absent), see ``launch.prepare``."""
     n, c, h, w = x4.shape
@@ -484,7 +485,7 @@ UNROLLED_TAPS = 25
 #: and up) the data gradient and the pairs forward loop over kernel rows at run time and
 #: the weight gradient gives each kernel row its own programs (S accumulator rows, not
 #: R·S). Fully unrolled, a 13x13 layer's gradients and 16-bit pairs forward held GPU test
-#: processes for over four minutes (session 11), and the weight gradient's select-adds grew
+#: processes for over four minutes, and the weight gradient's select-adds grew
 #: with (R·S)². Up to 7x7 these stay as measured and tuned.
 ROW_LOOP_PAST = 49
 

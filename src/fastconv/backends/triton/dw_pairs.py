@@ -5,7 +5,7 @@ The generic channels-first tile (depthwise.py) loads each kernel tap's shifted w
 separately. For bf16/fp16 those windows start one 2-byte element apart, so none is
 known to be aligned and every load is a 2-byte scalar; with the taps re-read from L1 the
 kernel is bound by L1 load instructions, not DRAM (a causal k=4 conv1d reached 42 % of
-HBM bandwidth in bf16 against 76 % in fp32: benchmarks/NOTES.md, issue 7).
+HBM bandwidth in bf16 against 76 % in fp32: benchmarks/NOTES.md).
 
 Here a program computes output columns in pairs ``(2i, 2i+1)``. Input element
 ``2i + e + d`` (output parity ``e``, tap offset ``d = s·δ − pad``) lies in 32-bit word

@@ -4,7 +4,7 @@ loaded once per program: rolling accumulators down the rows.
 depthwise.py's channels-last tile loads every tap's shifted ``[positions × channels]``
 window: ``R·S`` loads and ``R·S`` conversions to fp32 per output element (49 of each for
 ConvNeXt's 7x7), besides the ``R·S`` multiply-adds. Its best tile reached 0.55-0.75x cuDNN's
-bf16 channels-last kernels (benchmarks/NOTES.md, issue 7).
+bf16 channels-last kernels (benchmarks/NOTES.md).
 
 Here a program owns a ``[BLOCK_Q columns × BLOCK_C channels]`` strip of ``ROWS`` consecutive
 output rows of one image and walks down it. Output row ``p`` reads input rows

@@ -4,7 +4,7 @@
 it binds and specialises every argument, hashes the result, looks the compiled kernel up,
 reads the current device and stream and builds launch metadata: 11.7 µs (3 arguments) and
 16.3 µs (20) per launch on the H100's host, against 7.1 µs for torch.add and 8.5 / 11.3 µs
-through ``launch`` (benchmarks/launch_overhead.py, results/issue20/2026-11-24/).
+through ``launch`` (benchmarks/launch_overhead.py, benchmarks/results/host/).
 
 ``launch(kernel, grid, *args, **meta)`` does the same launch. The first call of a
 specialisation goes through ``JITFunction.run`` (which compiles), and its compiled kernel is
