@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import fastconv
 from fastconv import plans
+from fastconv.spec import ConvCall
 
 
 def per_call_us(fns: dict, calls: int = 300, rounds: int = 7, sync=None) -> dict:
@@ -46,8 +47,7 @@ def rows(dtype: torch.dtype, layout: torch.memory_format) -> dict:
     fmod = fastconv.nn.Conv2d(16, 16, 3, padding=1, bias=False, device="cuda", dtype=dtype)
     for m in (tmod, fmod):
         m.to(memory_format=layout)
-    args = (2, False, x, w, None, 1, 1, 1, 1, 0, "none", 0.01, None, None, None, None,
-            "auto", None)
+    args = (ConvCall(2, False, 1, 1, 1, 1, 0), x, w, None, None, None, None, None)
     with torch.no_grad():
         fastconv.conv2d(x, w, None, 1, 1)
         plan = plans.forward_plan(*args)

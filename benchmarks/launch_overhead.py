@@ -120,14 +120,14 @@ parts = {
     "identity Function, CUDA": part(lambda: _Identity.apply(yi), (yi,)),
     "identity Function, CPU": part(lambda: _Identity.apply(xc), (xc,)),
     "BNActFunction forward only": lambda: batchnorm.BNActFunction.apply(
-        yi, m.bn.weight, m.bn.bias, None, None, None, 0.1, 1e-5, "relu", 0.0, None),
+        yi, m.bn.weight, m.bn.bias, None, None, None, (0.1, 1e-5, "relu", 0.0, None)),
     "torch Sequential step": part(lambda: seq(xi), (xi, seq[0].weight)),
     "torch conv2d fwd+bwd": part(lambda: torch.nn.functional.conv2d(xi, m.weight, None, 1, 1),
                                  (xi, m.weight)),
     "fastconv conv2d fwd+bwd": part(lambda: fastconv.conv2d(xi, m.weight, None, 1, 1),
                                     (xi, m.weight)),
     "BNActFunction fwd+bwd": part(lambda: batchnorm.BNActFunction.apply(
-        yi, m.bn.weight, m.bn.bias, None, None, None, 0.1, 1e-5, "relu", 0.0, None), (yi,)),
+        yi, m.bn.weight, m.bn.bias, None, None, None, (0.1, 1e-5, "relu", 0.0, None)), (yi,)),
     "ConvBNAct2d forward only": lambda: m(xi),
 }
 for name, fn in parts.items():

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import fastconv
 from fastconv import costs, functional, plans
 from fastconv.precision import relative_error
+from fastconv.spec import ConvCall
 
 _BACKENDS = ("aten", "triton")
 
@@ -116,8 +117,8 @@ def test_grad_trial_runs_the_candidates_forward_and_backward_without_side_effect
     x = torch.randn(2, 3, 7, 5, requires_grad=True)
     w = torch.randn(4, 3, 3, 3, requires_grad=True)
     b = torch.randn(4, requires_grad=True)
-    problem = plans.forward_problem(2, False, x, w, b, 1, 1, 1, 1, 0, "relu", 0.01,
-                                          None, None, None, None, backend, None)
+    problem = plans.forward_problem(ConvCall(2, False, 1, 1, 1, 1, 0, "relu", 0.01, backend),
+                                    x, w, b, None, None, None, None)
     grads = []
     real = plans.run_grads
     monkeypatch.setattr(plans, "run_grads", lambda *a: grads.append(a) or real(*a))
@@ -247,8 +248,8 @@ def test_a_trial_binds_each_candidate_once(monkeypatch):
     from fastconv.backends.aten import AtenBackend
 
     x, w = torch.randn(2, 3, 7, 6), torch.randn(4, 3, 3, 3)
-    problem = plans.forward_problem(2, False, x, w, None, 1, 1, 1, 1, 0, "none", 0.01, None,
-                                    None, None, None, "auto", "ieee")
+    problem = plans.forward_problem(ConvCall(2, False, 1, 1, 1, 1, 0, precision="ieee"),
+                                    x, w, None, None, None, None, None)
     binds = []
     real = AtenBackend.bind.__func__
     monkeypatch.setattr(AtenBackend, "bind",
@@ -272,8 +273,9 @@ def test_trials_rotate_over_copies_of_the_operands(grad):
     # into the caller's (poisoned) buffer without grad: each set writes a buffer like it
     out = None if grad else torch.full((2, 4, 7, 6), float("nan")).contiguous(
         memory_format=torch.channels_last)
-    problem = plans.forward_problem(2, False, x, w, b, 1, 1, 1, 1, 0, "relu", 0.01, None,
-                                    None, None, out, "auto", "ieee")
+    problem = plans.forward_problem(
+        ConvCall(2, False, 1, 1, 1, 1, 0, "relu", precision="ieee"), x, w, b, None, None,
+        None, out)
     trial = plans.forward_trial(problem, x, w, b, None, None, None, out, grad=grad)
     sets = trial.operand_sets
     assert sets.count == 8  # a tiny problem: the most sets (costs.rotation_count)

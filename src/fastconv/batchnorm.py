@@ -33,6 +33,7 @@ from torch import Tensor
 from .epilogue import activate, activation_grad, derivative_from_output
 from .errors import ConvError
 from .precision import accumulate_dtype
+from .spec import Norm
 
 # Triton is a dependency on Linux; elsewhere the torch operations below do the work. Neither
 # Triton nor the kernels are imported here: a command may still choose the interpreter
@@ -77,12 +78,12 @@ def fused_passes():
         _FUSED_HERE.reset(token)
 
 
-def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tensor | None,
-           running_mean: Tensor | None, running_var: Tensor | None, momentum: float,
-           eps: float, activation: str, negative_slope: float, group) -> Tensor:
-    """``act(batch_norm(y) + residual)`` with batch statistics (running statistics updated
-    in place when given): torch's operations in eager and compiled calls, else
-    :class:`BNActFunction` (see :data:`FUSED_IN_EAGER`)."""
+def bn_act(y: Tensor, norm: Norm, residual: Tensor | None, activation: str,
+           negative_slope: float, group) -> Tensor:
+    """``act(batch_norm(y) + residual)`` with batch statistics (``norm``'s running
+    statistics updated in place when given): torch's operations in eager and compiled
+    calls, else :class:`BNActFunction` (see :data:`FUSED_IN_EAGER`)."""
+    gamma, beta, running_mean, running_var, momentum, eps = norm
     # (torch.compile's trace takes torch's batch norm, which Inductor fuses with its
     # neighbours, and cannot trace a ContextVar's get)
     if group is None and not FUSED_IN_EAGER:
@@ -99,8 +100,8 @@ def bn_act(y: Tensor, gamma: Tensor | None, beta: Tensor | None, residual: Tenso
             z = torch.batch_norm(y, gamma, beta, running_mean, running_var, True, momentum,
                                  eps, torch._C._get_cudnn_enabled())
             return finish_bn_act(z, residual, activation, negative_slope)
-    return BNActFunction.apply(y, gamma, beta, residual, running_mean, running_var, momentum,
-                               eps, activation, negative_slope, group)
+    return BNActFunction.apply(y, gamma, beta, residual, running_mean, running_var,
+                               (momentum, eps, activation, negative_slope, group))
 
 
 def fused_here() -> bool:
@@ -153,11 +154,12 @@ def _check_count(count: int, y: Tensor) -> None:
 
 class BNActFunction(torch.autograd.Function):
     """``(y, γ, β, residual) -> z`` in training mode; updates ``running_mean`` and
-    ``running_var`` in place (when given) with weight ``momentum``."""
+    ``running_var`` in place (when given) with weight ``momentum``. ``options``:
+    ``(momentum, eps, activation, negative_slope, group)``."""
 
     @staticmethod
-    def forward(ctx, y, gamma, beta, residual, running_mean, running_var, momentum, eps,
-                activation, negative_slope, group):
+    def forward(ctx, y, gamma, beta, residual, running_mean, running_var, options):
+        momentum, eps, activation, negative_slope, group = options
         count = y.numel() // y.shape[1]
         if group is None:
             _check_count(count, y)
@@ -239,7 +241,7 @@ class BNActFunction(torch.autograd.Function):
         return (dy,
                 None if gamma is None else local[1].to(gamma.dtype),
                 None if beta_dtype is None else local[0].to(beta_dtype),
-                dres, None, None, None, None, None, None, None)
+                dres, None, None, None)
 
 
 def _triton(y: Tensor) -> bool:

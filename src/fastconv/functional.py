@@ -33,6 +33,7 @@ from .errors import ConvError, ConvTypeError, real_number
 from .plans import clear_plans  # noqa: F401 (public here since the first release)
 from .precision import resolve
 from .problem import normalize_geometry
+from .spec import ConvCall, Norm, OpArgs
 
 _IntOrTuple = int | Sequence[int]
 
@@ -49,9 +50,9 @@ def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     Same as :func:`conv2d` with one spatial dimension:
     ``L_out = (L + pad_pre + pad_post − dilation·(kernel − 1) − 1) // stride + 1``.
     """
-    return _conv(1, False, input, weight, bias, stride, padding, dilation, groups, 0,
-                 activation, negative_slope, residual, scale, shift, out, backend, precision,
-                 dispatch)
+    call = ConvCall(1, False, stride, padding, dilation, groups, 0, activation,
+                    negative_slope, backend, precision)
+    return _conv(call, input, weight, bias, residual, scale, shift, out, dispatch)
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -91,9 +92,9 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         ConvError: any invalid argument (the message names it, the value and what is allowed).
         NotSupported: a forced ``backend`` cannot run this problem (every reason listed).
     """
-    return _conv(2, False, input, weight, bias, stride, padding, dilation, groups, 0,
-                 activation, negative_slope, residual, scale, shift, out, backend, precision,
-                 dispatch)
+    call = ConvCall(2, False, stride, padding, dilation, groups, 0, activation,
+                    negative_slope, backend, precision)
+    return _conv(call, input, weight, bias, residual, scale, shift, out, dispatch)
 
 
 def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
@@ -107,9 +108,9 @@ def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
                      ) -> torch.Tensor:
     """1-D transposed convolution over ``(N, C_in, L)`` or ``(C_in, L)``; see
     :func:`conv_transpose2d`."""
-    return _conv(1, True, input, weight, bias, stride, padding, dilation, groups,
-                 output_padding, activation, negative_slope, residual, scale, shift, out,
-                 backend, precision, dispatch)
+    call = ConvCall(1, True, stride, padding, dilation, groups, output_padding, activation,
+                    negative_slope, backend, precision)
+    return _conv(call, input, weight, bias, residual, scale, shift, out, dispatch)
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
@@ -138,33 +139,26 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
         ``(N, C_out, H_out, W_out)`` with
         ``H_out = (H − 1)·stride − 2·padding + dilation·(R − 1) + output_padding + 1``.
     """
-    return _conv(2, True, input, weight, bias, stride, padding, dilation, groups,
-                 output_padding, activation, negative_slope, residual, scale, shift, out,
-                 backend, precision, dispatch)
+    call = ConvCall(2, True, stride, padding, dilation, groups, output_padding, activation,
+                    negative_slope, backend, precision)
+    return _conv(call, input, weight, bias, residual, scale, shift, out, dispatch)
 
 
-def _conv(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-          output_padding, activation, negative_slope, residual, scale, shift, out, backend,
-          precision, mode):
-    args = (rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-            output_padding, activation, negative_slope, residual, scale, shift, out, backend,
-            precision)
+def _conv(call: ConvCall, input, weight, bias, residual, scale, shift, out, mode):
     if mode is None:
-        return _conv_impl(*args)
+        return _conv_impl(call, input, weight, bias, residual, scale, shift, out)
     with dispatch.settings(mode):
-        return _conv_impl(*args)
+        return _conv_impl(call, input, weight, bias, residual, scale, shift, out)
 
 
-def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-               output_padding, activation, negative_slope, residual, scale, shift, out,
-               backend, precision):
+def _conv_impl(call: ConvCall, input, weight, bias, residual, scale, shift, out):
     if not isinstance(input, torch.Tensor):
         raise ConvTypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
     # (the C-level "any autocast" test first: 0.1 us against 0.5 for the per-device one)
     if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(input.device.type):
         input, weight, bias, residual = _autocast(input.device.type, input, weight, bias,
                                                   residual)
-    unbatched = input.dim() == rank + 1
+    unbatched = input.dim() == call.rank + 1
     if unbatched:
         input = input.unsqueeze(0)
         residual = residual.unsqueeze(0) if isinstance(residual, torch.Tensor) else residual
@@ -185,39 +179,30 @@ def _conv_impl(rank, transposed, input, weight, bias, stride, padding, dilation,
         if needs_grad and out is not None:
             raise ConvError("out: cannot be used when an input requires grad (as in torch, "
                             "out= does not support automatic differentiation)")
-        if compiling and needs_grad and backend == "auto":
-            result = as_torch_ops(rank, transposed, input, weight, bias, stride, padding,
-                                  dilation, groups, output_padding, activation,
-                                  negative_slope, residual, scale, shift, precision)
+        if compiling and needs_grad and call.backend == "auto":
+            result = as_torch_ops(call, input, weight, bias, residual, scale, shift)
             if result is not None:
                 return result.squeeze(0) if unbatched else result
         plan = None if compiling else plans.forward_plan(
-            rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-            output_padding, activation, negative_slope, residual, scale, shift, None, backend,
-            precision, grad=needs_grad)
+            call, input, weight, bias, residual, scale, shift, None, grad=needs_grad)
         if plan is not None and plan.native_grad:
             # The forward runs on torch's own differentiable ops: torch's autograd gives the
             # backward (cuDNN's dgrad and wgrad in one call) at torch's host cost.
             result = plan.run(input, weight, bias, scale, shift, residual, None)
         else:
-            result = _through_op(plan, rank, transposed, input, weight, bias, stride, padding,
-                                 dilation, groups, output_padding, activation, negative_slope,
-                                 residual, scale, shift, backend, precision)
+            result = _through_op(plan, call, input, weight, bias, residual, scale, shift)
         if out_b is not None:
             out_b.copy_(result)
     else:
-        result = plans.forward_plan(
-            rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-            output_padding, activation, negative_slope, residual, scale, shift, out_b, backend,
-            precision).run(input, weight, bias, scale, shift, residual, out_b)
+        result = plans.forward_plan(call, input, weight, bias, residual, scale, shift,
+                                    out_b).run(input, weight, bias, scale, shift, residual,
+                                               out_b)
     if out is not None:
         return out
     return result.squeeze(0) if unbatched else result
 
 
-def as_torch_ops(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                 output_padding, activation, negative_slope, residual, scale, shift,
-                 precision):
+def as_torch_ops(call: ConvCall, input, weight, bias, residual, scale, shift):
     """Under torch.compile, a call as torch's own differentiable ops (what aten's native
     plan runs: the convolution, then the epilogue), which Inductor lowers, fuses and
     differentiates itself: every call that needs gradients, and the modules' calls unless
@@ -229,22 +214,24 @@ def as_torch_ops(rank, transposed, input, weight, bias, stride, padding, dilatio
     ``fastconv::conv`` op and its gradient ops cost more host time per training step than
     their kernels gain (benchmarks/NOTES.md, compile(optimize(model)))."""
     if input.dtype == torch.float32 or not isinstance(weight, torch.Tensor) \
-            or weight.dim() != rank + 2:
+            or weight.dim() != call.rank + 2:
         return None
-    resolve(precision, input.dtype)  # a precision the dtype cannot run is refused
+    resolve(call.precision, input.dtype)  # a precision the dtype cannot run is refused
     stride, pre, post, dilation, opad = normalize_geometry(
-        rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed)
-    if transposed:
+        call.rank, weight.shape[2:], call.stride, call.padding, call.dilation,
+        call.output_padding, call.transposed)
+    groups = call.groups
+    if call.transposed:
         if pre != post:
             return None
-        fn = F.conv_transpose1d if rank == 1 else F.conv_transpose2d
+        fn = F.conv_transpose1d if call.rank == 1 else F.conv_transpose2d
         y = fn(input, weight, bias, stride, pre, opad, groups, dilation)
     else:
-        fn = F.conv1d if rank == 1 else F.conv2d
+        fn = F.conv1d if call.rank == 1 else F.conv2d
         if pre != post:
             input = F.pad(input, _flat_pad(pre, post))
         y = fn(input, weight, bias, stride, pre if pre == post else 0, dilation, groups)
-    return apply_epilogue(y, scale, shift, residual, activation, negative_slope)
+    return apply_epilogue(y, scale, shift, residual, call.activation, call.negative_slope)
 
 
 _GEOMETRY: dict[tuple, tuple] = {}  # normalised geometry of the autograd / compile path
@@ -264,9 +251,7 @@ def autocast_casts(t, dtype: torch.dtype) -> bool:
             and t.dtype is not torch.float64)
 
 
-def _through_op(plan, rank, transposed, input, weight, bias, stride, padding, dilation,
-                groups, output_padding, activation, negative_slope, residual, scale, shift,
-                backend, precision):
+def _through_op(plan, call: ConvCall, input, weight, bias, residual, scale, shift):
     """The autograd path: the ``fastconv::conv`` op under torch.compile, else
     ``plans.ConvFunction`` running ``plan`` (the forward dispatch chose for a call with a
     backward)."""
@@ -274,31 +259,28 @@ def _through_op(plan, rank, transposed, input, weight, bias, stride, padding, di
 
     if not isinstance(weight, torch.Tensor):
         raise ConvTypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
-    if weight.dim() != rank + 2:
-        raise ConvError(f"weight: expected a {rank + 2}-D tensor for conv{rank}d, got shape "
-                        f"{tuple(weight.shape)}")
+    if weight.dim() != call.rank + 2:
+        raise ConvError(f"weight: expected a {call.rank + 2}-D tensor for conv{call.rank}d, "
+                        f"got shape {tuple(weight.shape)}")
     try:  # (not while tracing: a traced lookup guards on the dict, whose growth recompiles)
         key = None if torch.compiler.is_compiling() else (
-            rank, weight.shape[2:], stride, padding, dilation, output_padding, transposed,
-            plans.kinds(stride, padding, dilation, output_padding))
+            call[:7], weight.shape[2:], call.kinds())
         geometry = None if key is None else _GEOMETRY.get(key)
     except TypeError:  # unhashable (a list): normalise every time
         key, geometry = None, None
     if geometry is None:
-        geometry = normalize_geometry(rank, weight.shape[2:], stride, padding, dilation,
-                                      output_padding, transposed)
+        geometry = normalize_geometry(call.rank, weight.shape[2:], call.stride, call.padding,
+                                      call.dilation, call.output_padding, call.transposed)
         if key is not None and len(_GEOMETRY) < plans.PLANS_MAX:
             _GEOMETRY[key] = geometry
     stride, pre, post, dilation, opad = geometry
-    prec = resolve(precision, input.dtype).value
-    args = (input, weight, bias, scale, shift, residual, list(stride), list(pre), list(post),
-            list(dilation), groups, transposed, list(opad), activation,
-            real_number("negative_slope", negative_slope),
-            backend, prec)
+    args = OpArgs(list(stride), list(pre), list(post), list(dilation), call.groups,
+                  call.transposed, list(opad), call.activation,
+                  real_number("negative_slope", call.negative_slope), call.backend,
+                  resolve(call.precision, input.dtype).value)
     if torch.compiler.is_compiling():
-        return ops.conv(*args)
-    return plans.ConvFunction.apply(plan, *args)
-
+        return ops.conv(input, weight, bias, scale, shift, residual, *args)
+    return plans.ConvFunction.apply(plan, input, weight, bias, scale, shift, residual, *args)
 
 
 def explain(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -318,10 +300,10 @@ def explain(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise ConvError(f"input: expected a batched 1-D or 2-D input (3 or 4 dimensions), "
                         f"got {getattr(input, 'shape', type(input).__name__)}")
     with _dispatch.settings(dispatch):
-        problem = plans.forward_problem(rank, transposed, input, weight, bias, stride,
-                                        padding, dilation, groups, output_padding, activation,
-                                        negative_slope, residual, scale, shift, None, backend,
-                                        precision)
+        call = ConvCall(rank, transposed, stride, padding, dilation, groups, output_padding,
+                        activation, negative_slope, backend, precision)
+        problem = plans.forward_problem(call, input, weight, bias, residual, scale, shift,
+                                        None)
         trial = plans.forward_trial(problem, input, weight, bias, scale, shift, residual, None)
         return _dispatch.explain(problem, backend, run=trial)
 
@@ -338,10 +320,10 @@ def conv_bn_act1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
                   process_group=None, backend: str = "auto",
                   precision: str | None = None) -> torch.Tensor:
     """:func:`conv_bn_act2d` over ``(N, C, L)`` inputs."""
-    return _conv_bn_act(conv1d, input, weight, bias, running_mean, running_var, bn_weight,
-                        bn_bias, stride, padding, dilation, groups, training, momentum, eps,
-                        activation, negative_slope, residual, process_group, backend,
-                        precision)
+    call = ConvCall(1, False, stride, padding, dilation, groups, 0, activation,
+                    negative_slope, backend, precision)
+    norm = Norm(bn_weight, bn_bias, running_mean, running_var, momentum, eps)
+    return _conv_bn_act(call, input, weight, bias, residual, norm, training, process_group)
 
 
 def conv_bn_act2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -369,30 +351,29 @@ def conv_bn_act2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     * otherwise: the running statistics folded into a per-channel scale and shift of the
       convolution's fused epilogue — one convolution kernel.
     """
-    return _conv_bn_act(conv2d, input, weight, bias, running_mean, running_var, bn_weight,
-                        bn_bias, stride, padding, dilation, groups, training, momentum, eps,
-                        activation, negative_slope, residual, process_group, backend,
-                        precision)
+    call = ConvCall(2, False, stride, padding, dilation, groups, 0, activation,
+                    negative_slope, backend, precision)
+    norm = Norm(bn_weight, bn_bias, running_mean, running_var, momentum, eps)
+    return _conv_bn_act(call, input, weight, bias, residual, norm, training, process_group)
 
 
-def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight, bn_bias,
-                 stride, padding, dilation, groups, training, momentum, eps, activation,
-                 negative_slope, residual, process_group, backend, precision):
+def _conv_bn_act(call: ConvCall, input, weight, bias, residual, norm: Norm, training: bool,
+                 process_group):
     k = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() > 0 else None
-    for name, t in (("running_mean", running_mean), ("running_var", running_var),
-                    ("bn_weight", bn_weight), ("bn_bias", bn_bias)):
+    for name, t in (("running_mean", norm.running_mean), ("running_var", norm.running_var),
+                    ("bn_weight", norm.weight), ("bn_bias", norm.bias)):
         if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (k,)):
             raise ConvError(f"{name}: expected a tensor of shape ({k},) (one value per output "
                             f"channel), got {getattr(t, 'shape', type(t).__name__)}")
-    if (running_mean is None) != (running_var is None):
+    if (norm.running_mean is None) != (norm.running_var is None):
         raise ConvError("running_mean, running_var: give both or neither")
-    eps = real_number("eps", eps, positive=True)
-    momentum = real_number("momentum", momentum)
-    negative_slope = real_number("negative_slope", negative_slope)
-    Epilogue(activation=activation, negative_slope=negative_slope)  # validates both
-    if training or running_mean is None:
-        y = conv(input, weight, bias, stride, padding, dilation, groups, backend=backend,
-                 precision=precision)
+    norm = norm._replace(eps=real_number("eps", norm.eps, positive=True),
+                         momentum=real_number("momentum", norm.momentum))
+    call = call._replace(negative_slope=real_number("negative_slope", call.negative_slope))
+    Epilogue(activation=call.activation, negative_slope=call.negative_slope)  # validates
+    conv = call._replace(activation="none", negative_slope=0.01)
+    if training or norm.running_mean is None:
+        y = _conv(conv, input, weight, bias, None, None, None, None, None)
         if residual is not None:  # the checks the fused inference epilogue makes
             if not isinstance(residual, torch.Tensor):
                 raise ConvTypeError(f"residual: expected a torch.Tensor or None, got "
@@ -403,17 +384,15 @@ def _conv_bn_act(conv, input, weight, bias, running_mean, running_var, bn_weight
                                 f"on {y.device} (the output's), got {tuple(residual.shape)}, "
                                 f"{residual.dtype} on {residual.device}")
         group = _sync_group(process_group) if training else None
-        update = training and running_mean is not None
-        return bn_act(y, bn_weight, bn_bias, residual, running_mean if update else None,
-                      running_var if update else None, momentum, eps, activation,
-                      negative_slope, group)
+        if not (training and norm.running_mean is not None):  # no statistics updated
+            norm = norm._replace(running_mean=None, running_var=None)
+        return bn_act(y, norm, residual, call.activation, call.negative_slope, group)
     # Inference: BatchNorm folded into the weight and bias, one convolution with its epilogue
     if not isinstance(weight, torch.Tensor):  # conv names the argument and what it expects
-        return conv(input, weight, bias, stride, padding, dilation, groups, backend=backend)
-    w, b = fold(weight, bias, running_mean, running_var, bn_weight, bn_bias, eps)
-    return conv(input, w, b, stride, padding, dilation, groups, activation=activation,
-                negative_slope=negative_slope, residual=residual, backend=backend,
-                precision=precision)
+        return _conv(conv, input, weight, bias, None, None, None, None, None)
+    w, b = fold(weight, bias, norm.running_mean, norm.running_var, norm.weight, norm.bias,
+                norm.eps)
+    return _conv(call, input, w, b, residual, None, None, None, None)
 
 
 def _sync_group(process_group):

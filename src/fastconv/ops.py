@@ -23,6 +23,9 @@ derived from an operand (a packed copy) is made afresh at each call, never kept 
 operand's identity (a compiled model's first call, after an eager copy of it had packed
 weights of the same shapes, ran on another layer's packed weight).
 
+The ops' arguments are flat, as torch.library's schemas are: ``spec.OpArgs`` names the
+non-tensor ones in order, and the implementations take them as such.
+
 No ``from __future__ import annotations`` here: torch.library reads the annotations.
 """
 
@@ -34,6 +37,7 @@ from .context import transient_operands
 from .epilogue import Epilogue
 from .plans import backward_formula, conv_impl, run_grad, setup_context
 from .problem import ConvProblem, empty_in_layout, layout_of
+from .spec import GradArgs
 
 
 def _conv_op(input: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None,
@@ -80,8 +84,8 @@ def input_grad_impl(grad_out: Tensor, input: Tensor, weight: Tensor, stride: lis
     if input.numel() == 0:
         return torch.empty_like(input)
     with transient_operands():
-        dx = run_grad("dgrad", grad_out, input, weight, stride, pad_pre, pad_post, dilation,
-                      groups, backend, precision)
+        dx = run_grad("dgrad", grad_out, input, weight,
+                      GradArgs(stride, pad_pre, pad_post, dilation, groups, backend, precision))
     return _with_strides_of(dx, input)  # the registered fake promises empty_like(input)
 
 
@@ -105,8 +109,8 @@ def weight_grad_impl(grad_out: Tensor, input: Tensor, weight: Tensor, stride: li
     if grad_out.numel() == 0:
         return torch.zeros_like(weight)
     with transient_operands():
-        dw = run_grad("wgrad", grad_out, input, weight, stride, pad_pre, pad_post, dilation,
-                      groups, backend, precision)
+        dw = run_grad("wgrad", grad_out, input, weight,
+                      GradArgs(stride, pad_pre, pad_post, dilation, groups, backend, precision))
     return _with_strides_of(dw, weight)
 
 
@@ -130,11 +134,10 @@ def _weight_grad_fake(grad_out, input, weight, *args):
     return torch.empty_like(weight)
 
 
-def _grads_through_ops(grad_out, input, weight, stride, pre, post, dilation, groups, backend,
-                       precision, need_input, need_weight):
-    geo = (stride, pre, post, dilation, groups, backend, precision)
-    return (conv_input_grad(grad_out, input, weight, *geo) if need_input else None,
-            conv_weight_grad(grad_out, input, weight, *geo) if need_weight else None)
+def _grads_through_ops(grad_out, input, weight, geometry: GradArgs, need_input: bool,
+                       need_weight: bool):
+    return (conv_input_grad(grad_out, input, weight, *geometry) if need_input else None,
+            conv_weight_grad(grad_out, input, weight, *geometry) if need_weight else None)
 
 
 def _backward(ctx, grad):

@@ -39,6 +39,7 @@ from .epilogue import Epilogue, activation_grad, derivative_from_output, fold_bi
 from .errors import ConvError, ConvTypeError
 from .precision import Precision, accumulate_dtype
 from .problem import ConvProblem
+from .spec import ConvCall, GradArgs, OpArgs
 
 
 class _Plan:
@@ -78,28 +79,6 @@ def clear_plans() -> None:
     dispatch.reload_environment()
 
 
-def kinds(*geometry, slope: object = 0.0) -> tuple | None:
-    """What a cache key needs besides the values themselves: True == 1 and 1.0 == 1, but a
-    bool or float stride must be refused, not served an int's plan. None (the common case,
-    checked with the least work) when each ``geometry`` value is an int, a str or a tuple of
-    ints and ``slope`` an int or a float; else the types, one level into tuples."""
-    for v in geometry:
-        t = type(v)
-        if t is tuple:
-            for e in v:
-                if type(e) is not int:
-                    return _types(*geometry, slope)
-        elif t is not int and t is not str:
-            return _types(*geometry, slope)
-    if type(slope) is not float and type(slope) is not int:
-        return _types(*geometry, slope)
-    return None
-
-
-def _types(*values) -> tuple:
-    return tuple(tuple(map(type, v)) if type(v) is tuple else type(v) for v in values)
-
-
 def _sig(t):
     if t is None:
         return None
@@ -114,19 +93,8 @@ def _remember(sig, plan) -> None:
     _PLANS[sig] = plan
 
 
-def run_forward(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                output_padding, activation, negative_slope, residual, scale, shift, out,
-                backend, precision):
-    """The convolution of batched operands through a cached plan, no autograd."""
-    plan = forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation,
-                        groups, output_padding, activation, negative_slope, residual, scale,
-                        shift, out, backend, precision)
-    return plan.run(input, weight, bias, scale, shift, residual, out)
-
-
-def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                 output_padding, activation, negative_slope, residual, scale, shift, out,
-                 backend, precision, grad: bool = False) -> _Plan:
+def forward_plan(call: ConvCall, input, weight, bias, residual, scale, shift, out,
+                 grad: bool = False) -> _Plan:
     """The cached plan of a forward call (validated and dispatched on first sight);
     ``grad``: a call whose backward follows (dispatch prices the backward of each
     candidate's path too)."""
@@ -135,44 +103,38 @@ def forward_plan(rank, transposed, input, weight, bias, stride, padding, dilatio
     # that depend on the data pointers run again.
     try:
         # (the tensors' signatures inline: _sig's calls cost ~1 us per call in all)
-        sig = ("fprop", rank, transposed,
+        sig = ("fprop", call, call.kinds(),
                input.shape, input.stride(), input.dtype, input.device,
                weight.shape, weight.stride(), weight.dtype, weight.device,
                None if bias is None else _sig(bias),
                None if residual is None else _sig(residual),
                None if scale is None else _sig(scale), None if shift is None else _sig(shift),
-               None if out is None else _sig(out), stride, padding, dilation, groups,
-               output_padding, activation, negative_slope, backend, precision,
-               torch._C._get_cudnn_allow_tf32(), dispatch.current(), grad,
-               kinds(stride, padding, dilation, groups, output_padding, slope=negative_slope))
+               None if out is None else _sig(out),
+               torch._C._get_cudnn_allow_tf32(), dispatch.current(), grad)
         plan = _PLANS.get(sig)
     except (TypeError, AttributeError):  # unhashable or non-tensor argument: full checks
         sig, plan = None, None
     if plan is not None and plan.provisional and plan.expired():  # (inline: the hot path)
         plan = None
     if plan is None:
-        plan = _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                     output_padding, activation, negative_slope, residual, scale, shift, out,
-                     backend, precision, grad)
+        plan = _plan(call, input, weight, bias, residual, scale, shift, out, grad)
         _remember(sig, plan)
     elif out is not None:
         plan.problem._check_overlap(out, input, weight, bias, residual, scale, shift)
     return plan
 
 
-def _plan(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-          output_padding, activation, negative_slope, residual, scale, shift, out, backend,
-          precision, grad=False):
-    problem = forward_problem(rank, transposed, input, weight, bias, stride, padding,
-                               dilation, groups, output_padding, activation, negative_slope,
-                               residual, scale, shift, out, backend, precision)
+def _plan(call: ConvCall, input, weight, bias, residual, scale, shift, out, grad) -> _Plan:
+    problem = forward_problem(call, input, weight, bias, residual, scale, shift, out)
     if problem.n == 0:  # empty batch: empty output, nothing to launch
         return _Plan(problem, lambda *a: problem.new_output(input.device) if a[-1] is None
                      else a[-1])
+    backend = call.backend
     if grad and backend == "auto" and _eager_native(problem):
         cls = backends.REGISTRY["aten"]
         return _Plan(problem, _bound(problem, cls, None), "aten", native_grad=True)
-    trial = forward_trial(problem, input, weight, bias, scale, shift, residual, out, backend, grad)
+    trial = forward_trial(problem, input, weight, bias, scale, shift, residual, out, backend,
+                          grad)
     choice = dispatch.choose(problem, backend, run=trial, grad=grad)
     # A native plan's gradients are torch's autograd's (cuDNN's dgrad and wgrad at torch's
     # host cost); the others' go through ConvFunction. With grad, dispatch timed each
@@ -201,19 +163,20 @@ def _eager_native(problem: ConvProblem) -> bool:
         and _flags_match(problem)
 
 
-def forward_problem(rank, transposed, input, weight, bias, stride, padding, dilation, groups,
-                     output_padding, activation, negative_slope, residual, scale, shift, out,
-                     backend, precision) -> ConvProblem:
-    if not isinstance(backend, str):
-        raise ConvTypeError(f"backend: expected a str, got {type(backend).__name__}")
-    epilogue = Epilogue(activation=activation, negative_slope=negative_slope,
+def forward_problem(call: ConvCall, input, weight, bias, residual, scale, shift,
+                    out) -> ConvProblem:
+    """The validated problem of a forward call (ConvError naming any invalid argument)."""
+    if not isinstance(call.backend, str):
+        raise ConvTypeError(f"backend: expected a str, got {type(call.backend).__name__}")
+    epilogue = Epilogue(activation=call.activation, negative_slope=call.negative_slope,
                         has_scale=scale is not None,
                         has_shift=shift is not None or bias is not None,
                         has_residual=residual is not None)
     return ConvProblem.from_tensors(
-        input, weight, bias, stride, padding, dilation, groups, rank=rank,
-        transposed=transposed, output_padding=output_padding, precision=precision,
-        epilogue=epilogue, residual=residual, scale=scale, shift=shift, out=out)
+        input, weight, bias, call.stride, call.padding, call.dilation, call.groups,
+        rank=call.rank, transposed=call.transposed, output_padding=call.output_padding,
+        precision=call.precision, epilogue=epilogue, residual=residual, scale=scale,
+        shift=shift, out=out)
 
 
 def _bound(problem: ConvProblem, cls, config):
@@ -308,10 +271,10 @@ def forward_trial(problem, input, weight, bias, scale, shift, residual, out, bac
 def _grad_trial(problem: ConvProblem, operands: tuple, backend: str):
     leaves = tuple(t.detach().requires_grad_(t.requires_grad)
                    if isinstance(t, torch.Tensor) else t for t in operands)
-    geometry = (list(problem.stride), list(problem.pad_pre), list(problem.pad_post),
-                list(problem.dilation), problem.groups, problem.transposed,
-                list(problem.output_padding), problem.epilogue.activation,
-                problem.epilogue.negative_slope, backend, problem.precision.value)
+    geometry = OpArgs(list(problem.stride), list(problem.pad_pre), list(problem.pad_post),
+                      list(problem.dilation), problem.groups, problem.transposed,
+                      list(problem.output_padding), problem.epilogue.activation,
+                      problem.epilogue.negative_slope, backend, problem.precision.value)
     # each set: the leaves and the output gradient (random, the output's layout)
     sets = _Sets(leaves, lambda k: (problem.new_output(operands[0].device).normal_(),),
                  _output_bytes(problem))
@@ -349,22 +312,19 @@ def _flags_match(problem: ConvProblem) -> bool:
     return (problem.precision == Precision.TF32) == torch.backends.cudnn.allow_tf32
 
 
-def run_grad(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
-             backend, precision, out=None):
+def run_grad(op: str, grad_out, input, weight, geometry: GradArgs, out=None):
     """``op`` ("dgrad" or "wgrad") of the convolution of ``input`` with ``weight`` (no
     epilogue; geometry already normalised), written into ``out`` (allocated if None)."""
-    plan = _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
-                      backend, precision, out)
+    plan = _grad_plan(op, grad_out, input, weight, geometry, out)
     return plan.run(grad_out, input if op == "wgrad" else weight, out)
 
 
-def run_grads(grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups, backend,
-              precision, need_input, need_weight):
+def run_grads(grad_out, input, weight, geometry: GradArgs, need_input: bool,
+              need_weight: bool):
     """``(dx, dw)`` (None where not needed) of the convolution of ``input`` with ``weight``.
     When dispatch picked aten for both, one convolution_backward call computes them."""
-    geo = (stride, pad_pre, pad_post, dilation, groups, backend, precision)
-    dgrad = _grad_plan("dgrad", grad_out, input, weight, *geo) if need_input else None
-    wgrad = _grad_plan("wgrad", grad_out, input, weight, *geo) if need_weight else None
+    dgrad = _grad_plan("dgrad", grad_out, input, weight, geometry) if need_input else None
+    wgrad = _grad_plan("wgrad", grad_out, input, weight, geometry) if need_weight else None
     if dgrad is not None and wgrad is not None and dgrad.backend == wgrad.backend == "aten" \
             and dgrad.problem.pad_pre == dgrad.problem.pad_post:
         return conv_backward_both(dgrad.problem, grad_out, input, weight)
@@ -372,8 +332,8 @@ def run_grads(grad_out, input, weight, stride, pad_pre, pad_post, dilation, grou
             wgrad.run(grad_out, input, None) if wgrad is not None else None)
 
 
-def _grad_plan(op, grad_out, input, weight, stride, pad_pre, pad_post, dilation, groups,
-               backend, precision, out=None) -> _Plan:
+def _grad_plan(op: str, grad_out, input, weight, geometry: GradArgs, out=None) -> _Plan:
+    stride, pad_pre, pad_post, dilation, groups, backend, precision = geometry
     sig = (op, _sig(grad_out), _sig(input), _sig(weight), _sig(out), tuple(stride),
            tuple(pad_pre), tuple(pad_post), tuple(dilation), groups, backend, precision,
            dispatch.current())
@@ -411,14 +371,16 @@ def setup_context(ctx, inputs, output):
     ctx.args = inputs[6:]
 
 
-def conv_impl(input, weight, bias, scale, shift, residual, stride, pad_pre, pad_post,
-              dilation, groups, transposed, output_padding, activation, negative_slope,
-              backend, precision):
-    """``fastconv::conv`` without the op's layout guarantee (eager autograd uses it)."""
-    return run_forward(
-        input.dim() - 2, transposed, input, weight, bias, tuple(stride),
-        tuple(zip(pad_pre, pad_post)), tuple(dilation), groups, tuple(output_padding),
-        activation, negative_slope, residual, scale, shift, None, backend, precision)
+def conv_impl(input, weight, bias, scale, shift, residual, *args):
+    """``fastconv::conv`` without the op's layout guarantee (eager autograd uses it);
+    ``args``: the op's other arguments (:class:`~fastconv.spec.OpArgs`' fields)."""
+    a = OpArgs(*args)
+    call = ConvCall(input.dim() - 2, a.transposed, tuple(a.stride),
+                    tuple(zip(a.pad_pre, a.pad_post)), tuple(a.dilation), a.groups,
+                    tuple(a.output_padding), a.activation, a.negative_slope, a.backend,
+                    a.precision)
+    return forward_plan(call, input, weight, bias, residual, scale, shift, None).run(
+        input, weight, bias, scale, shift, residual, None)
 
 
 class ConvFunction(torch.autograd.Function):
@@ -450,20 +412,18 @@ class ConvFunction(torch.autograd.Function):
 def backward_formula(ctx, grad, conv, conv_grads, need=None):
     """The gradients of every ``fastconv::conv`` input (see the module docstring), with the
     convolutions run by the given callables — the ops (traceable) or their implementations:
-    ``conv`` as ``fastconv::conv`` and ``conv_grads(dy, x, w, stride, pad_pre, pad_post,
-    dilation, groups, backend, precision, need_input, need_weight) -> (dx, dw)``. ``need``:
-    which of the op's inputs need a gradient (default ``ctx.needs_input_grad``)."""
+    ``conv`` as ``fastconv::conv`` and ``conv_grads(dy, x, w, geometry: GradArgs,
+    need_input, need_weight) -> (dx, dw)``. ``need``: which of the op's inputs need a
+    gradient (default ``ctx.needs_input_grad``)."""
     input, weight, bias, scale, shift, residual, y = ctx.saved_tensors
-    (stride, pre, post, dilation, groups, transposed, opad, activation, slope, backend,
-     precision) = ctx.args
+    args = OpArgs(*ctx.args)
     need = ctx.needs_input_grad if need is None else need
-    geo = (stride, pre, post, dilation, groups, transposed, opad)
+    bare = args._replace(activation="none")  # the convolution without its activation
 
     def pre_activation():
-        return conv(input, weight, bias, scale, shift, residual, *geo, "none", slope, backend,
-                    precision)
+        return conv(input, weight, bias, scale, shift, residual, *bare)
 
-    dz = activation_grad(grad, y, activation, slope, pre_activation)
+    dz = activation_grad(grad, y, args.activation, args.negative_slope, pre_activation)
     dims = [0, *range(2, dz.dim())]
     view = (1, -1) + (1,) * (dz.dim() - 2)
     g_residual = dz if need[5] else None
@@ -471,15 +431,17 @@ def backward_formula(ctx, grad, conv, conv_grads, need=None):
     g_shift = dz.sum(dims, dtype=acc).to(shift.dtype) if need[4] else None
     g_scale = None
     if need[3]:
-        c = conv(input, weight, bias, None, None, None, *geo, "none", slope, backend, precision)
+        c = conv(input, weight, bias, None, None, None, *bare)
         g_scale = (dz.to(acc) * c.to(acc)).sum(dims).to(scale.dtype)
     dc = dz if scale is None else dz * scale.to(dz.dtype).view(view)
     g_bias = dc.sum(dims, dtype=acc).to(bias.dtype) if need[2] else None
     g_input = g_weight = None
-    if transposed:
+    stride, pre, dilation = args.stride, args.pad_pre, args.dilation
+    if args.transposed:
         if need[0]:
-            g_input = conv(dc, weight, None, None, None, None, stride, pre, pre, dilation,
-                           groups, False, [0] * len(stride), "none", slope, backend, precision)
+            forward = bare._replace(pad_post=pre, transposed=False,
+                                    output_padding=[0] * len(stride))
+            g_input = conv(dc, weight, None, None, None, None, *forward)
             g_input = g_input[(slice(None), slice(None),
                                *(slice(0, n) for n in input.shape[2:]))]
         if need[1]:
@@ -491,9 +453,8 @@ def backward_formula(ctx, grad, conv, conv_grads, need=None):
             x = input
             if any(extra):
                 x = F.pad(input, [v for e in reversed(extra) for v in (0, e)])
-            _, g_weight = conv_grads(x, dc, weight, stride, pre, pre, dilation, groups,
-                                     backend, precision, False, True)
+            _, g_weight = conv_grads(x, dc, weight, args.grads()._replace(pad_post=pre),
+                                     False, True)
     elif need[0] or need[1]:
-        g_input, g_weight = conv_grads(dc, input, weight, stride, pre, post, dilation, groups,
-                                       backend, precision, need[0], need[1])
+        g_input, g_weight = conv_grads(dc, input, weight, args.grads(), need[0], need[1])
     return (g_input, g_weight, g_bias, g_scale, g_shift, g_residual) + (None,) * len(ctx.args)

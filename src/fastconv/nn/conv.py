@@ -16,6 +16,7 @@ from .. import backends, dispatch, plans
 from .. import functional as fc
 from ..errors import ConvTypeError
 from ..precision import parse
+from ..spec import ConvCall
 from .step import current as current_step
 
 _REPR_DEFAULTS = {"backend": "auto", "precision": None}
@@ -85,15 +86,16 @@ class _FastconvMixin:
         names are made and the plan runs."""
         if torch.compiler.is_compiling() or not isinstance(input, Tensor):
             return None
-        key, grad, cast = self._plan_key(input, weight, bias, padding, activation,
-                                         negative_slope, residual)
+        call = ConvCall(len(self.kernel_size), False, self.stride, padding, self.dilation,
+                        self.groups, 0, activation, negative_slope, self.backend,
+                        self.precision)
+        key, grad, cast = self._plan_key(call, input, weight, bias, residual)
         kept = self.__dict__.get("_plan")
         if kept is None or kept[0] != key or (
                 kept[1] is not None and kept[1].provisional and kept[1].expired()):
             if input.dim() != len(self.kernel_size) + 2:
                 return None
-            kept = self._keep(key, input, weight, bias, padding, activation, negative_slope,
-                              residual, grad, cast)
+            kept = self._keep(key, call, input, weight, bias, residual, grad, cast)
         _, plan, to_input, to_residual, params = kept
         if plan is None:
             return None
@@ -111,14 +113,14 @@ class _FastconvMixin:
                     bias = step.cast(bias, cast)
         return plan.run(input, weight, bias, None, None, residual, None)
 
-    def _plan_key(self, input: Tensor, weight: Tensor, bias: Tensor | None, padding,
-                  activation: str, negative_slope: float, residual: Tensor | None) -> tuple:
-        """``(key, grad, cast)``: the signature :meth:`_planned` keeps its plan under (every
-        operand's, every geometry attribute the call reads: stride, padding, dilation,
-        groups; the epilogue's, the module's options, autograd's, autocast's, the TF32
-        switch's, dispatch settings'), whether the call differentiates, and autocast's
-        dtype (None: autocast off). Attributes changed after a call (``conv.stride = 2``)
-        give another key, as torch reads them at every call."""
+    def _plan_key(self, call: ConvCall, input: Tensor, weight: Tensor, bias: Tensor | None,
+                  residual: Tensor | None) -> tuple:
+        """``(key, grad, cast)``: the signature :meth:`_planned` keeps its plan under (the
+        call spec, built from the module's attributes at this call, so that an attribute
+        changed after a call, ``conv.stride = 2``, gives another key, as torch reads them
+        at every call; every operand's signature, autograd's, autocast's, the TF32
+        switch's, dispatch settings'), whether the call differentiates, and autocast's dtype
+        (None: autocast off)."""
         grad = torch.is_grad_enabled() and (
             input.requires_grad or weight.requires_grad
             or (bias is not None and bias.requires_grad)
@@ -128,14 +130,12 @@ class _FastconvMixin:
             device = "cuda" if input.is_cuda else input.device.type
             if torch.is_autocast_enabled(device):
                 cast = torch.get_autocast_dtype(device)
-        key = (input.shape, input.stride(), input.dtype, input.device, weight.shape,
+        key = (call, input.shape, input.stride(), input.dtype, input.device, weight.shape,
                weight.stride(), weight.dtype, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                None if residual is None else (residual.shape, residual.stride(),
                                               residual.dtype, residual.device),
-               self.stride, padding, self.dilation, self.groups, activation, negative_slope,
-               self.backend, self.precision, grad, cast, torch._C._get_cudnn_allow_tf32(),
-               dispatch.current())
+               grad, cast, torch._C._get_cudnn_allow_tf32(), dispatch.current())
         return key, grad, cast
 
     def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -194,8 +194,9 @@ class _FastconvMixin:
                 or not torch.is_grad_enabled():
             return None  # (the cheap reads first: this runs on each call not kept)
         padded, padding = self._padded(input)
-        plan_key, grad, cast = self._plan_key(padded, weight, bias, padding, "none", 0.01,
-                                              None)
+        call = ConvCall(len(self.kernel_size), False, self.stride, padding, self.dilation,
+                        self.groups, 0, backend=self.backend, precision=self.precision)
+        plan_key, grad, cast = self._plan_key(call, padded, weight, bias, None)
         if entry[0] != plan_key or not grad or cast is not key[0]:
             return None
         return plan
@@ -216,8 +217,7 @@ class _FastconvMixin:
         input, _ = self._padded(input)
         return plan.run(input, weight, bias, None, None, None, None)
 
-    def _keep(self, key, input, weight, bias, padding, activation, negative_slope, residual,
-              grad, cast) -> tuple:
+    def _keep(self, key, call, input, weight, bias, residual, grad, cast) -> tuple:
         """The entry :meth:`_planned` keeps for ``key``: ``(key, plan, input cast, residual
         cast, parameter cast dtype)`` (None where nothing is cast, or no plan), made on the
         operands as autocast gives them; kept unless the plan is a provisional stand-in
@@ -233,23 +233,19 @@ class _FastconvMixin:
             if not grad:
                 params = cast
                 weight, bias = self._cast_params(weight, bias, cast)
-        plan = self._new_plan(input, weight, bias, padding, activation, negative_slope,
-                              residual, grad, cast)
+        plan = self._new_plan(call, input, weight, bias, residual, grad, cast)
         kept = (key, plan, to_input, to_residual, params)
         if plan is None or not plan.provisional or plan.until is not None:
             self.__dict__["_plan"] = kept
         return kept
 
-    def _new_plan(self, input, weight, bias, padding, activation, negative_slope, residual,
-                  grad, cast):
+    def _new_plan(self, call, input, weight, bias, residual, grad, cast):
         """The plan of :meth:`_planned` (validated and dispatched), or None where a call with
         autograd must take the general path."""
         if grad and cast is not None:  # planned for the dtypes autocast will give them
             weight, bias = fc._autocast(input.device.type, weight, bias)
-        plan = plans.forward_plan(len(self.kernel_size), False, input, weight, bias,
-                                  self.stride, padding, self.dilation, self.groups, 0,
-                                  activation, negative_slope, residual, None, None, None,
-                                  self.backend, self.precision, grad=grad)
+        plan = plans.forward_plan(call, input, weight, bias, residual, None, None, None,
+                                  grad=grad)
         return plan if not grad or plan.native_grad else None
 
     def _cast_params(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype):
@@ -279,9 +275,9 @@ class _FastconvMixin:
         if not (self.compiled_as_torch and self.backend == "auto"
                 and torch.compiler.is_compiling()):
             return None
-        return fc.as_torch_ops(len(self.kernel_size), False, input, weight, bias, self.stride,
-                               padding, self.dilation, self.groups, 0, "none", 0.01, None,
-                               None, None, self.precision)
+        call = ConvCall(len(self.kernel_size), False, self.stride, padding, self.dilation,
+                        self.groups, 0, precision=self.precision)
+        return fc.as_torch_ops(call, input, weight, bias, None, None, None)
 
     def _padded(self, input: Tensor) -> tuple[Tensor, object]:
         """The input padded by the module's padding mode, and the padding left to the conv."""

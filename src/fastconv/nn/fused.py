@@ -20,6 +20,7 @@ from .. import functional as fc
 from ..batchnorm import bn_act, finish_bn_act, fused_here, takes_torch_ops
 from ..epilogue import Epilogue, activate
 from ..errors import ConvError, real_number
+from ..spec import Norm
 from .conv import Conv1d, Conv2d, same_tensors, tensor_state
 from .step import current as current_step
 
@@ -160,8 +161,8 @@ class _ConvBNActMixin:
                         and bn.track_running_stats and tracked is not None \
                         and bn.momentum is not None:
                     self._keep_step_call(bn, y, gamma, beta, given, residual, activation)
-                return bn_act(y, gamma, beta, residual, running_mean, running_var, factor,
-                              bn.eps, activation, self.negative_slope, None)
+                return bn_act(y, Norm(gamma, beta, running_mean, running_var, factor, bn.eps),
+                              residual, activation, self.negative_slope, None)
         fn = fc.conv_bn_act1d if self._RANK == 1 else fc.conv_bn_act2d
         return fn(input, weight, bias, running_mean, running_var, *_affine(bn), self.stride,
                   padding, self.dilation, self.groups, training=batch_stats, momentum=factor,
