@@ -26,8 +26,8 @@ from fastconv.backends.triton import TritonBackend
 from fastconv.backends.triton.configs import TileConfig
 from fastconv.precision import relative_error
 from fastconv.tools.bench.report import geomean
-from fastconv.tools.bench.runner import time_graph
 from fastconv.tools.bench.suites import SUITES
+from fastconv.tools.bench.timers import time_graph
 
 
 def time_configs(name, problem, configs, fns_of, out, ref, op="fprop"):

@@ -8,7 +8,7 @@ import torch
 
 from fastconv.precision import Precision
 from fastconv.tools import cli
-from fastconv.tools.bench import compare, report, runner, suites
+from fastconv.tools.bench import compare, report, runner, suites, timers
 
 ROW_KEYS = {"case", "provider", "precision", "mode", "ms_p50", "ms_p20", "ms_p80", "tflops",
             "gbps", "rel_err"}
@@ -39,7 +39,7 @@ def _rows_with(timer_ms):
         timer.ms = ms
         rows += runner.run_case(case, [provider], Precision.IEEE, "nchw", reps=21,
                                 device="cpu", timer=timer)
-        assert timer.calls == [5] * runner.ROUNDS  # 21 calls or more, in rounds
+        assert timer.calls == [5] * timers.ROUNDS  # 21 calls or more, in rounds
     return rows
 
 

@@ -43,7 +43,8 @@ def test_importing_fastconv_imports_no_kernel_module():
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "['fastconv.backends.triton.backend', " \
-        "'fastconv.backends.triton.configs']", done.stdout
+        "'fastconv.backends.triton.binds', 'fastconv.backends.triton.configs', " \
+        "'fastconv.backends.triton.weights']", done.stdout
 
 
 @pytest.mark.parametrize("args", [

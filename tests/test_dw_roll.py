@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from fastconv.backends.triton import depthwise, dw_roll
-from fastconv.backends.triton.backend import TritonBackend, roll_weight
+from fastconv.backends.triton.backend import TritonBackend
+from fastconv.backends.triton.weights import roll_weight
 from fastconv.epilogue import Epilogue
 from fastconv.precision import relative_error
 from fastconv.problem import ConvProblem

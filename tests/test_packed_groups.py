@@ -1,5 +1,5 @@
 """Grouped convolutions run as fewer, wider groups with a block-diagonal weight
-(configs.pack_candidates, backend._bind_packed_groups): forward with the epilogue, data and
+(configs.pack_candidates, binds._bind_packed_groups): forward with the epilogue, data and
 weight gradients against float64 torch into poisoned outputs, both layouts, rank 1 and 2;
 the weight expansion itself; which problems get such tiles."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fastconv.backends.triton import backend
+from fastconv.backends.triton import weights
 from fastconv.backends.triton.backend import TritonBackend
 from fastconv.backends.triton.configs import TileConfig, pack_candidates
 from fastconv.epilogue import Epilogue
@@ -79,7 +79,7 @@ def test_expanded_weight_is_block_diagonal():
     groups, pack, kg, cg = 6, 3, 2, 4
     w = torch.randn(groups * kg, cg, 3, 3, dtype=torch.float64)
     w[5, 1, 0, 0] = float("inf")
-    full = backend.packed_weight(w, 1, groups, pack)
+    full = weights.packed_weight(w, 1, groups, pack)
     assert full.shape == (groups * kg, pack * cg, 3, 3)
     assert full.stride(1) == 1  # channels fastest, as the forward reads it
     for out_ch in range(groups * kg):
@@ -88,12 +88,12 @@ def test_expanded_weight_is_block_diagonal():
         assert torch.equal(row[block], w[out_ch])
         others = torch.cat([row[b] for b in range(pack) if b != block])
         assert torch.equal(others, torch.zeros_like(others))
-    assert torch.equal(backend._diagonal_blocks(full, groups, pack), w)
-    assert backend.packed_weight(w, 1, groups, pack) is full
+    assert torch.equal(weights.diagonal_blocks(full, groups, pack), w)
+    assert weights.packed_weight(w, 1, groups, pack) is full
     w.mul_(2)
-    again = backend.packed_weight(w, 1, groups, pack)
-    assert again is not full and torch.equal(backend._diagonal_blocks(again, groups, pack), w)
-    assert backend.packed_weight(w, 0, groups, pack).stride(0) == 1  # dgrad's order
+    again = weights.packed_weight(w, 1, groups, pack)
+    assert again is not full and torch.equal(weights.diagonal_blocks(again, groups, pack), w)
+    assert weights.packed_weight(w, 0, groups, pack).stride(0) == 1  # dgrad's order
 
 
 def _problem(c, k, groups, dtype=torch.bfloat16, **kw):

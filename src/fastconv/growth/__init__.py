@@ -34,11 +34,11 @@ per-layer report). Optimizer state (SGD momentum, Adam/AdamW moments, step count
 the new parameters.
 """
 
-from .dataflow import PASSTHROUGH as PASSTHROUGH
-from .dataflow import PASSTHROUGH_FUNCTION_NAMES as PASSTHROUGH_FUNCTION_NAMES
-from .dataflow import PASSTHROUGH_NAMES as PASSTHROUGH_NAMES
 from .grow import carry_optimizer, grow_width
 from .multibranch import MultiBranch
+from .pairs import PASSTHROUGH as PASSTHROUGH
+from .pairs import PASSTHROUGH_FUNCTION_NAMES as PASSTHROUGH_FUNCTION_NAMES
+from .pairs import PASSTHROUGH_NAMES as PASSTHROUGH_NAMES
 from .report import GrowthError, GrowthReport
 from .widen import INITS as INITS
 from .widen import (

@@ -4,7 +4,6 @@ where fx cannot trace it, from a module walk."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -14,96 +13,21 @@ from torch.nn.modules.conv import _ConvNd
 
 from ..errors import ConvError
 from .multibranch import MultiBranch
-
-#: Modules that keep the channel dimension and act per channel or per element: a producer
-#: and a consumer separated only by these (and at most one BatchNorm) form a pair.
-PASSTHROUGH = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
-               nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Mish, nn.ELU, nn.SELU,
-               nn.Softplus, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
-               nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d)
-#: per-sample layers of other libraries (torchvision's stochastic depth, timm's drop path)
-PASSTHROUGH_NAMES = ("StochasticDepth", "DropPath")
-PASSTHROUGH_FUNCTION_NAMES = ("stochastic_depth", "drop_path")
+from .pairs import NO_CONSUMER, PASSTHROUGH, PASSTHROUGH_FUNCTION_NAMES, PASSTHROUGH_NAMES, Pair
+from .pairs import is_conv as is_conv
+from .pooling import pooled
+from .walk import find_pairs
 
 
-@dataclasses.dataclass
-class _Pair:
-    """A producer and every layer its widening reaches: the convolutions and Linear layers
-    that consume its channels, the BatchNorms and depthwise convolutions in between (which
-    widen with it)."""
-    producer: str
-    consumers: tuple[str, ...]
-    bns: tuple[str, ...] = ()
-    depthwise: tuple[str, ...] = ()
-    branch: str | None = None  # the MultiBranch branch it lies in ("path.branches.i"), if any
-    #: producers that residual adds tie to this one's width: they grow with it, as one
-    tied: tuple[str, ...] = ()
-    #: a layer that reads the channels through concatenations -> ((cat node, input), ...)
-    #: from the innermost out: its channels sit at an offset inside a wider input
-    routes: dict[str, tuple] = dataclasses.field(default_factory=dict)
-    prefix: str = ""  # the path of the traced model inside the model grown
-
-
-#: Why a convolution that is no pair's producer is not grown.
-NO_CONSUMER = ("no consumer found (pairs are a convolution and the next one in a Sequential "
-               "or a residual block, and a MultiBranch branch's last one with its projection)")
-
-
-def _is_conv(m) -> bool:
-    return isinstance(m, _ConvNd)
-
-
-def _find_pairs(module: nn.Module, prefix: str = "", branch: str | None = None
-                ) -> list[_Pair]:
-    pairs: list[_Pair] = []
-
-    def join(name: str) -> str:
-        return f"{prefix}.{name}" if prefix else name
-    if isinstance(module, MultiBranch):
-        for i, (b, proj) in enumerate(zip(module.branches, module.projections)):
-            name = join(f"branches.{i}")
-            pairs += _find_pairs(b, name, name)
-            tail = _tail(b)  # the branch's last conv feeds its 1x1 projection: a pair
-            if tail is not None and _is_conv(proj):
-                conv, bn = tail
-                pairs.append(_Pair(_under(name, conv), (join(f"projections.{i}"),),
-                                   (_under(name, bn),) if bn is not None else (), (), name))
-        return pairs
-    if all(hasattr(module, a) for a in ("conv1", "bn1", "conv2", "bn2")):  # residual block
-        chain = [("conv1", "bn1", "conv2")]
-        if hasattr(module, "conv3"):
-            chain.append(("conv2", "bn2", "conv3"))
-        return [_Pair(join(p), (join(c),), (join(b),), (), branch) for p, b, c in chain]
-    if isinstance(module, nn.Sequential):
-        producer, bn = None, None
-        for name, child in module.named_children():
-            if _is_conv(child):
-                if producer is not None:
-                    pairs.append(_Pair(join(producer), (join(name),),
-                                       (join(bn),) if bn else (), (), branch))
-                producer, bn = name, None
-            elif isinstance(child, _BatchNorm) and producer is not None and bn is None:
-                bn = name
-            elif isinstance(child, PASSTHROUGH):
-                continue
-            else:  # a block: its own inner pairs; no pair across it
-                pairs += _find_pairs(child, join(name), branch)
-                producer, bn = None, None
-        return pairs
-    for name, child in module.named_children():
-        pairs += _find_pairs(child, join(name), branch)
-    return pairs
-
-
-def _find_groups(module: nn.Module) -> tuple[list[_Pair], dict[str, str], str]:
+def find_groups(module: nn.Module) -> tuple[list[Pair], dict[str, str], str]:
     """The producers of ``module`` with everything each one's widening reaches, from the
     dataflow of a torch.fx trace; where the model does not trace, the module walk
-    (:func:`_find_pairs`) and a note saying so. Also the reason each other convolution is
+    (:func:`find_pairs`) and a note saying so. Also the reason each other convolution is
     not a producer (fx only)."""
     try:
         pairs, reasons = _dataflow(module)
     except Exception as exc:  # data-dependent control flow, unsupported ops, ...
-        return _find_pairs(module), {}, (
+        return find_pairs(module), {}, (
             f"torch.fx could not trace the model ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); pairs were found by the "
             f"module walk: a convolution and the next one in a Sequential or a residual "
@@ -142,7 +66,7 @@ class _NoGrowth(Exception):
     """Why a producer cannot grow (found while following its channels)."""
 
 
-def _dataflow(module: nn.Module) -> tuple[list[_Pair], dict[str, str]]:
+def _dataflow(module: nn.Module) -> tuple[list[Pair], dict[str, str]]:
     from ..optimize import OptimizedModel
 
     if isinstance(module, OptimizedModel):  # its forward wraps the traced model's
@@ -157,7 +81,7 @@ def _dataflow(module: nn.Module) -> tuple[list[_Pair], dict[str, str]]:
             calls[node.target] = calls.get(node.target, 0) + 1
     pairs, reasons, done = [], {}, set()
     for node in graph.nodes:
-        if node.op != "call_module" or not _is_conv(modules[node.target]) \
+        if node.op != "call_module" or not is_conv(modules[node.target]) \
                 or node.target in done:
             continue
         name, conv = node.target, modules[node.target]
@@ -203,21 +127,21 @@ def _cat_dim(node) -> int | None:
     return node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
 
 
-def _width(node, module: Callable[[str], nn.Module]) -> int:
+def width(node, module: Callable[[str], nn.Module]) -> int:
     """How many channels ``node``'s tensor has, from the layers that made it (``module``
     maps a module path of the trace to the module as it is now)."""
     if node.op == "call_module":
         m = module(node.target)
-        if _is_conv(m):
+        if is_conv(m):
             return m.out_channels
         if isinstance(m, _BatchNorm):
             return m.num_features
         if isinstance(m, nn.Linear):
             return m.out_features
     if _cat_dim(node) == 1:
-        return sum(_width(a, module) for a in node.args[0])
+        return sum(width(a, module) for a in node.args[0])
     if _per_channel(node, module) and _tensor_arg(node) is not None:
-        return _width(_tensor_arg(node), module)
+        return width(_tensor_arg(node), module)
     raise ConvError(f"cannot tell how many channels {node.name} has")
 
 
@@ -276,7 +200,7 @@ class _Space:
         self.routes: dict[str, tuple] = {}
         self.start, self.seen, self.todo = start, {start: ()}, [start]
 
-    def pair(self) -> _Pair:
+    def pair(self) -> Pair:
         while self.todo:
             node = self.todo.pop()
             try:
@@ -290,7 +214,7 @@ class _Space:
         order = {n.target: i for i, n in enumerate(self.start.graph.nodes)
                  if n.op == "call_module"}
         first, *tied = self.producers[:1] + sorted(self.producers[1:], key=order.get)
-        return _Pair(first, tuple(self.consumers), tuple(self.bns), tuple(self.dws),
+        return Pair(first, tuple(self.consumers), tuple(self.bns), tuple(self.dws),
                      tied=tuple(tied), routes=self.routes)
 
     def _visit(self, node, hops: tuple) -> None:
@@ -313,9 +237,9 @@ class _Space:
         """The tensors ``node``'s channels are also (its inputs, for a layer acting per
         channel; the other operands of a residual add; a fused layer's residual)."""
         m = self.modules.get(node.target) if node.op == "call_module" else None
-        if _is_conv(m) and not _depthwise(m):  # a producer: its residual, if fused
+        if is_conv(m) and not _depthwise(m):  # a producer: its residual, if fused
             inputs = list(node.args[1:]) + list(node.kwargs.values())
-        elif _is_conv(m):  # depthwise: its input (and a fused residual) too
+        elif is_conv(m):  # depthwise: its input (and a fused residual) too
             inputs = list(node.args) + list(node.kwargs.values())
         elif _tie(node):
             inputs = node.args
@@ -333,12 +257,12 @@ class _Space:
             if _cat_dim(src) is not None:
                 raise _NoGrowth(f"a residual add ties its width to a concatenation "
                                 f"({src.name}) (not supported)")
-            if src.op == "call_module" and _is_conv(m := self.modules[src.target]) \
+            if src.op == "call_module" and is_conv(m := self.modules[src.target]) \
                     and not _depthwise(m):
                 self._tied(src)
             elif src.op == "call_module" and isinstance(self.modules[src.target], _BatchNorm):
                 self._norm(src, ())
-            elif src.op == "call_module" and _is_conv(self.modules[src.target]):
+            elif src.op == "call_module" and is_conv(self.modules[src.target]):
                 self._depthwise_layer(src, ())
             else:
                 self._visit(src, ())
@@ -404,7 +328,7 @@ class _Space:
         first = bool(node.args) and node.args[0] is source
         later = any(a is source for a in node.args[1:]) or any(
             v is source for v in node.kwargs.values())
-        if _is_conv(m) and not first and later and not _depthwise(m):
+        if is_conv(m) and not first and later and not _depthwise(m):
             if hops:
                 raise _NoGrowth(f"the residual of {node.target} (a fused add) after a "
                                 f"concatenation (not supported)")
@@ -412,14 +336,14 @@ class _Space:
             return
         if not first or later:
             raise _NoGrowth(f"reaches {node.target} as an argument other than its input")
-        if _is_conv(m) and _depthwise(m):
+        if is_conv(m) and _depthwise(m):
             self._depthwise_layer(node, hops)
-        elif _is_conv(m) or isinstance(m, nn.Linear):
+        elif is_conv(m) or isinstance(m, nn.Linear):
             if isinstance(m, nn.Linear) and m.in_features != (
-                    width := _width(source, self.modules.__getitem__)):
+                    channels := width(source, self.modules.__getitem__)):
                 raise _NoGrowth(f"reaches Linear {where} with {m.in_features} features from "
-                                f"{width} channels: not one feature per channel")
-            if isinstance(m, nn.Linear) and not _pooled(source, self.modules,
+                                f"{channels} channels: not one feature per channel")
+            if isinstance(m, nn.Linear) and not pooled(source, self.modules,
                                                         self._spatial_dims()):
                 raise _NoGrowth(f"reaches Linear {where} without a global pooling and a "
                                 f"flatten before it: its features may not be the channels")
@@ -446,105 +370,11 @@ class _Space:
             raise _NoGrowth(f"concatenated {where} more than once")
         try:
             for a in inputs:
-                _width(a, self.modules.__getitem__)
+                width(a, self.modules.__getitem__)
         except ConvError as exc:
             raise _NoGrowth(f"concatenated {where}: {exc}") from None
         index = next(i for i, a in enumerate(inputs) if a is source)
         self._visit(node, hops + ((node, index),))
-
-
-#: modules and functions acting per element, which keep a tensor's shape
-_ELEMENTWISE = tuple(t for t in PASSTHROUGH if not issubclass(t, nn.modules.pooling._MaxPoolNd)
-                     and not issubclass(t, nn.modules.pooling._AvgPoolNd))
-_ELEMENTWISE_FUNCTIONS = _PASS_FUNCTIONS - {
-    torch.nn.functional.max_pool2d, torch.nn.functional.avg_pool2d,
-    torch.nn.functional.adaptive_avg_pool2d, torch.nn.functional.adaptive_max_pool2d,
-    torch.flatten}
-
-
-def _through_elementwise(node, modules: dict):
-    """The first node at or before ``node`` (following first arguments) that is not an
-    element-wise activation, dropout or identity."""
-    while True:
-        if node.op == "call_module" and isinstance(modules.get(node.target), _ELEMENTWISE):
-            pass
-        elif node.op == "call_function" and node.target in _ELEMENTWISE_FUNCTIONS:
-            pass
-        elif node.op == "call_method" and node.target in ("relu", "relu_", "sigmoid", "tanh",
-                                                          "contiguous", "clone"):
-            pass
-        else:
-            return node
-        if not node.args or not isinstance(node.args[0], torch.fx.Node):
-            return node
-        node = node.args[0]
-
-
-def _reduces(node, spatial: int) -> bool | None:
-    """Whether ``node`` pools every spatial dimension to one: True where the result is
-    (N, C), False where it keeps them as size-1 dimensions, None where it pools nothing or
-    not all of them."""
-    target = node.target
-    if node.op == "call_module":
-        return None
-    if target in ("mean", "amax", torch.mean, torch.amax):
-        dims = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
-        dims = (dims,) if isinstance(dims, int) else dims
-        rank = spatial + 2
-        if not isinstance(dims, (tuple, list)) or \
-                {d % rank for d in dims if isinstance(d, int)} != set(range(2, rank)):
-            return None
-        keep = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False)
-        return not keep
-    if target in (torch.nn.functional.adaptive_avg_pool2d,
-                  torch.nn.functional.adaptive_max_pool2d, torch.nn.functional.adaptive_avg_pool1d,
-                  torch.nn.functional.adaptive_max_pool1d):
-        size = node.kwargs.get("output_size", node.args[1] if len(node.args) > 1 else None)
-        return False if _ones(size) else None
-    return None
-
-
-def _ones(size) -> bool:
-    return size == 1 or (isinstance(size, (tuple, list)) and all(s == 1 for s in size))
-
-
-def _flattens(node, modules: dict) -> bool:
-    """Whether ``node`` flattens (N, C, 1, ...) to (N, C)."""
-    if node.op == "call_module":
-        m = modules.get(node.target)
-        return isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1
-    start = node.kwargs.get("start_dim", node.args[1] if len(node.args) > 1 else 0)
-    if node.op == "call_function" and node.target is torch.flatten:
-        return start == 1 and node.kwargs.get("end_dim", -1) == -1 and len(node.args) <= 2
-    if node.op == "call_method" and node.target == "flatten":
-        return start == 1 and node.kwargs.get("end_dim", -1) == -1 and len(node.args) <= 2
-    return node.op == "call_method" and node.target in ("view", "reshape") \
-        and len(node.args) == 3 and node.args[2] == -1
-
-
-def _pooled(source, modules: dict, spatial: int) -> bool:
-    """Whether ``source`` is provably (N, C): every spatial dimension pooled to one and
-    dropped (a global pooling and a flatten, or a mean over them), so that a Linear layer
-    reading it takes the channels as its features."""
-    node = _through_elementwise(source, modules)
-    if node.op == "call_module" and _global_pool(modules.get(node.target), spatial):
-        return False  # (N, C, 1, ...): a flatten must follow
-    reduced = _reduces(node, spatial)
-    if reduced is not None:
-        return reduced
-    if not _flattens(node, modules) or not isinstance(node.args[0], torch.fx.Node):
-        return False
-    pool = _through_elementwise(node.args[0], modules)
-    if pool.op == "call_module":
-        return _global_pool(modules.get(pool.target), spatial)
-    return _reduces(pool, spatial) is False
-
-
-def _global_pool(m, spatial: int) -> bool:
-    """An adaptive pooling module to one value per channel, of ``spatial`` dimensions."""
-    kinds = {1: (nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d),
-             2: (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)}.get(spatial, ())
-    return isinstance(m, kinds) and _ones(m.output_size)
 
 
 def _branch_of(path: str, modules: dict) -> str | None:
@@ -555,33 +385,3 @@ def _branch_of(path: str, modules: dict) -> str | None:
                                                   MultiBranch):
             return ".".join(parts[:i + 2])
     return None
-
-
-def _tail(branch: nn.Module) -> tuple[str, str | None] | None:
-    """(path of the convolution whose output a branch returns, of the BatchNorm after it)
-    relative to the branch ("" for the branch itself), or None when something else ends
-    it."""
-    if _is_conv(branch):
-        return "", None
-    if not isinstance(branch, nn.Sequential):
-        return None
-    conv, bn = None, None
-    for name, child in branch.named_children():
-        if _is_conv(child):
-            conv, bn = name, None
-        elif isinstance(child, _BatchNorm) and conv is not None and bn is None:
-            bn = name
-        elif not isinstance(child, PASSTHROUGH):
-            conv, bn = None, None
-    return None if conv is None else (conv, bn)
-
-
-def _under(prefix: str, path: str) -> str:
-    return f"{prefix}.{path}" if path else prefix
-
-
-def _inside(path: str, branch: str) -> bool:
-    """Whether ``path`` is part of MultiBranch branch ``branch`` (its projection included)."""
-    owner, _, index = branch.rpartition("branches.")
-    projection = f"{owner}projections.{index}"
-    return any(path == p or path.startswith(p + ".") for p in (branch, projection))

@@ -11,8 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConvError, real_number
-from .dataflow import NO_CONSUMER, _find_groups, _inside, _is_conv, _Pair, _width
+from .dataflow import find_groups, width
 from .multibranch import MultiBranch, _out_width
+from .pairs import NO_CONSUMER, Pair, inside, is_conv
 from .report import GrowthError, GrowthReport
 from .widen import (
     INITS,
@@ -36,7 +37,7 @@ def _new_width(old: int, blocks: int, factor_or_mapping, names: tuple[str, ...])
     return given.pop() if given else old
 
 
-def _check_growth(factor_or_mapping, pairs: list[_Pair]) -> None:
+def _check_growth(factor_or_mapping, pairs: list[Pair]) -> None:
     """A factor must be a real number ≥ 1; a mapping must name producers that ``pairs`` holds
     (a name of no such layer is an error, not a silent no-op) and give each a positive int."""
     if isinstance(factor_or_mapping, dict):
@@ -87,7 +88,7 @@ class _Holders:
                                 f"them")
 
 
-def _grow_pair(pair: _Pair, get, factor_or_mapping, init, noise, generator,
+def _grow_pair(pair: Pair, get, factor_or_mapping, init, noise, generator,
                carries: dict[str, Carries], holders: _Holders):
     """(the widened layers by path, or None when the width stays; old and new width) of
     one producer (and those tied to it) with every layer it reaches."""
@@ -98,12 +99,12 @@ def _grow_pair(pair: _Pair, get, factor_or_mapping, init, noise, generator,
             raise ConvError(f"{n} gives {p.out_channels} channels, {pair.producer} {old}: "
                             f"a residual add ties them to one width")
 
-    def width(node):
-        return _width(node, lambda target: get(pair.prefix + target))
+    def channels(node):
+        return width(node, lambda target: get(pair.prefix + target))
 
     def placed(path: str, w: Widening) -> Widening:  # the widening as ``path`` sees it
         for cat, index in pair.routes.get(path, ()):
-            widths = [width(a) for a in cat.args[0]]
+            widths = [channels(a) for a in cat.args[0]]
             if widths[index] != w.old:
                 raise ConvError(f"{path}: concatenation {cat.name} holds {widths[index]} "
                                 f"channels where {w.old} were expected")
@@ -160,7 +161,7 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
         raise ConvError(f"on_error: got {on_error!r}; allowed: 'raise', 'drop'")
     if init not in INITS:
         raise ConvError(f"init: got {init!r}; allowed: {', '.join(map(repr, INITS))}")
-    pairs, reasons, note = _find_groups(module)
+    pairs, reasons, note = find_groups(module)
     _check_growth(factor_or_mapping, pairs)
     report = GrowthReport(notes=[note] if note else [])
     current: dict[str, nn.Module] = {}
@@ -193,9 +194,9 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
     paired = {name for p in pairs for name in (p.producer, *p.tied)}
     report.not_grown += [(name, reasons.get(name, NO_CONSUMER))
                          for name, m in module.named_modules()
-                         if _is_conv(m) and name not in paired]
+                         if is_conv(m) and name not in paired]
     if report.failed and (on_error == "raise" or any(
-            not any(_inside(p, b) for b in failed_branches) for p, _ in report.failed)):
+            not any(inside(p, b) for b in failed_branches) for p, _ in report.failed)):
         raise GrowthError("grow_width: nothing was changed", report)
     drops: dict[str, list[int]] = {}
     for branch in failed_branches:  # each MultiBranch drops its failures at once
@@ -208,10 +209,10 @@ def grow_width(module: nn.Module, factor_or_mapping, optimizer=None, *, init: st
                               f"failed, and a MultiBranch needs one; nothing was changed",
                               report)
     for path in list(current):  # a dropped branch's widened layers are not installed
-        if any(_inside(path, b) for b in failed_branches):
+        if any(inside(path, b) for b in failed_branches):
             del current[path]
     report.grown = [g for g in report.grown
-                    if not any(_inside(g[0], b) for b in failed_branches)]
+                    if not any(inside(g[0], b) for b in failed_branches)]
     # commit: every module swapped in, then optimizer state moved
     for path, new in current.items():
         parent_path, _, name = path.rpartition(".")

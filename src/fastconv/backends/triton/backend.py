@@ -9,18 +9,22 @@ imported), which is how the CPU tests exercise the same kernel code.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import os
 import sys
 
 import torch
-from torch.utils.weak import WeakTensorKeyDictionary
 
-from ...context import transient
-from ...precision import Precision
-from ...problem import ConvProblem, empty_in_layout, layout_of
+from ...problem import ConvProblem
 from ..base import Backend
+from .binds import (
+    DIRECT_GROUP_MAX,
+    bind,
+    direct_depthwise,
+    direct_grouped,
+    pairs_problem,
+    roll_problem,
+)
 from .configs import (
     TileConfig,
     dgrad_candidates,
@@ -126,11 +130,11 @@ class TritonBackend(Backend):
     def candidates(cls, problem: ConvProblem, op: str = "fprop") -> list:
         from .depthwise import candidates as direct
 
-        if _direct_depthwise(problem):
+        if direct_depthwise(problem):
             return direct(problem.layout == "nhwc", problem.device == "cuda",
-                          pairs=op == "fprop" and _pairs_problem(problem),
+                          pairs=op == "fprop" and pairs_problem(problem),
                           plane=problem.rank == 2, narrow=problem.out_size[-1] < 64,
-                          roll=_roll_problem(problem, op), wgrad=op == "wgrad")
+                          roll=roll_problem(problem, op), wgrad=op == "wgrad")
         if problem.device == "cpu":
             return [interpreter_config(problem, op)]
         if op == "dgrad" or (op == "fprop" and problem.transposed):
@@ -142,7 +146,7 @@ class TritonBackend(Backend):
             tiles = fprop_candidates(problem)
             tiles = tiles + rows_candidates(problem)
         tiles = tiles + pack_candidates(problem, op)
-        if _direct_grouped(problem):  # after the GEMM tiles: timed, or pinned, never the
+        if direct_grouped(problem):  # after the GEMM tiles: timed, or pinned, never the
             tiles = tiles + direct(problem.layout == "nhwc", True)  # heuristic's pick
         return tiles
 
@@ -163,26 +167,11 @@ class TritonBackend(Backend):
 
         if not _interpreted():
             compiles.driver_ready()
-        return serialized(_bind(problem, config or cls.candidates(problem, op)[0], op))
+        return serialized(bind(problem, config or cls.candidates(problem, op)[0], op))
 
     @classmethod
     def forward(cls, problem, config, input, weight, bias, *, scale, shift, residual, out):
         return cls.bind(problem, config)(input, weight, bias, scale, shift, residual, out)
-
-
-def _bind(problem: ConvProblem, config, op: str):
-    if getattr(config, "pack_groups", 1) > 1:
-        return _bind_packed_groups(problem, config, op)
-    geo = _Geometry(problem)
-    if _direct_depthwise(problem) or _is_direct(config):
-        return geo.bind_depthwise(config, op)
-    if op == "dgrad":
-        return geo.bind_dgrad(config)
-    if op == "wgrad":
-        return geo.bind_wgrad(config)
-    if problem.transposed:
-        return geo.bind_transposed(config)
-    return geo.bind_fprop(config)
 
 
 def _pow2(value, lo: int, hi: int) -> bool:
@@ -203,7 +192,7 @@ _WARPS = (lambda v: _pow2(v, 1, 16), "a power of two in [1, 16]")
 
 
 def _tile_errors(problem: ConvProblem, config: TileConfig, op: str) -> list[str]:
-    if _direct_depthwise(problem):
+    if direct_depthwise(problem):
         return ["a depthwise convolution runs direct tiles (DwConfig), not GEMM tiles"]
     split_max = 1 if config.rows or (op == "fprop" and problem.transposed) \
         else _SPLIT_MAX.get(op, 1)
@@ -249,7 +238,7 @@ def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
     })
     if errors:
         return errors
-    if config.roll and not _roll_problem(problem, op):
+    if config.roll and not roll_problem(problem, op):
         errors.append("roll: only the forward of a channels-last depthwise convolution with "
                       "unit row dilation and at most 7 output rows per input row, its "
                       "data gradient at stride 1 with one output channel per input, and its "
@@ -259,417 +248,12 @@ def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
         errors.append("roll: not with pairs or plane")
     if config.block_a * config.block_b > 8192:
         errors.append(f"a {config.block_a}x{config.block_b} tile: at most 8192 elements")
-    if not (_direct_depthwise(problem) or _direct_grouped(problem)):
+    if not (direct_depthwise(problem) or direct_grouped(problem)):
         errors.append("direct tiles run depthwise convolutions and groups of at most "
-                      f"{_DIRECT_GROUP_MAX} channels, not transposed")
+                      f"{DIRECT_GROUP_MAX} channels, not transposed")
     if config.plane and (problem.rank != 2 or problem.layout != "nchw"):
         errors.append("plane: only channels-first conv2d")
     if config.pairs and (op != "fprop" or problem.layout != "nchw"
                          or problem.dtype not in (torch.float16, torch.bfloat16)):
         errors.append("pairs: only the forward of a channels-first 16-bit convolution")
     return errors
-
-
-def _direct_depthwise(problem: ConvProblem) -> bool:
-    """Depthwise problems (any channel multiplier) run on depthwise.py's direct kernels."""
-    return problem.depthwise and not problem.transposed
-
-
-def _roll_problem(problem: ConvProblem, op: str) -> bool:
-    """Whether dw_roll.py's kernel can run ``op`` of a depthwise problem."""
-    from . import dw_roll, dw_wgrad
-
-    if not _direct_depthwise(problem):
-        return False
-    two_d = problem.rank == 2
-    geo = dict(channels_last=problem.layout == "nhwc", c_per_group=problem.c_per_group,
-               kernel=problem.kernel if two_d else (1, *problem.kernel),
-               stride=problem.stride if two_d else (1, *problem.stride),
-               dilation=problem.dilation if two_d else (1, *problem.dilation))
-    if op == "wgrad":
-        return dw_wgrad.eligible(**geo)
-    if op == "dgrad":
-        return dw_roll.dgrad_eligible(multiplier=problem.k_per_group, **geo)
-    return dw_roll.eligible(**geo)
-
-
-def _pairs_problem(problem: ConvProblem) -> bool:
-    """Whether dw_pairs.py's forward can serve a depthwise problem given contiguous tensors:
-    16-bit, channels-first, unit stride and even widths along the last dimension."""
-    return (problem.dtype in (torch.float16, torch.bfloat16) and problem.layout == "nchw"
-            and problem.stride[-1] == 1 and problem.in_size[-1] % 2 == 0
-            and problem.out_size[-1] % 2 == 0)
-
-
-#: Grouped convolutions with at most this many input and output channels per group also
-#: get depthwise.py's direct kernels as candidates (issue 7: ResNeXt's 4-32 per group).
-_DIRECT_GROUP_MAX = 64
-
-
-def _direct_grouped(problem: ConvProblem) -> bool:
-    return (problem.groups > 1 and not problem.transposed
-            and problem.c_per_group <= _DIRECT_GROUP_MAX
-            and problem.k_per_group <= _DIRECT_GROUP_MAX)
-
-
-def _bind_packed_groups(problem: ConvProblem, config: TileConfig, op: str):
-    """``problem`` run as ``groups / pack`` groups of ``pack`` times the channels, with the
-    weight expanded to block-diagonal form (configs.pack_candidates): the forward and dgrad
-    read the expanded weight, wgrad computes the expanded gradient and keeps its diagonal
-    blocks."""
-    pack, groups = config.pack_groups, problem.groups
-    inner = _bind(dataclasses.replace(problem, groups=groups // pack),
-                  dataclasses.replace(config, pack_groups=1), op)
-    if op == "dgrad":
-        def run_dgrad(grad_out, weight, out):
-            return inner(grad_out, packed_weight(weight, 0, groups, pack), out)
-        return run_dgrad
-    if op == "wgrad":
-        def run_wgrad(grad_out, input, out):
-            blocks = _diagonal_blocks(inner(grad_out, input, None), groups, pack)
-            if out is None:
-                return blocks.contiguous()
-            return out.copy_(blocks)
-        return run_wgrad
-
-    def run(input, weight, *rest):
-        return inner(input, packed_weight(weight, 1, groups, pack), *rest)
-    return run
-
-
-def _blocks_view(full: torch.Tensor, groups: int, pack: int) -> torch.Tensor:
-    """The (groups/pack, pack, K/groups, pack, C/groups, *kernel) view of an expanded
-    (K, pack·C/groups, *kernel) weight; its diagonal over dims 1 and 3 is the real weight."""
-    k, wide = full.shape[:2]
-    return full.unflatten(0, (groups // pack, pack, k // groups)).unflatten(
-        3, (pack, wide // pack))
-
-
-def _diagonal_blocks(full: torch.Tensor, groups: int, pack: int) -> torch.Tensor:
-    """The (K, C/groups, *kernel) weight inside an expanded one (a view)."""
-    diag = torch.diagonal(_blocks_view(full, groups, pack), dim1=1, dim2=3)
-    return diag.movedim(-1, 1).flatten(0, 2)
-
-
-def _expand_groups(w: torch.Tensor, groups: int, pack: int, dim: int) -> torch.Tensor:
-    """``w`` (K, C/groups, *kernel) as the block-diagonal weight of ``groups / pack``
-    groups, zeros between the blocks, dimension ``dim`` fastest in memory."""
-    k, cg, *kernel = w.shape
-    full = _pack(w.new_zeros(k, pack * cg, *kernel), dim)
-    torch.diagonal(_blocks_view(full, groups, pack), dim1=1, dim2=3).copy_(
-        w.unflatten(0, (groups // pack, pack, k // groups)).movedim(1, -1))
-    return full
-
-
-def _is_direct(config) -> bool:
-    from .depthwise import DwConfig
-
-    return isinstance(config, DwConfig)
-
-
-class _Geometry:
-    """A problem's launch parameters in the kernels' 4-D terms (rank 1 runs as H = 1)."""
-
-    def __init__(self, problem: ConvProblem):
-        self.problem = problem
-        self.two_d = problem.rank == 2
-        if self.two_d:
-            self.pad, self.stride, self.dilation = \
-                problem.pad_pre, problem.stride, problem.dilation
-        else:
-            self.pad = (0, problem.pad_pre[0])
-            self.stride = (1, problem.stride[0])
-            self.dilation = (1, problem.dilation[0])
-        self.precision = "tf32" if problem.precision == Precision.TF32 else "ieee"
-        self.on_gpu = problem.device == "cuda"
-        self.int64: bool | None = None  # decided on the first call (shapes and strides only)
-
-    def four_d(self, *tensors):
-        return tuple(t if t is None or self.two_d else t.unsqueeze(2) for t in tensors)
-
-    def needs_int64(self, *tensors) -> bool:
-        if self.int64 is None:
-            self.int64 = any(_max_offset(t) >= 2**31 - 1 for t in tensors if t is not None)
-        return self.int64
-
-    def run_wgrad(self, launch):
-        """A depthwise weight gradient's run: ``launch(dy, x, dw, int64=...)`` on the 4-D
-        views, into ``out`` or a new tensor of the weight's shape."""
-        problem = self.problem
-
-        def run_wgrad(grad_out, input, out):
-            if out is None:
-                out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
-                                  device=grad_out.device)
-            d4, x4, o4 = self.four_d(grad_out, input, out)
-            launch(d4, x4, o4, int64=self.needs_int64(d4, x4))
-            return out
-        return run_wgrad
-
-    def bind_depthwise(self, config, op: str):
-        from . import depthwise, dw_pairs
-
-        problem = self.problem
-        if config.roll:
-            return self.bind_roll(config, op)
-        cl = problem.layout == "nhwc"
-        geo = dict(stride=self.stride, pad=self.pad, dilation=self.dilation,
-                   channels_last=cl, config=config)
-        if op == "dgrad":
-            def run_dgrad(grad_out, weight, out):
-                if out is None:
-                    out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
-                                          grad_out.dtype, grad_out.device)
-                d4, w4, o4 = self.four_d(grad_out, weight, out)
-                depthwise.launch_dgrad(d4, w4, o4, int64=self.needs_int64(d4, w4, o4), **geo)
-                return out
-            return run_dgrad
-        if op == "wgrad":
-            return self.run_wgrad(functools.partial(depthwise.launch_wgrad, **geo))
-        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
-        # The plan's launch after its first call: a plan's calls differ only in the tensors'
-        # addresses (their shapes, strides and dtypes are its key), so everything else is
-        # reused; Prepared refuses a tensor of other address alignment (then decided again).
-        prepared: list = []
-
-        def run(input, weight, bias, scale, shift, residual, out):
-            if out is None:
-                out = problem.new_output(input.device)
-            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
-            scale, shift = _contig(scale), _contig(shift)
-            if prepared and prepared[0](x4, w4, o4, o4 if scale is None else scale,
-                                        o4 if shift is None else shift,
-                                        o4 if r4 is None else r4):
-                return out
-            launch = (dw_pairs.launch_fprop
-                      if config.pairs and dw_pairs.eligible(x4, o4, r4, self.stride[1])
-                      else depthwise.launch_fprop)
-            again = launch(x4, w4, o4, scale, shift, r4, act_code=act, negative_slope=slope,
-                           int64=self.needs_int64(x4, w4, o4, r4), **geo)
-            prepared[:] = [] if again is None else [again]
-            return out
-        return run
-
-    def bind_roll(self, config, op: str):
-        """dw_roll.py's forward or data gradient, or dw_wgrad.py's weight gradient
-        (``_roll_problem``)."""
-        from . import dw_roll, dw_wgrad
-
-        problem = self.problem
-        kernel = problem.kernel if self.two_d else (1, *problem.kernel)
-        if op == "wgrad":
-            return self.run_wgrad(functools.partial(
-                dw_wgrad.launch_wgrad, stride=self.stride, pad=self.pad,
-                dilation=self.dilation, config=config))
-        if op == "dgrad":
-            def run_dgrad(grad_out, weight, out):
-                if out is None:
-                    out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
-                                          grad_out.dtype, grad_out.device)
-                d4, o4 = self.four_d(grad_out, out)
-                dw_roll.launch_dgrad(d4, roll_weight(weight, config.block_b), o4,
-                                     kernel=kernel, pad=self.pad, dilation=self.dilation,
-                                     config=config, int64=self.needs_int64(d4, o4))
-                return out
-            return run_dgrad
-        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
-        prepared: list = []  # the plan's launch after its first call (as bind_depthwise's)
-
-        def run(input, weight, bias, scale, shift, residual, out):
-            if out is None:
-                out = problem.new_output(input.device)
-            x4, o4, r4 = self.four_d(input, out, residual)
-            wp = roll_weight(weight, config.block_b)
-            scale, shift = _contig(scale), _contig(shift)
-            if prepared and prepared[0](x4, wp, o4, o4 if scale is None else scale,
-                                        o4 if shift is None else shift,
-                                        o4 if r4 is None else r4):
-                return out
-            again = dw_roll.launch_fprop(
-                x4, wp, o4, scale, shift, r4, kernel=kernel, stride=self.stride, pad=self.pad,
-                dilation=self.dilation, act_code=act, negative_slope=slope, config=config,
-                int64=self.needs_int64(x4, o4, r4))
-            prepared[:] = [] if again is None else [again]
-            return out
-        return run
-
-    def bind_fprop(self, config):
-        from .fprop import prepare_fprop
-
-        problem = self.problem
-        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
-        bounds_post = any(problem.pad_post)
-        prepared: list = []  # the plan's launch after its first call (as bind_depthwise's)
-        # whether the weight and the input come in the layout the kernel reads: fixed per
-        # plan (its signature holds their strides), so tested at the first call only
-        packed: list = []
-
-        def run(input, weight, bias, scale, shift, residual, out):
-            if out is None:
-                out = problem.new_output(input.device)
-            if self.on_gpu:
-                # Channels-fastest operands load as wide, coalesced vectors: an NCHW input is
-                # copied once per call (not for row tiles, which read it as it is), an NCHW
-                # weight once per version (cached).
-                if not packed:
-                    packed[:] = [_is_packed(weight, 1), config.rows or _is_packed(input, 1)]
-                if not packed[0]:
-                    weight = packed_weight(weight)
-                if not packed[1]:
-                    input = channels_last(input)
-            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
-            scale, shift = _contig(scale), _contig(shift)
-            if prepared and prepared[0](x4, w4, o4, o4 if scale is None else scale,
-                                        o4 if shift is None else shift,
-                                        o4 if r4 is None else r4, o4):
-                return out
-            again = prepare_fprop(x4, w4, o4, scale, shift, r4, stride=self.stride,
-                                  pad=self.pad, dilation=self.dilation, groups=problem.groups,
-                                  act_code=act, negative_slope=slope, precision=self.precision,
-                                  config=config, int64=self.needs_int64(x4, w4, o4, r4),
-                                  bounds_post=bounds_post)
-            prepared[:] = [] if again is None else [again]
-            return out
-        return run
-
-    def bind_transposed(self, config):
-        from .dgrad import launch_dgrad
-
-        problem = self.problem
-        act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
-
-        def run(input, weight, bias, scale, shift, residual, out):
-            if out is None:
-                out = problem.new_output(input.device)
-            if self.on_gpu:
-                input, weight = channels_last(input), packed_weight(weight, dim=0)
-            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
-            launch_dgrad(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=self.stride,
-                         pad=self.pad, dilation=self.dilation, groups=problem.groups,
-                         act_code=act, negative_slope=slope, precision=self.precision,
-                         config=config, int64=self.needs_int64(x4, w4, o4, r4))
-            return out
-        return run
-
-    def bind_dgrad(self, config):
-        from .dgrad import launch_dgrad
-
-        problem = self.problem
-
-        def run(grad_out, weight, out):
-            if out is None:
-                out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
-                                      grad_out.dtype, grad_out.device)
-            if self.on_gpu:
-                grad_out, weight = channels_last(grad_out), packed_weight(weight, dim=0)
-            d4, w4, o4 = self.four_d(grad_out, weight, out)
-            launch_dgrad(d4, w4, o4, None, None, None, stride=self.stride, pad=self.pad,
-                         dilation=self.dilation, groups=problem.groups, act_code=0,
-                         negative_slope=0.0, precision=self.precision, config=config,
-                         int64=self.needs_int64(d4, w4, o4))
-            return out
-        return run
-
-    def bind_wgrad(self, config):
-        from .wgrad import launch_wgrad
-
-        problem = self.problem
-
-        def run(grad_out, input, out):
-            if out is None:
-                out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
-                                  device=grad_out.device)
-            # Both operands are read along the pixel reduction. The input keeps its layout:
-            # NCHW keeps the reduction contiguous, as TF32 tensor cores need (both operands
-            # K-major), NHWC suits 16-bit types, which may be MN-major; dy follows it (a
-            # mixed pair measured 2x slower in bf16).
-            if self.on_gpu and layout_of(grad_out) != layout_of(input):
-                grad_out = (channels_last(grad_out) if layout_of(input) == "nhwc"
-                            else grad_out.contiguous())
-            d4, x4, o4 = self.four_d(grad_out, input, out)
-            launch_wgrad(d4, x4, o4, stride=self.stride, pad=self.pad, dilation=self.dilation,
-                         groups=problem.groups, precision=self.precision, config=config,
-                         int64=self.needs_int64(d4, x4, o4))
-            return out
-        return run
-
-
-# weight -> {(fastest dim, groups, pack): (version, packed copy)}; dies with the weight
-_PACKED = WeakTensorKeyDictionary()
-
-
-def _order(t: torch.Tensor, dim: int) -> tuple[int, ...]:
-    """Dimensions from slowest to fastest with ``dim`` moved last, the rest in order."""
-    return (*(d for d in range(t.dim()) if d != dim), dim)
-
-
-def _is_packed(t: torch.Tensor, dim: int) -> bool:
-    expect = 1
-    for d in reversed(_order(t, dim)):
-        if t.shape[d] != 1 and t.stride(d) != expect:
-            return False
-        expect *= t.shape[d]
-    return True
-
-
-def _pack(t: torch.Tensor, dim: int) -> torch.Tensor:
-    order = _order(t, dim)
-    inverse = tuple(order.index(d) for d in range(t.dim()))
-    return t.permute(order).contiguous().permute(inverse)
-
-
-def channels_last(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with channels (dimension 1) fastest, the rest in order: NHWC / NLC."""
-    return t if _is_packed(t, 1) else _pack(t, 1)
-
-
-def packed_weight(w: torch.Tensor, dim: int = 1, groups: int = 1,
-                  pack: int = 1) -> torch.Tensor:
-    """``w`` with dimension ``dim`` fastest — the reduction dimension of the GEMM that reads
-    it: input channels for the forward, output channels (``dim=0``) for dgrad, which makes
-    the tile K-major as TF32 tensor cores need; with ``pack > 1``, expanded to the
-    block-diagonal weight of ``groups / pack`` groups first. Cached per weight tensor and
-    *version*: an in-place update (an optimizer step) bumps ``w._version`` and the next call
-    repacks. Not while a CUDA graph is captured: a replay does not run this check, so the
-    graph packs the weight itself (a training graph replays after every optimizer step)."""
-    if pack == 1 and _is_packed(w, dim):
-        return w
-    return _cached(w, (dim, groups, pack), lambda: _repack(w, dim, groups, pack))
-
-
-def roll_weight(w: torch.Tensor, block_c: int) -> torch.Tensor:
-    """A depthwise weight as dw_roll.py's kernel reads it (``dw_roll.pack_weight``, on the
-    4-D view), cached as ``packed_weight``."""
-    from .dw_roll import pack_weight
-
-    return _cached(w, ("roll", block_c),
-                   lambda: pack_weight(w if w.dim() == 4 else w.unsqueeze(2), block_c))
-
-
-def _cached(w: torch.Tensor, key: tuple, make) -> torch.Tensor:
-    """``make()``, a derived form of ``w``, cached per weight tensor and version (see
-    ``packed_weight``); made afresh while a CUDA graph is captured and inside a compiled
-    graph's op (``context.transient``: ``w`` may be a reused buffer)."""
-    if transient() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return make()
-    per_key = _PACKED.get(w)
-    hit = per_key.get(key) if per_key is not None else None
-    if hit is not None and hit[0] == w._version:
-        return hit[1]
-    derived = make()
-    if per_key is None:
-        per_key = _PACKED[w] = {}
-    per_key[key] = (w._version, derived)
-    return derived
-
-
-def _repack(w: torch.Tensor, dim: int, groups: int, pack: int) -> torch.Tensor:
-    return _expand_groups(w, groups, pack, dim) if pack > 1 else _pack(w, dim)
-
-
-def _contig(t: torch.Tensor | None) -> torch.Tensor | None:
-    return t if t is None else t.contiguous()
-
-
-def _max_offset(t: torch.Tensor) -> int:
-    return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))

@@ -244,7 +244,7 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
             for row, _ in ready.values():
                 row.update(ms_p50=None, timing="not measured (no GPU)")
             return rows
-        from .runner import percentiles
+        from .timers import percentiles
 
         try:  # (the providers interleaved: runner.GpuTimer.eager_rounds)
             eager = timer.eager_rounds({p: [v[1]] for p, v in ready.items()}, reps)
