@@ -36,7 +36,9 @@ class Epilogue:
 
     def __post_init__(self):
         if not isinstance(self.activation, str):
-            raise ConvTypeError(f"activation: expected a str, got {type(self.activation).__name__}")
+            raise ConvTypeError(f"activation: expected one of the names "
+                                f"{', '.join(map(repr, ACTIVATIONS))}, got "
+                                f"{type(self.activation).__name__} {self.activation!r}")
         if self.activation not in ACTIVATIONS:
             raise ConvError(f"activation: got {self.activation!r}; allowed: "
                             f"{', '.join(map(repr, ACTIVATIONS))}")

@@ -26,7 +26,7 @@ class Explanation:
 
     def __str__(self) -> str:
         ranked = "GPU time (CUDA graph)" if self.graph else "GPU + host time (eager)"
-        lines = [f"{self.op} of {self.problem.describe()} [{self.problem.key()}]",
+        lines = [f"{self.op} of {self.problem.describe()}",
                  f"mode {self.mode}; ranked by {ranked}; choice: {self.choice.name()}"]
         width = max(len(r.name()) for r in self.rows)
         for r in self.rows:

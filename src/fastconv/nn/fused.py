@@ -329,12 +329,29 @@ class ConvBNAct1d(_ConvBNActMixin, Conv1d):
 
 
 class ConvBNAct2d(_ConvBNActMixin, Conv2d):
-    """Conv2d → BatchNorm2d → activation; see the module docstring.
+    """Conv2d → BatchNorm2d → activation as one module: ``act(bn(conv(x)) + residual)``.
 
     Training mode normalises with the batch statistics of the convolution output (all ranks
     of ``process_group``, or of the default group with ``sync_stats=True``, as
     torch.nn.SyncBatchNorm) and updates the running statistics as torch.nn.BatchNorm2d;
     eval mode folds them into the convolution's epilogue (one kernel).
+
+    Args:
+        in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+            padding_mode, device, dtype: ``torch.nn.Conv2d``'s (``bias`` defaults to False:
+            a BatchNorm follows).
+        eps, momentum, affine, track_running_stats: ``torch.nn.BatchNorm2d``'s, held by
+            ``.bn``.
+        activation: ``"relu"`` (default), ``"none"``, ``"relu6"``, ``"leaky_relu"``,
+            ``"silu"``, ``"gelu"``, ``"gelu_tanh"``, ``"sigmoid"``, ``"tanh"`` or
+            ``"hardswish"``; ``negative_slope`` is leaky_relu's.
+        process_group, sync_stats: synchronise the statistics over a process group (or the
+            default group).
+        backend, precision: fastconv's, as in ``fastconv.nn.Conv2d``.
+
+    ``forward(input, residual=None)``: the residual is added before the activation.
+    ``from_torch(Sequential(conv, bn, act))`` and ``to_torch()`` convert both ways; the
+    state_dict keys are ``weight``, ``bias`` and ``bn.*``.
     """
 
     _RANK, _TORCH_CONV, _BN = 2, torch.nn.Conv2d, torch.nn.BatchNorm2d

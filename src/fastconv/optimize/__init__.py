@@ -56,10 +56,46 @@ def _copy(model: nn.Module) -> nn.Module:
 def optimize(model: nn.Module, mode: str = "inference", precision: str | None = None,
              channels_last: bool = True, cuda_graph: bool = False,
              example_inputs=None) -> OptimizedModel:
-    """A copy of ``model`` computing the same function through fastconv (see the module
-    docstring); ``model`` itself is not changed. ``mode`` sets train/eval on the copy;
-    ``precision`` is None (torch's flags), "ieee", "tf32", "bf16" or "fp16" (the last two
-    run under autocast); ``example_inputs``, when given, are run once to check the copy."""
+    """A copy of ``model`` that computes the same function through fastconv's layers.
+
+    Every chain Conv → BatchNorm → [add] → [activation] whose intermediate results have no
+    other use becomes one ``fastconv.nn.ConvBNAct2d`` (or 1d): in inference the BatchNorm
+    is folded into the convolution, in training its statistics and backward are the fused
+    layer's. Every other ``nn.Conv1d``/``nn.Conv2d``/``nn.ConvTranspose*`` becomes its
+    fastconv counterpart. ``model`` itself is not changed.
+
+    Args:
+        model: any ``nn.Module``.
+        mode: ``"inference"`` (the copy in eval mode) or ``"training"`` (in train mode;
+            BatchNorms the user froze in eval stay so).
+        precision: None (torch's own: TF32 where ``torch.backends.cudnn.allow_tf32``),
+            ``"ieee"``, ``"tf32"``, or ``"bf16"`` / ``"fp16"`` (the forward runs under
+            ``torch.autocast`` in that dtype).
+        channels_last: convert parameters and 4-D inputs to channels-last.
+        cuda_graph: on a GPU, replay one CUDA graph per input signature: of the forward in
+            inference; of the forward and its backward in training (your optimizer step
+            stays yours; call ``zero_grad(set_to_none=True)`` between steps).
+        example_inputs: a tuple of inputs run once through the copy, to check it.
+
+    Returns:
+        An :class:`OptimizedModel`: call it as the model. ``.report`` lists every pattern
+        fused and every convolution left alone, with the reason, and notes (a model torch.fx
+        cannot trace, modules kept whole, CUDA-graph captures that failed);
+        ``.report.coverage()`` gives (fused, followed by a BatchNorm, all). ``.model`` is
+        the rewritten module. ``state_dict()``, ``load_state_dict`` and
+        ``named_parameters()`` use the original model's names, metadata and order.
+
+    What is kept as it is, never changed in meaning: a module whose forward changes the
+    grad mode or autocast, has hooks, or is a TorchScript module (called as it is, nothing
+    inside fused); a convolution or BatchNorm called on two paths or with hooks (not fused).
+    A model torch.fx cannot trace (Python control flow on tensor values, or its own forward
+    is such a region) gets only its ``nn.Sequential`` Conv → BatchNorm → activation runs
+    fused, each when the Sequential is called as a whole; the report says how to make it
+    traceable.
+
+    Raises:
+        ConvError: an unknown ``mode`` or ``precision``.
+    """
     if mode not in MODES:
         raise ConvError(f"mode: got {mode!r}; allowed: {', '.join(map(repr, MODES))}")
     if precision not in (None, "ieee", "tf32", "bf16", "fp16"):

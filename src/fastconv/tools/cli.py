@@ -1,4 +1,5 @@
-"""The ``fastconv`` command: info, check, bench, compare, explain, plans."""
+"""fastconv's command line: fast, correct convolutions for PyTorch on NVIDIA GPUs.
+Each command's --help describes it."""
 
 from __future__ import annotations
 
@@ -318,26 +319,38 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     """Bad arguments (a usage error, or a ConvError or ValueError from the library) print one
     line and exit 2; any other failure one line and exit 1; ``--debug`` shows tracebacks."""
-    parser = _Parser(prog="fastconv", description=__doc__)
+    from fastconv.env import __version__
+
+    parser = _Parser(prog="fastconv", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"fastconv {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="versions, GPU, backends").set_defaults(fn=cmd_info)
-    p = sub.add_parser("check", help="verify the precision contract on this machine")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("info", help="versions, the GPU and which backends run here"
+                   ).set_defaults(fn=cmd_info)
+    p = sub.add_parser("check", help="the precision contract of every backend on random "
+                                     "problems, on this machine")
     p.add_argument("--count", type=int, default=50, help="random problems per backend/precision")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random problems")
     p.add_argument("--verbose", action="store_true", help="one row per random problem")
     p.set_defaults(fn=cmd_check)
-    p = sub.add_parser("bench", help="time suites on the GPU")
-    p.add_argument("--suite", default="seed000")
-    p.add_argument("--provider", default="fastconv,fastconv_triton,torch")
-    p.add_argument("--precision", default="tf32")
+    p = sub.add_parser("bench", help="time benchmark suites: fastconv against torch and "
+                                     "torch.compile (GPU; correctness only on the CPU)")
+    p.add_argument("--suite", default="seed000",
+                   help="comma-separated suites (--list names them); default seed000")
+    p.add_argument("--provider", default="fastconv,fastconv_triton,torch",
+                   help="comma-separated: fastconv (auto dispatch), fastconv_triton, "
+                        "fastconv_aten, cudnn_fe, torch, torch_compile; the models suite "
+                        "adds fastconv_cuda_graph, fastconv_compile, torch_compile_ro")
+    p.add_argument("--precision", default="tf32",
+                   help="comma-separated: ieee, tf32, fp16, bf16 (default tf32)")
     p.add_argument("--mode", default="fwd",
                    help="fwd, bwd (data + weight gradient), train (forward + backward), "
                         "dgrad, wgrad, or eval (BatchNorm suites: inference mode); "
                         "comma-separated for several")
     p.add_argument("--layout", choices=("nchw", "nhwc"), default=None,
                    help="default: nchw for fp32 data, nhwc (channels_last) for fp16/bf16")
-    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--reps", type=int, default=50, help="timed calls per measurement")
     p.add_argument("--out", default=None,
                    help="default: benchmarks/results on a GPU, out/bench-cpu without one")
     p.add_argument("--list", action="store_true", help="list the suites")
@@ -357,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                         "backend>]]'")
     p.set_defaults(fn=cmd_bench)
     p = sub.add_parser("compare", help="per-case deltas between two bench result files")
-    p.add_argument("old")
-    p.add_argument("new")
+    p.add_argument("old", help="a bench result file (JSON)")
+    p.add_argument("new", help="another, compared with OLD")
     p.add_argument("--fail-if-regression", type=float, metavar="PCT", default=None,
                    help="exit 3 if any case is more than PCT%% slower")
     p.set_defaults(fn=cmd_compare)
@@ -367,33 +380,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input", required=True, type=_shape, help="N,C,H,W (or N,C,L)")
     p.add_argument("--weight", required=True, type=_shape,
                    help="K,C/groups,R,S (or K,C/groups,R)")
-    p.add_argument("--stride", default=1, type=_ints)
-    p.add_argument("--padding", default=0, type=_padding, help="ints, same or valid")
-    p.add_argument("--dilation", default=1, type=_ints)
-    p.add_argument("--groups", type=int, default=1)
-    p.add_argument("--transposed", action="store_true")
-    p.add_argument("--bias", action="store_true")
-    p.add_argument("--activation", default="none")
-    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32")
-    p.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
-    p.add_argument("--precision", default=None)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--dispatch", choices=("heuristic", "benchmark", "pinned"), default=None)
+    p.add_argument("--stride", default=1, type=_ints, help="an int or h,w (default 1)")
+    p.add_argument("--padding", default=0, type=_padding,
+                   help="an int, h,w, same or valid (default 0)")
+    p.add_argument("--dilation", default=1, type=_ints, help="an int or h,w (default 1)")
+    p.add_argument("--groups", type=int, default=1, help="default 1")
+    p.add_argument("--transposed", action="store_true",
+                   help="a transposed convolution (WEIGHT is C,K/groups,R,S)")
+    p.add_argument("--bias", action="store_true", help="with a bias")
+    p.add_argument("--activation", default="none",
+                   help="none, relu, relu6, leaky_relu, silu, gelu, gelu_tanh, sigmoid, "
+                        "tanh or hardswish")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="the tensors' dtype (default fp32)")
+    p.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw",
+                   help="the input's memory layout (nhwc: channels_last)")
+    p.add_argument("--precision", default=None,
+                   help="ieee, tf32, fp16 or bf16 (default: torch's TF32 flag for fp32)")
+    p.add_argument("--backend", default="auto", help="auto, aten, triton or cudnn")
+    p.add_argument("--dispatch", choices=("heuristic", "benchmark", "pinned"), default=None,
+                   help="how auto chooses (default: benchmark on a GPU, heuristic on the "
+                        "CPU)")
     p.set_defaults(fn=cmd_explain)
-    p = sub.add_parser("demo", help="an end-to-end model through torch and fastconv")
-    p.add_argument("which", choices=("segmentation",))
-    p.add_argument("--batch", type=int, default=None, help="default 8 on a GPU, 1 on the CPU")
+    p = sub.add_parser("demo", help="a model through torch and fastconv, timed and checked "
+                                    "against float64")
+    p.add_argument("which", choices=("segmentation",),
+                   help="segmentation: torchvision's DeepLabV3-ResNet50")
+    p.add_argument("--batch", type=int, default=None,
+                   help="default 8 on a GPU, 1 on the CPU (2 with --train)")
     p.add_argument("--size", type=int, default=None, help="default 512 on a GPU, 64 on the CPU")
     p.add_argument("--precision", choices=("ieee", "tf32", "bf16", "fp16"), default=None,
                    help="fastconv's precision (default bf16 on a GPU, ieee on the CPU)")
     p.add_argument("--train", action="store_true", help="time a training step instead")
     p.add_argument("--image", default=None, help="an image file (PNG/JPEG) to segment")
     p.add_argument("--weights", default=None, help="a local DeepLabV3-ResNet50 state_dict")
-    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions per row")
     p.add_argument("--out", default="fastconv-demo-segmentation.png", help="the PNG to write")
     p.set_defaults(fn=cmd_demo)
-    p = sub.add_parser("plans", help="show (or --clear) the dispatch caches and workspace")
-    p.add_argument("--clear", action="store_true")
+    p = sub.add_parser("plans", help="show, clear, export or import the plan caches")
+    p.add_argument("--clear", action="store_true",
+                   help="forget every choice, cuDNN plan and workspace (memory and disk)")
     p.add_argument("--limit", type=int, default=50, help="disk entries to list")
     p.add_argument("--export", metavar="FILE", default=None,
                    help="write the disk caches (choices and cuDNN plans) to FILE")
@@ -416,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                         "output_padding, bn, causal)")
     p.add_argument("--shapes", default=None, metavar="FILE",
                    help="a file of --shape specs, one a line (# comments)")
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--batch", type=int, default=32, help="the model's batch (default 32)")
     p.add_argument("--size", type=int, default=224, help="input height and width (model)")
     p.add_argument("--precision", default="bf16", help="ieee, tf32, bf16 or fp16")
     p.add_argument("--train", action="store_true",

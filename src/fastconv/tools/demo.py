@@ -140,12 +140,16 @@ def run(batch: int | None = None, size: int | None = None, precision: str | None
     if not on_gpu:
         print("no CUDA GPU found: running on the CPU at a small size (nothing here measures "
               "GPU speed)")
+    from ..errors import ConvError
+
     batch = batch or (8 if on_gpu else 2 if train else 1)  # training: BatchNorm needs 2
+    if train and batch < 2:
+        raise ConvError(f"--batch: got {batch}; a training step needs at least 2 images "
+                        f"(BatchNorm normalises over the batch)")
     size = size or (512 if on_gpu else 64)
     precision = precision or ("bf16" if on_gpu else "ieee")
     reps = reps or (20 if on_gpu else 3)
     if precision not in ("ieee", "tf32", "bf16", "fp16"):
-        from ..errors import ConvError
         raise ConvError(f"precision: got {precision!r}; allowed: ieee, tf32, bf16, fp16")
     torch.manual_seed(0)
     model = _model(num_classes, weights, device)

@@ -129,7 +129,7 @@ def compare_files(args) -> int:
     """``fastconv compare OLD NEW``."""
     from fastconv.tools.bench import compare
 
-    old, new = compare.load(args.old), compare.load(args.new)
+    old, new = compare.load(args.old, "OLD"), compare.load(args.new, "NEW")
     return _report_deltas(compare.deltas(old["rows"], new["rows"]), args.fail_if_regression)
 
 

@@ -21,14 +21,15 @@ class Delta:
         return 100.0 * (self.new_ms / self.old_ms - 1.0)
 
 
-def load(path: str | Path) -> dict:
-    """A result document written by ``fastconv bench`` (``meta`` and ``rows``)."""
+def load(path: str | Path, what: str = "--compare") -> dict:
+    """A result document written by ``fastconv bench`` (``meta`` and ``rows``); ``what``
+    names the argument the path came from in errors."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise ConvError(f"--compare: cannot read {path}: {exc}") from None
+        raise ConvError(f"{what}: cannot read {path}: {exc}") from None
     if not isinstance(doc, dict) or "rows" not in doc or "meta" not in doc:
-        raise ConvError(f"--compare: {path} is not a fastconv bench result (no meta/rows)")
+        raise ConvError(f"{what}: {path} is not a fastconv bench result (no meta/rows)")
     return doc
 
 
