@@ -163,7 +163,7 @@ class TritonBackend(Backend):
     @classmethod
     def bind(cls, problem: ConvProblem, config, op: str = "fprop"):
         from . import compiles
-        from .fprop import serialized
+        from .common import serialized
 
         if not _interpreted():
             compiles.driver_ready()

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from ...epilogue import ACTIVATIONS
-from .fprop import INTERPRETED, _activation, serialized
-from .launch import cdiv, launch
+from .common import activation, serialized
+from .launch import INTERPRETED, cdiv, launch
 
 BLOCK_R = 64
 BLOCK_C = 32
@@ -153,7 +153,7 @@ def _apply_kernel(y_ptr, res_ptr, z_ptr, scale_ptr, shift_ptr, R, C, S, s_n, s_c
     u = tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) * scale[None, :] + shift[None, :]
     if HAS_RES:
         u += tl.load(res_ptr + offs, mask=mask, other=0.0).to(ACC)
-    z = _activation(u, ACT, negative_slope)
+    z = activation(u, ACT, negative_slope)
     tl.store(z_ptr + offs, z.to(z_ptr.dtype.element_ty), mask=mask)
 
 

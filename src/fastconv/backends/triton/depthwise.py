@@ -34,8 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fprop import INTERPRETED, _activation
-from .launch import Prepared, cdiv, launch, prepare
+from .common import acc_type, activation
+from .launch import INTERPRETED, Prepared, cdiv, launch, prepare
 
 __all__ = ["DwConfig", "candidates", "launch_fprop", "launch_dgrad", "launch_wgrad"]
 
@@ -117,7 +117,7 @@ def _positions_by_channels(pid0, pid1, N, K, P, Q, BLOCK_A: tl.constexpr,
 
 
 @triton.jit
-def _channels_by_columns(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+def channels_by_columns(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
     """Channels-first tile of one output row: (n, k, p, q, mask), n and p scalars."""
     q_blocks = tl.cdiv(Q, BLOCK_B)
     row = pid0 // q_blocks
@@ -141,7 +141,7 @@ def _channels_by_plane(pid0, pid1, K, P, Q, BLOCK_A: tl.constexpr, BLOCK_B: tl.c
 
 
 @triton.jit
-def _and_row(mask, row_ok):
+def and_row(mask, row_ok):
     """``mask & row_ok`` where ``row_ok`` may be a scalar (channels-first tiles hold one row).
     A select, not ``&``: Triton 3.9's interpreter broadcasts a scalar boolean as int32, and a
     load refuses an integer mask; compiled, both forms are one predicate ``and``."""
@@ -149,7 +149,7 @@ def _and_row(mask, row_ok):
 
 
 @triton.jit
-def _any_nonfinite(w_ptr, base, s_outer, swr, sws, wmask, OUTER, R: tl.constexpr,
+def any_nonfinite(w_ptr, base, s_outer, swr, sws, wmask, OUTER, R: tl.constexpr,
                    S: tl.constexpr, ACC: tl.constexpr, UNROLL_ROWS: tl.constexpr = True):
     """Whether any of the weights ``w_ptr[base + o·s_outer + r·swr + s·sws]`` (o < OUTER,
     where ``wmask``) is ±inf or NaN (``v·0`` is NaN exactly there): a scalar. A pass over
@@ -177,7 +177,7 @@ def _nonfinite_row(bad, w_ptr, base, sws, wmask, S: tl.constexpr, ACC: tl.conste
 
 
 @triton.jit
-def _tap(acc, v, wv, ok, SKIP_PADDED: tl.constexpr):
+def tap(acc, v, wv, ok, SKIP_PADDED: tl.constexpr):
     """``acc + v·wv``, or (``SKIP_PADDED``) that only where ``ok``: one FMA, or a select."""
     if SKIP_PADDED:
         return tl.where(ok, acc + v * wv, acc)
@@ -220,10 +220,10 @@ def _fprop_row(acc, x_base, w_ptr, k, kmask, mask, c, r, ih0, iw0, H, W, dil_h, 
     row_ok = (ih >= 0) & (ih < H)
     for s in tl.static_range(S):
         iw = iw0 + s * dil_w
-        ok = _and_row(mask & (iw >= 0) & (iw < W), row_ok)
+        ok = and_row(mask & (iw >= 0) & (iw < W), row_ok)
         xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=ok, other=0.0)
         wv = tl.load(w_ptr + k * swk + c * swc + r * swr + s * sws, mask=kmask, other=0.0)
-        acc = _tap(acc, xv.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
+        acc = tap(acc, xv.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
     return acc
 
 
@@ -247,7 +247,7 @@ def _dw_fprop_kernel(
         n, k, p, q, mask = _channels_by_plane(tl.program_id(0), tl.program_id(1), K, P, Q,
                                               BLOCK_A, BLOCK_B)
     else:
-        n, k, p, q, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), K, P, Q,
+        n, k, p, q, mask = channels_by_columns(tl.program_id(0), tl.program_id(1), K, P, Q,
                                                 BLOCK_A, BLOCK_B)
     if INT64:
         n = n.to(tl.int64)
@@ -256,7 +256,7 @@ def _dw_fprop_kernel(
     iw0 = q * stride_w - pad_w
     # output channel k reads input channels (k // KG)·CG + c, c < CG (CG = 1: depthwise)
     x_base = x_ptr + n * sxn + ((k // KG) * CG) * sxc
-    if _any_nonfinite(w_ptr, k * swk, swc, swr, sws, kmask, CG, R, S, ACC, UNROLL_ROWS):
+    if any_nonfinite(w_ptr, k * swk, swc, swr, sws, kmask, CG, R, S, ACC, UNROLL_ROWS):
         acc = _fprop_taps(x_base, w_ptr, k, kmask, mask, ih0, iw0, H, W, dil_h, dil_w,
                           sxc, sxh, sxw, swk, swc, swr, sws, CG, R, S, ACC, True,
                           BLOCK_A, BLOCK_B, UNROLL_ROWS)
@@ -264,13 +264,13 @@ def _dw_fprop_kernel(
         acc = _fprop_taps(x_base, w_ptr, k, kmask, mask, ih0, iw0, H, W, dil_h, dil_w,
                           sxc, sxh, sxw, swk, swc, swr, sws, CG, R, S, ACC, False,
                           BLOCK_A, BLOCK_B, UNROLL_ROWS)
-    _finish(acc, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, mask,
+    finish(acc, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, mask,
             son, sok, sop, soq, srn, srk, srp, srq, negative_slope, HAS_SCALE, HAS_SHIFT,
             HAS_RES, ACT, ACC)
 
 
 @triton.jit
-def _finish(acc, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, mask,
+def finish(acc, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, mask,
             son, sok, sop, soq, srn, srk, srp, srq, negative_slope,
             HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_RES: tl.constexpr,
             ACT: tl.constexpr, ACC: tl.constexpr):
@@ -282,7 +282,7 @@ def _finish(acc, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, mask
     if HAS_RES:
         acc = acc + tl.load(res_ptr + n * srn + k * srk + p * srp + q * srq, mask=mask,
                             other=0.0).to(ACC)
-    acc = _activation(acc, ACT, negative_slope)
+    acc = activation(acc, ACT, negative_slope)
     tl.store(out_ptr + n * son + k * sok + p * sop + q * soq,
              acc.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -325,10 +325,10 @@ def _dgrad_row(acc, dy_base, w_ptr, k, c, c_in, h, w, mask, C, P, Q, r, stride_h
     for s in tl.static_range(S):
         wq = w + pad_w - s * dil_w
         q = wq // stride_w
-        ok = _and_row(mask & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q), row_ok)
+        ok = and_row(mask & (wq >= 0) & (wq - q * stride_w == 0) & (q < Q), row_ok)
         g = tl.load(dy_base + p * sdp + q * sdq, mask=ok, other=0.0)
         wv = tl.load(w_ptr + k * swk + c_in * swc + r * swr + s * sws, mask=c < C, other=0.0)
-        acc = _tap(acc, g.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
+        acc = tap(acc, g.to(ACC), wv.to(ACC), ok, SKIP_PADDED)
     return acc
 
 
@@ -350,12 +350,12 @@ def _dw_dgrad_kernel(
         n, c, h, w, mask = _channels_by_plane(tl.program_id(0), tl.program_id(1), C, H, W,
                                               BLOCK_A, BLOCK_B)
     else:
-        n, c, h, w, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), C, H, W,
+        n, c, h, w, mask = channels_by_columns(tl.program_id(0), tl.program_id(1), C, H, W,
                                                 BLOCK_A, BLOCK_B)
     if INT64:
         n = n.to(tl.int64)
     # the weights this tile reads: w[k, c % CG] for its channels' KG output channels
-    if _any_nonfinite(w_ptr, ((c // CG) * KG) * swk + (c % CG) * swc, swk, swr, sws, c < C,
+    if any_nonfinite(w_ptr, ((c // CG) * KG) * swk + (c % CG) * swc, swk, swr, sws, c < C,
                       KG, R, S, ACC, UNROLL_ROWS):
         acc = _dgrad_taps(dy_ptr, w_ptr, n, c, h, w, mask, C, P, Q, KG, CG, stride_h,
                           stride_w, pad_h, pad_w, dil_h, dil_w, sdn, sdk, sdp, sdq, swk, swc,
@@ -434,11 +434,8 @@ def _wgrad_row(acc, g, x_base, ih, iw0, mk, taps, t0, dil_w, H, W, sxh, sxw,
     return acc
 
 
-def _acc(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
 
-
-def _strides(t: torch.Tensor) -> tuple[int, ...]:
+def plain_strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.stride())
 
 
@@ -463,15 +460,15 @@ def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act
     k, cg, r, s = w4.shape
     _, _, p, q = out4.shape
     dummy = out4  # never read: the matching HAS_* flag is False
-    res_strides = _strides(res4) if res4 is not None else (0, 0, 0, 0)
+    res_strides = plain_strides(res4) if res4 is not None else (0, 0, 0, 0)
     return prepare(_dw_fprop_kernel, _grid(channels_last, n, k, p, q, config), 6,
         x4, w4, out4, scale if scale is not None else dummy,
         shift if shift is not None else dummy, res4 if res4 is not None else dummy,
         n, h, w, k, p, q, k // (c // cg), stride[0], stride[1], pad[0], pad[1], dilation[0],
-        dilation[1], *_strides(x4), *_strides(w4), *_strides(out4), *res_strides,
+        dilation[1], *plain_strides(x4), *plain_strides(w4), *plain_strides(out4), *res_strides,
         float(negative_slope), CG=cg, R=r, S=s, HAS_SCALE=scale is not None,
         HAS_SHIFT=shift is not None,
-        HAS_RES=res4 is not None, ACT=act_code, ACC=_acc(x4.dtype), INT64=int64,
+        HAS_RES=res4 is not None, ACT=act_code, ACC=acc_type(x4.dtype), INT64=int64,
         CL=channels_last, PLANE=config.plane and not channels_last, BLOCK_A=config.block_a,
         BLOCK_B=config.block_b, UNROLL_ROWS=r * s <= UNROLLED_TAPS, num_warps=config.num_warps)
 
@@ -499,8 +496,9 @@ def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: 
     _, _, p, q = dy4.shape
     launch(_dw_dgrad_kernel, _grid(channels_last, n, c, h, w, config),
         dy4, w4, dx4, n, c, h, w, p, q, k // (c // cg), cg, stride[0], stride[1], pad[0],
-        pad[1], dilation[0], dilation[1], *_strides(dy4), *_strides(w4), *_strides(dx4),
-        R=r, S=s, ACC=_acc(dy4.dtype), INT64=int64, CL=channels_last,
+        pad[1], dilation[0], dilation[1], *plain_strides(dy4), *plain_strides(w4),
+        *plain_strides(dx4),
+        R=r, S=s, ACC=acc_type(dy4.dtype), INT64=int64, CL=channels_last,
         PLANE=config.plane and not channels_last, BLOCK_A=config.block_a,
         BLOCK_B=config.block_b, UNROLL_ROWS=r * s <= ROW_LOOP_PAST,
         num_warps=config.num_warps)
@@ -532,8 +530,8 @@ def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: 
     for c_off in range(cg):
         launch(_dw_wgrad_kernel, (splits, cdiv(k, block_k), rows),
             dy4, x4, part, n, h, w, k, p, q, k // (c // cg), cg, c_off, m_per, stride[0],
-            stride[1], pad[0], pad[1], dilation[0], dilation[1], *_strides(dy4),
-            *_strides(x4), R=r, S=s, TAPS=taps, ACC=_acc(dy4.dtype), INT64=int64,
+            stride[1], pad[0], pad[1], dilation[0], dilation[1], *plain_strides(dy4),
+            *plain_strides(x4), R=r, S=s, TAPS=taps, ACC=acc_type(dy4.dtype), INT64=int64,
             CL=channels_last, BLOCK_M=block_m, BLOCK_K=block_k, ROWS=rows > 1,
             num_warps=config.num_warps)
         # (R·S, K): one fixed-order sum over the splits

@@ -28,8 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .fprop import INTERPRETED, acc_type, round_tf32, store_tile, strides, tile_of
-from .launch import cdiv, launch
+from .common import acc_type, mma, strides
+from .fprop import store_tile, tile_of
+from .launch import INTERPRETED, cdiv, launch
 
 
 @triton.jit
@@ -121,13 +122,7 @@ def _conv_dgrad_kernel(
             k_ok = k0 + offs_k < K_G
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-        if DOT_FP32:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if ROUND_TF32:
-            a = round_tf32(a)
-            b = round_tf32(b)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
+        acc = mma(a, b, acc, DOT_FP32, ROUND_TF32, PRECISION, ACC)
 
     store_tile(acc, img, h, w, c_glob, mask_m, mask_n,
                out_ptr, stride_on, stride_oc, stride_oh, stride_ow,

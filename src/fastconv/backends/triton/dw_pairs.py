@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .depthwise import ROW_LOOP_PAST, _and_row, _any_nonfinite, _channels_by_columns, _tap
-from .fprop import _activation
+from .common import activation
+from .depthwise import ROW_LOOP_PAST, and_row, any_nonfinite, channels_by_columns, tap
 from .launch import Prepared, cdiv, prepare
 
 __all__ = ["eligible", "launch_fprop"]
@@ -90,7 +90,7 @@ def _pair_row(acc_e, acc_o, x_base, w_ptr, k, kmask, mask, i, p, r, H, W2, strid
     row_ok = (ih >= 0) & (ih < H)
     for j in tl.static_range(J_LO, J_HI + 1):
         word = i + j
-        ok = _and_row(mask & (word >= 0) & (word < W2), row_ok)
+        ok = and_row(mask & (word >= 0) & (word < W2), row_ok)
         lo, hi = _unpack(tl.load(x_base + ih * sxh + word, mask=ok, other=0), IS_BF16)
         for s in tl.static_range(S):
             # output 2i reads element 2i + s·DIL_W − PAD_W: word j when ⌊·/2⌋ == j
@@ -98,16 +98,16 @@ def _pair_row(acc_e, acc_o, x_base, w_ptr, k, kmask, mask, i, p, r, H, W2, strid
                 wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
                              other=0.0).to(tl.float32)
                 if (s * DIL_W - PAD_W) % 2 == 0:
-                    acc_e = _tap(acc_e, lo, wv, ok, SKIP_PADDED)
+                    acc_e = tap(acc_e, lo, wv, ok, SKIP_PADDED)
                 else:
-                    acc_e = _tap(acc_e, hi, wv, ok, SKIP_PADDED)
+                    acc_e = tap(acc_e, hi, wv, ok, SKIP_PADDED)
             if (1 + s * DIL_W - PAD_W) // 2 == j:  # output 2i + 1, one element on
                 wv = tl.load(w_ptr + k * swk + r * swr + s * sws, mask=kmask,
                              other=0.0).to(tl.float32)
                 if (1 + s * DIL_W - PAD_W) % 2 == 0:
-                    acc_o = _tap(acc_o, lo, wv, ok, SKIP_PADDED)
+                    acc_o = tap(acc_o, lo, wv, ok, SKIP_PADDED)
                 else:
-                    acc_o = _tap(acc_o, hi, wv, ok, SKIP_PADDED)
+                    acc_o = tap(acc_o, hi, wv, ok, SKIP_PADDED)
     return acc_e, acc_o
 
 
@@ -124,13 +124,13 @@ def _dw_pairs_fprop_kernel(
     BLOCK_B: tl.constexpr, UNROLL_ROWS: tl.constexpr,
 ):
     # x/out/res strides are in 32-bit words; W2, Q2 are widths in words (pairs)
-    n, k, p, i, mask = _channels_by_columns(tl.program_id(0), tl.program_id(1), K, P, Q2,
+    n, k, p, i, mask = channels_by_columns(tl.program_id(0), tl.program_id(1), K, P, Q2,
                                             BLOCK_A, BLOCK_B)
     if INT64:
         n = n.to(tl.int64)
     kmask = k < K
     x_base = x_ptr.to(tl.pointer_type(tl.uint32)) + n * sxn + (k // KG) * sxc
-    if _any_nonfinite(w_ptr, k * swk, 0, swr, sws, kmask, 1, R, S, tl.float32, UNROLL_ROWS):
+    if any_nonfinite(w_ptr, k * swk, 0, swr, sws, kmask, 1, R, S, tl.float32, UNROLL_ROWS):
         acc_e, acc_o = _pair_taps(x_base, w_ptr, k, kmask, mask, i, p, H, W2, stride_h, pad_h,
                                   dil_h, sxh, swk, swr, sws, R, S, PAD_W, DIL_W, IS_BF16, True,
                                   BLOCK_A, BLOCK_B, UNROLL_ROWS)
@@ -152,8 +152,8 @@ def _dw_pairs_fprop_kernel(
         r_lo, r_hi = _unpack(rv, IS_BF16)
         acc_e = acc_e + r_lo
         acc_o = acc_o + r_hi
-    acc_e = _activation(acc_e, ACT, negative_slope)
-    acc_o = _activation(acc_o, ACT, negative_slope)
+    acc_e = activation(acc_e, ACT, negative_slope)
+    acc_o = activation(acc_o, ACT, negative_slope)
     tl.store(out_ptr.to(tl.pointer_type(tl.uint32)) + n * son + k * sok + p * sop + i,
              _pack(acc_e, acc_o, out_ptr.dtype.element_ty), mask=mask)
 

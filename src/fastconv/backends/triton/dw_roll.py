@@ -37,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .depthwise import _acc, _any_nonfinite, _finish, _strides, _tap
+from .common import acc_type
+from .depthwise import any_nonfinite, finish, plain_strides, tap
 from .launch import Prepared, cdiv, prepare
 
 __all__ = ["eligible", "dgrad_eligible", "pack_weight", "launch_fprop", "launch_dgrad"]
@@ -79,7 +80,7 @@ def _add_tap(acc, xv, w_base, wmask, ok, r: tl.constexpr, s: tl.constexpr, R: tl
                          other=0.0)
         else:
             wv = tl.load(w_base + (r * S + s) * BLOCK_C, mask=wmask, other=0.0)
-        acc = _tap(acc, xv, wv, ok, SKIP_PADDED)
+        acc = tap(acc, xv, wv, ok, SKIP_PADDED)
     return acc
 
 
@@ -133,7 +134,7 @@ def _roll(x_base, w_base, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, q
                         a6 = _add_tap(a6, xv, w_base, omask, ok, (NA - 7) * SH + u, s, R, S, FLIP,
                                        BLOCK_C, SKIP_PADDED)
         if t >= 0:
-            _finish(a0, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, omask,
+            finish(a0, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, p, q, omask,
                     son, sok, sop, soq, srn, srk, srp, srq, negative_slope, HAS_SCALE,
                     HAS_SHIFT, HAS_RES, ACT, ACC)
         a0 = a1
@@ -180,7 +181,7 @@ def _dw_roll_kernel(
     w_base = w_block + c_in + q * 0
     p0 = pb * ROWS
     p_end = tl.minimum(p0 + ROWS, P)
-    if _any_nonfinite(w_block, c_in, 0, S * BLOCK_C, BLOCK_C, kmask, 1, R, S, ACC,
+    if any_nonfinite(w_block, c_in, 0, S * BLOCK_C, BLOCK_C, kmask, 1, R, S, ACC,
                       R * S <= 25):
         _roll(x_base, w_base, out_ptr, scale_ptr, shift_ptr, res_ptr, n, k, kmask, q, omask,
               iw0, p0, p_end, H, W, pad_h, dil_w, sxh, sxw,
@@ -225,16 +226,16 @@ def launch_fprop(x4, wp, out4, scale, shift, res4, *, kernel, stride, pad, dilat
     _, k, p, q = out4.shape
     r, s = kernel
     dummy = out4  # never read: the matching HAS_* flag is False
-    res_strides = _strides(res4) if res4 is not None else (0, 0, 0, 0)
+    res_strides = plain_strides(res4) if res4 is not None else (0, 0, 0, 0)
     grid = (n * cdiv(p, config.roll) * cdiv(q, config.block_a), cdiv(k, config.block_b))
     return prepare(_dw_roll_kernel, grid, 6,
         x4, wp, out4, scale if scale is not None else dummy,
         shift if shift is not None else dummy, res4 if res4 is not None else dummy,
         h, w, k, p, q, k // c, config.roll, stride[1], pad[0], pad[1], dilation[1],
-        *_strides(x4), *_strides(out4), *res_strides, float(negative_slope),
+        *plain_strides(x4), *plain_strides(out4), *res_strides, float(negative_slope),
         R=r, S=s, SH=stride[0], NA=pending(r, stride[0]), FLIP=flip,
         HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None, HAS_RES=res4 is not None,
-        ACT=act_code, ACC=_acc(x4.dtype), INT64=int64, BLOCK_Q=config.block_a,
+        ACT=act_code, ACC=acc_type(x4.dtype), INT64=int64, BLOCK_Q=config.block_a,
         BLOCK_C=config.block_b, num_warps=config.num_warps)
 
 

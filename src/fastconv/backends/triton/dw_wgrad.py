@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .depthwise import _acc, _and_row, _strides
+from .common import acc_type
+from .depthwise import and_row, plain_strides
 from .launch import INTERPRETED, cdiv, launch
 
 __all__ = ["eligible", "launch_wgrad"]
@@ -81,7 +82,7 @@ def _input_rows(x_base, pn, H, W, pad_h, dil_w, sxh, sxw, iw0, dmask, S: tl.cons
         for s in tl.static_range(S):
             iw = iw0 + s * dil_w
             xs = xs + (tl.load(x_base + ih * sxh + s * dil_w * sxw,
-                               mask=_and_row(dmask & (iw >= 0) & (iw < W), row_ok),
+                               mask=and_row(dmask & (iw >= 0) & (iw < W), row_ok),
                                other=0.0),)
     return xs
 
@@ -131,13 +132,13 @@ def _dw_wgrad_kernel(
         d4 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
         d5 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
         d6 = tl.zeros([BLOCK_Q, BLOCK_C], ACC)
-        dn_next = tl.load(d_base + p0 * sdp, mask=_and_row(dmask, p0 < p_end), other=0.0)
+        dn_next = tl.load(d_base + p0 * sdp, mask=and_row(dmask, p0 < p_end), other=0.0)
         xs_next = _input_rows(x_base, p0, H, W, pad_h, dil_w, sxh, sxw, iw0, dmask, S, SH)
         for t in range(1 - NA, p_end - p0):
             pn = p0 + t + NA - 1
             dn = dn_next.to(ACC)
             xs = xs_next
-            dn_next = tl.load(d_base + (pn + 1) * sdp, mask=_and_row(dmask, pn + 1 < p_end),
+            dn_next = tl.load(d_base + (pn + 1) * sdp, mask=and_row(dmask, pn + 1 < p_end),
                               other=0.0)
             xs_next = _input_rows(x_base, pn + 1, H, W, pad_h, dil_w, sxh, sxw, iw0, dmask, S,
                                   SH)
@@ -214,11 +215,11 @@ def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, config, int64: bool,
     acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
     part = torch.empty((programs, r, s, k), device=dy4.device, dtype=acc)
     args = (dy4, x4, part, n, h, w, k, p, q, k // c, config.roll, images, stride[1], pad[0],
-            pad[1], dilation[1], *_strides(dy4), *_strides(x4))
-    meta = dict(R=r, S=s, SH=stride[0], NA=-(-r // stride[0]), ACC=_acc(dy4.dtype), INT64=int64,
+            pad[1], dilation[1], *plain_strides(dy4), *plain_strides(x4))
+    meta = dict(R=r, S=s, SH=stride[0], NA=-(-r // stride[0]), ACC=acc_type(dy4.dtype), INT64=int64,
                 BLOCK_Q=config.block_a, BLOCK_C=config.block_b, num_warps=config.num_warps)
     launch(_dw_wgrad_kernel, (programs, cdiv(k, config.block_b)), *args, **meta)
     block = 16 if INTERPRETED or not dy4.is_cuda else 64
     launch(_sum_parts_kernel, (cdiv(r * s * k, block),), part, dw4, programs, k,
-           dw4.stride(0), dw4.stride(2), dw4.stride(3), R=r, S=s, ACC=_acc(dy4.dtype),
+           dw4.stride(0), dw4.stride(2), dw4.stride(3), R=r, S=s, ACC=acc_type(dy4.dtype),
            BLOCK_J=8 if INTERPRETED or not dy4.is_cuda else 32, BLOCK=block, num_warps=4)

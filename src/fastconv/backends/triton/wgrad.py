@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 
 from ...precision import accumulate_dtype
-from .fprop import INTERPRETED, acc_type, round_tf32, strides
-from .launch import cdiv, launch
+from .common import acc_type, mma, strides
+from .launch import INTERPRETED, cdiv, launch
 
 
 @triton.jit
@@ -93,13 +93,7 @@ def _conv_wgrad_kernel(
         b = tl.load(b_cols[None, :] + (img * stride_xn + p * stride_h * stride_xh +
                                        q * stride_w * stride_xw)[:, None],
                     mask=x_ok[:, None], other=0.0)
-        if DOT_FP32:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if ROUND_TF32:
-            a = round_tf32(a)
-            b = round_tf32(b)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
+        acc = mma(a, b, acc, DOT_FP32, ROUND_TF32, PRECISION, ACC)
 
     mask = (offs_m < K_G)[:, None] & (offs_n < C_G)[None, :]
     if INT64:
