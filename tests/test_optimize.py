@@ -165,9 +165,26 @@ def test_segmentation_demo_runs_checks_and_writes_a_png(train, tmp_path, capsys,
     assert demo.run(size=32, reps=1, train=train, out=str(png), num_classes=4) == 0
     text = capsys.readouterr().out
     assert "fastconv.optimize" in text and "DISAGREES" not in text
+    # the speed-up divides torch eager in the same precision, and the table says so
+    baseline = [line for line in text.splitlines() if line.endswith("(baseline)")]
+    assert len(baseline) == 1 and baseline[0].startswith("torch eager")
     if not torch.cuda.is_available():
-        assert "no CUDA GPU found" in text
+        assert "No CUDA GPU found" in text and "Speed needs an NVIDIA GPU" in text
+        assert "skipped: no GPU" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_demo_runs_a_classifier_and_refuses_unknown_models(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from fastconv import ConvError
+    from fastconv.tools import demo
+
+    assert demo.run("resnet18", size=32, reps=1, out=str(tmp_path / "c.png")) == 0
+    assert "top-1" in capsys.readouterr().out
+    with pytest.raises(ConvError, match="--model: got 'resnet_nine'"):
+        demo.run("resnet_nine")
+    with pytest.raises(ConvError, match="--batch: got 1"):
+        demo.run(batch=1, train=True)
 
 
 @pytest.mark.parametrize("mode", ["eval", "train"])

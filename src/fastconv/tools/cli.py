@@ -180,9 +180,10 @@ def cmd_compare(args) -> int:
 def cmd_demo(args) -> int:
     from fastconv.tools import demo
 
-    return demo.run(batch=args.batch, size=args.size, precision=args.precision,
-                    train=args.train, image=args.image, weights=args.weights, out=args.out,
-                    reps=args.reps)
+    return demo.run(model=args.model, batch=args.batch, size=args.size,
+                    precision=args.precision, train=args.train, image=args.image,
+                    weights=args.weights, out=args.out, reps=args.reps,
+                    num_classes=args.num_classes)
 
 
 def cmd_tune(args) -> int:
@@ -402,20 +403,27 @@ def main(argv: list[str] | None = None) -> int:
                    help="how auto chooses (default: benchmark on a GPU, heuristic on the "
                         "CPU)")
     p.set_defaults(fn=cmd_explain)
-    p = sub.add_parser("demo", help="a model through torch and fastconv, timed and checked "
-                                    "against float64")
-    p.add_argument("which", choices=("segmentation",),
-                   help="segmentation: torchvision's DeepLabV3-ResNet50")
+    p = sub.add_parser("demo", help="a model through torch and fastconv: timed against torch "
+                                    "in the same precision, checked against float64")
+    p.add_argument("--model", default="deeplabv3",
+                   help="deeplabv3 (torchvision's DeepLabV3-ResNet50, the default), a "
+                        "torchvision classifier (resnet50, mobilenet_v3_large, ...) or "
+                        "timm:<name> (timm:resnet50)")
     p.add_argument("--batch", type=int, default=None,
-                   help="default 8 on a GPU, 1 on the CPU (2 with --train)")
-    p.add_argument("--size", type=int, default=None, help="default 512 on a GPU, 64 on the CPU")
+                   help="default on a GPU 8 (deeplabv3) or 32; 2 on the CPU")
+    p.add_argument("--size", type=int, default=None,
+                   help="image side; default on a GPU 512 (deeplabv3) or 224; 64 on the CPU")
     p.add_argument("--precision", choices=("ieee", "tf32", "bf16", "fp16"), default=None,
-                   help="fastconv's precision (default bf16 on a GPU, ieee on the CPU)")
-    p.add_argument("--train", action="store_true", help="time a training step instead")
-    p.add_argument("--image", default=None, help="an image file (PNG/JPEG) to segment")
-    p.add_argument("--weights", default=None, help="a local DeepLabV3-ResNet50 state_dict")
+                   help="fastconv's precision and the baseline's (default bf16 on a GPU, "
+                        "ieee on the CPU)")
+    p.add_argument("--train", action="store_true",
+                   help="time a training step (forward, backward, SGD) instead of inference")
+    p.add_argument("--image", default=None, help="an image file (PNG/JPEG) to run on")
+    p.add_argument("--weights", default=None, help="a local state_dict for --model")
+    p.add_argument("--num-classes", type=int, default=None,
+                   help="classes of the model's head (default: the model's own)")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions per row")
-    p.add_argument("--out", default="fastconv-demo-segmentation.png", help="the PNG to write")
+    p.add_argument("--out", default="fastconv-demo.png", help="the PNG to write")
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("plans", help="show, clear, export or import the plan caches")
     p.add_argument("--clear", action="store_true",

@@ -1,37 +1,70 @@
-"""``fastconv demo segmentation``: DeepLabV3-ResNet50 through torch and through fastconv.
+"""``fastconv demo``: a model through torch and through fastconv, timed and checked.
 
-Builds torchvision's DeepLabV3-ResNet50 (random initialisation, or ``--weights`` from a
-local file: nothing is downloaded), runs each variant on the same input, checks that every
-output agrees with a float64 run of the same model (within twice torch's own error in the
-same class of precision), prints a table (ms, images/s, speed-up)
-and writes a PNG with the input, the predicted mask over it and a bar chart of the timings.
+The model is torchvision's DeepLabV3-ResNet50 (``--model deeplabv3``, the default), a
+torchvision classifier (``--model resnet50``) or a timm one (``--model timm:resnet50``),
+randomly initialised or loaded from ``--weights`` (a local state_dict: nothing is
+downloaded). Every row runs the same model on the same input; its output is checked against
+a float64 run (within twice torch's own error in the same precision, or the per-layer
+contract if larger); the table gives milliseconds, images per second and the speed-up over
+the **baseline: torch eager in the same precision and layout** as fastconv (bf16 or fp16:
+autocast on a channels-last copy; tf32 and ieee: float32). A PNG shows the input, the mask
+(segmentation) and the timings.
 
-Variants: torch eager; on a GPU also torch eager in bf16 channels-last (autocast) and
-torch.compile; fastconv.optimize (and, on a GPU, with CUDA-graph replay). ``--train`` times
-a training step (forward, backward, SGD step) of torch eager and fastconv.optimize in
-training mode instead. Without a GPU it runs at a small size and says so.
+On a GPU the rows are torch eager float32 (context, not a baseline), the baseline, torch's
+own CUDA graph of it, ``torch.compile`` (default and reduce-overhead), ``fastconv.optimize``
+and ``fastconv.optimize(cuda_graph=True)``. ``--train`` times a training step (forward,
+backward, SGD) instead. Without a GPU it runs a small size, skips the GPU-only rows and
+prints the last GPU measurement shipped with the package.
 """
 
 from __future__ import annotations
 
-import copy
+import json
 import statistics
 import time
+from importlib import resources
 
 import torch
 
+from ..errors import ConvError
 from ..precision import TOLERANCE, Precision, relative_error
-from .bench.models import float64_truth, no_dropout, output, train_step
+from .bench.models import _callable, float64_truth, no_dropout, output
+
+BASELINE = "torch eager"  # the row every speed-up divides
 
 
-def _model(num_classes: int, weights: str | None, device):
-    import torchvision
+def _model(name: str, num_classes: int | None, weights: str | None, device):
+    """(model, is_segmentation) for ``--model``."""
+    extra = {} if num_classes is None else {"num_classes": num_classes}
+    if name.startswith("timm:"):
+        try:
+            import timm
+        except ImportError:
+            raise ConvError(f"--model: {name!r} needs timm (pip install timm)") from None
+        try:
+            model = timm.create_model(name[5:], pretrained=False, **extra)
+        except RuntimeError as exc:
+            raise ConvError(f"--model: {name!r}: {exc}") from None
+        segmentation = False
+    else:
+        import torchvision
 
-    model = torchvision.models.segmentation.deeplabv3_resnet50(
-        weights=None, weights_backbone=None, num_classes=num_classes, aux_loss=False)
+        if name == "deeplabv3":
+            model = torchvision.models.segmentation.deeplabv3_resnet50(
+                weights=None, weights_backbone=None, num_classes=num_classes or 21,
+                aux_loss=False)
+            segmentation = True
+        else:
+            classifiers = torchvision.models.list_models(torchvision.models)
+            if name not in classifiers:
+                raise ConvError(f"--model: got {name!r}; allowed: deeplabv3, a torchvision "
+                                f"classifier (resnet50, mobilenet_v3_large, ...) or "
+                                f"timm:<name>")
+            model = torchvision.models.get_model(name, weights=None, **extra)
+            segmentation = False
     if weights:
         model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    return model.to(device)
+    return model.to(device), segmentation
 
 
 def _image(path: str | None, size: int, batch: int, device) -> torch.Tensor:
@@ -81,125 +114,152 @@ def _time(fn, reps: int, on_gpu: bool) -> float:
     return statistics.median(times)
 
 
-class _Autocast(torch.nn.Module):
-    """A channels-last copy of ``model`` run under bf16 autocast: torch's own mixed
-    precision, the baseline for a bf16 training step."""
+def _cuda_graph(fn):
+    """``fn`` captured in a CUDA graph (after warm-up calls on a side stream): a call
+    replays it and returns the captured output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
 
-    def __init__(self, model):
-        super().__init__()
-        self.model = copy.deepcopy(model).to(memory_format=torch.channels_last)
-
-    def forward(self, x):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            return self.model(x.contiguous(memory_format=torch.channels_last))
-
-
-def _variants(model, x, on_gpu: bool, precision: str, train: bool):
-    """(name, callable returning the output, precision it is held to, skip reason,
-    the network it runs); a training variant steps its own copy of the model."""
-    from ..optimize import optimize
-
-    ieee = Precision.IEEE if precision == "ieee" else Precision.TF32
-    ours = Precision(precision) if precision != "ieee" else ieee
-    mode = "training" if train else "inference"
-    if not train:
-        model = model.eval()
-    own = (lambda: copy.deepcopy(model)) if train else (lambda: model)
-    # (name, network builder, precision, why it is skipped without a GPU or None)
-    specs = [("torch eager", own, ieee, None),
-             ("torch eager bf16 channels_last", lambda: _Autocast(model), Precision.BF16,
-              "no GPU"),
-             ("torch.compile", lambda: torch.compile(own()), ieee,
-              "no GPU (CPU compile takes minutes)"),
-             ("fastconv.optimize", lambda: optimize(model, mode, precision), ours, None),
-             ("fastconv.optimize + CUDA graph",
-              lambda: optimize(model, mode, precision, cuda_graph=True), ours, "no GPU")]
-    out = []
-    for name, build, prec, gpu_only in specs:
-        if gpu_only and not on_gpu:
-            out.append((name, None, None, gpu_only, None))
-            continue
-        net = build()
-        fn = train_step(net, x) if train else (lambda net=net: output(net(x)))
-        out.append((name, fn, prec, "", net))
-    return out
+    def replay():
+        graph.replay()
+        return out
+    return replay
 
 
-def run(batch: int | None = None, size: int | None = None, precision: str | None = None,
-        train: bool = False, image: str | None = None, weights: str | None = None,
-        out: str = "fastconv-demo-segmentation.png", reps: int | None = None,
-        num_classes: int = 21) -> int:
+def _rows(precision: Precision, on_gpu: bool):
+    """(row name, models provider, its precision, graphed, why skipped without a GPU)."""
+    half = precision in (Precision.BF16, Precision.FP16)
+    dtype = f" {precision.value} channels_last" if half else ""
+    specs = []
+    if half:
+        specs.append(("torch eager fp32 (context)", "torch", Precision.TF32, False, None))
+    specs += [(BASELINE + dtype, "torch", precision, False, None),
+              ("torch CUDA graph" + dtype, "torch", precision, True, "no GPU"),
+              ("torch.compile" + dtype, "torch_compile", precision, False,
+               "no GPU (compiling on the CPU takes minutes)"),
+              ("torch.compile reduce-overhead" + dtype, "torch_compile_ro", precision, False,
+               "no GPU"),
+              ("fastconv.optimize", "fastconv", precision, False, None),
+              ("fastconv.optimize + CUDA graph", "fastconv_cuda_graph", precision, False,
+               "no GPU")]
+    return specs
+
+
+def _last_gpu_measurement(model: str, mode: str) -> str:
+    """The shipped record of the last GPU run of this demo (``data/measured.json``)."""
+    try:
+        text = resources.files("fastconv").joinpath("data/measured.json").read_text()
+    except (FileNotFoundError, OSError):
+        return "no GPU measurement is shipped with this copy of fastconv"
+    record = json.loads(text)
+    entry = record["rows"].get(f"{model} {mode}")
+    if entry is None:
+        return (f"no GPU measurement of {model} ({mode}) is shipped; measured models: "
+                f"{', '.join(sorted(record['rows']))}")
+    return (f"last GPU measurement ({record['date']}, {record['gpu']}, torch "
+            f"{record['torch']}, {record['source']}): {model} {mode} batch {entry['batch']}, "
+            + ", ".join(f"{k} {v:.2f}x" for k, v in entry["speedups"].items()))
+
+
+def run(model: str = "deeplabv3", batch: int | None = None, size: int | None = None,
+        precision: str | None = None, train: bool = False, image: str | None = None,
+        weights: str | None = None, out: str = "fastconv-demo.png", reps: int | None = None,
+        num_classes: int | None = None) -> int:
+    """Run the demo; 0 when every row agrees with float64, 1 when one disagrees."""
     try:
         import torchvision  # noqa: F401
     except ImportError:
-        print("the segmentation demo needs torchvision (pip install torchvision matching "
-              "your torch)")
+        print("the demo needs torchvision (pip install torchvision matching your torch)")
         return 2
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
-    if not on_gpu:
-        print("no CUDA GPU found: running on the CPU at a small size (nothing here measures "
-              "GPU speed)")
-    from ..errors import ConvError
-
-    batch = batch or (8 if on_gpu else 2 if train else 1)  # training: BatchNorm needs 2
+    batch = batch or ((8 if model == "deeplabv3" else 32) if on_gpu else 2)
     if train and batch < 2:
         raise ConvError(f"--batch: got {batch}; a training step needs at least 2 images "
                         f"(BatchNorm normalises over the batch)")
-    size = size or (512 if on_gpu else 64)
+    if batch < 1:
+        raise ConvError(f"--batch: got {batch}; allowed: 1 or more")
+    size = size or ((512 if model == "deeplabv3" else 224) if on_gpu else 64)
     precision = precision or ("bf16" if on_gpu else "ieee")
-    reps = reps or (20 if on_gpu else 3)
     if precision not in ("ieee", "tf32", "bf16", "fp16"):
-        raise ConvError(f"precision: got {precision!r}; allowed: ieee, tf32, bf16, fp16")
+        raise ConvError(f"--precision: got {precision!r}; allowed: ieee, tf32, bf16, fp16")
+    prec = Precision(precision)
+    reps = reps or (20 if on_gpu else 3)
+    mode = "train" if train else "eval"
     torch.manual_seed(0)
-    model = _model(num_classes, weights, device)
+    net, segmentation = _model(model, num_classes, weights, device)
+    net.train(train)
     img = _image(image, size, batch, device)
     x = _normalise(img)
-    print(f"DeepLabV3-ResNet50, batch {batch}, {size}x{size}, {device}, fastconv precision "
-          f"{precision}, {'training step' if train else 'inference'}")
+    print(f"{model}, batch {batch}, {size}x{size}, {device}, precision {precision}, "
+          f"{'training step' if train else 'inference'}")
+    if not on_gpu:
+        print(f"No CUDA GPU found: a small size on the CPU. Speed needs an NVIDIA GPU; "
+              f"{_last_gpu_measurement(model, mode)}.")
+    truth = float64_truth(net, x)  # the same weights, mode and input, dropout off
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"  # torch's baseline: same math
-    rows = []
-    if not train:
-        model.eval()
-    truth = float64_truth(model, x)  # the same weights, mode and input, dropout off
-    torch_err: dict[bool, float] = {}  # half precision? -> torch's own error
+    rows, torch_err = [], {}  # torch_err: half precision? -> torch's own error
     try:
-        with torch.no_grad() if not train else torch.enable_grad():
-            variants = _variants(model, x, on_gpu, precision, train)
-            for i, (name, fn, prec, skip, net) in enumerate(variants, 1):
-                print(f"[{i}/{len(variants)}] {name} ...", flush=True)
-                if fn is None:
-                    rows.append((name, None, None, None, skip))
-                    continue
-                with no_dropout(net):
-                    y = fn()
-                err = relative_error(y, truth)
-                agree = float((y.argmax(1) == truth.argmax(1)).float().mean())
-                half = prec in (Precision.BF16, Precision.FP16)
-                if name.startswith("torch"):
-                    torch_err.setdefault(half, err)
-                # a whole network compounds rounding: held to twice torch's own error in
-                # the same class of precision, or to the per-layer contract if larger
-                bound = max(TOLERANCE[prec], 2 * torch_err.get(half, torch_err.get(False, 0)))
+        specs = _rows(prec, on_gpu)
+        for i, (name, provider, row_prec, graphed, gpu_only) in enumerate(specs, 1):
+            print(f"[{i}/{len(specs)}] {name} ...", flush=True)
+            if gpu_only and not on_gpu:
+                rows.append((name, None, None, None, f"skipped: {gpu_only}"))
+                continue
+            torch.backends.cudnn.allow_tf32 = row_prec == Precision.TF32
+            torch.backends.cuda.matmul.allow_tf32 = row_prec == Precision.TF32
+            try:
+                fn, copy_ = _callable(provider, net, x, row_prec, mode)
+                with no_dropout(copy_):
+                    if graphed and train:  # checked before the warm-up steps move weights
+                        y = fn()
+                    if graphed:
+                        fn = _cuda_graph(fn)
+                    if not (graphed and train):
+                        y = fn()
                 ms = _time(fn, reps, on_gpu)
-                rows.append((name, ms, err, agree, "" if err <= bound else "DISAGREES"))
+            except Exception as exc:  # a row that cannot run says why; the others go on
+                rows.append((name, None, None, None, f"failed: {type(exc).__name__}: "
+                                                     f"{str(exc)[:120]}"))
+                continue
+            err = relative_error(y, truth)
+            agree = float((y.argmax(1) == truth.argmax(1)).float().mean())
+            half = row_prec in (Precision.BF16, Precision.FP16)
+            if provider.startswith("torch"):
+                torch_err.setdefault(half, err)
+            bound = max(TOLERANCE[row_prec], 2 * torch_err.get(half, torch_err.get(False, 0)))
+            rows.append((name, ms, err, agree, "" if err <= bound else "DISAGREES"))
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
-    base = rows[0][1]
-    print(f"\n{'variant':34} {'ms':>9} {'img/s':>8} {'speed-up':>9} {'err f64':>9} "
-          f"{'mask':>6}")
-    for name, ms, err, agree, note in rows:
-        if ms is None:
-            print(f"{name:34} {'skipped: ' + note}")
-            continue
-        print(f"{name:34} {ms:9.2f} {batch * 1000 / ms:8.1f} {base / ms:8.2f}x {err:9.1e} "
-              f"{agree:6.1%} {note}")
-    _plot(out, img, model, x, rows, num_classes)
+    base = next((ms for name, ms, *_ in rows if name.startswith(BASELINE) and ms), None)
+    _print_table(rows, base, batch, segmentation)
+    _plot(out, img, net, x, rows, base, segmentation)
     return 0 if all(r[4] != "DISAGREES" for r in rows) else 1
 
 
-def _plot(path: str, img, model, x, rows, num_classes: int) -> None:
+def _print_table(rows, base, batch: int, segmentation: bool) -> None:
+    agree = "mask" if segmentation else "top-1"
+    print(f"\n{'':36} {'ms':>9} {'img/s':>8} {'speed-up':>9} {'err f64':>9} {agree:>6}")
+    for name, ms, err, agreement, note in rows:
+        if ms is None:
+            print(f"{name:36} {note}")
+            continue
+        mark = "  (baseline)" if name.startswith(BASELINE) else ""
+        speedup = f"{base / ms:8.2f}x" if base else f"{'-':>9}"
+        print(f"{name:36} {ms:9.2f} {batch * 1000 / ms:8.1f} {speedup} {err:9.1e} "
+              f"{agreement:6.1%} {note}{mark}")
+    print("speed-up: the baseline row's time over the row's (same precision and layout); "
+          "err: relative error against float64")
+
+
+def _plot(path: str, img, model, x, rows, base, segmentation: bool) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -207,22 +267,30 @@ def _plot(path: str, img, model, x, rows, num_classes: int) -> None:
     except ImportError:
         print("matplotlib is not installed: no PNG (pip install matplotlib)")
         return
-    with torch.no_grad():
-        mask = model.eval()(x[:1])["out"][0].argmax(0).cpu()
     picture = img[0].permute(1, 2, 0).float().cpu().numpy()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    panels = 3 if segmentation else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.5))
     axes[0].imshow(picture)
     axes[0].set_title("input")
-    axes[1].imshow(picture)
-    axes[1].imshow(mask.numpy(), cmap="tab20", alpha=0.5, vmin=0, vmax=max(num_classes - 1, 1))
-    axes[1].set_title("predicted mask (untrained model unless --weights)")
-    for a in axes[:2]:
-        a.axis("off")
+    axes[0].axis("off")
+    if segmentation:
+        with torch.no_grad():
+            logits = output(model.eval()(x[:1]))[0]
+        axes[1].imshow(picture)
+        axes[1].imshow(logits.argmax(0).cpu().numpy(), cmap="tab20", alpha=0.5, vmin=0,
+                       vmax=max(logits.shape[0] - 1, 1))
+        axes[1].set_title("predicted mask (untrained unless --weights)")
+        axes[1].axis("off")
     timed = [(n, ms) for n, ms, *_ in rows if ms is not None]
-    axes[2].barh([n for n, _ in timed], [ms for _, ms in timed], color="tab:blue")
-    axes[2].invert_yaxis()
-    axes[2].set_xlabel("ms per batch (median)")
-    axes[2].set_title("timings")
+    colours = ["tab:gray" if n.startswith(BASELINE) else
+               "tab:orange" if n.startswith("fastconv") else "tab:blue" for n, _ in timed]
+    labels = [n + (" (baseline)" if n.startswith(BASELINE) else
+                   f" {base / ms:.2f}x" if base else "") for n, ms in timed]
+    axes[-1].barh(labels, [ms for _, ms in timed], color=colours)
+    axes[-1].invert_yaxis()
+    axes[-1].set_xlabel("ms per batch (median); speed-up over the baseline")
+    axes[-1].set_title("GPU timings" if torch.cuda.is_available()
+                       else "CPU timings (not the target: speed needs an NVIDIA GPU)")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
