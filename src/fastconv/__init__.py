@@ -24,12 +24,13 @@ from .optimize import compile_model as compile  # noqa: A004 (torch.compile's na
 from .optimize import optimize
 from .precision import TOLERANCE, Precision
 from .problem import ConvProblem
+from .seqconv import causal_conv1d, causal_conv1d_update, long_conv1d
 
 __all__ = [
     "ACTIVATIONS", "ConvError", "ConvProblem", "ConvTypeError", "Epilogue", "NotSupported",
-    "Precision", "TOLERANCE", "conv1d", "conv2d", "conv_bn_act1d", "conv_bn_act2d",
-    "conv_transpose1d", "conv_transpose2d",
-    "__version__", "compile", "dispatch", "explain", "growth", "nn", "optimize",
+    "Precision", "TOLERANCE", "causal_conv1d", "causal_conv1d_update", "conv1d", "conv2d",
+    "conv_bn_act1d", "conv_bn_act2d", "conv_transpose1d", "conv_transpose2d",
+    "__version__", "compile", "dispatch", "explain", "growth", "long_conv1d", "nn", "optimize",
 ]
 
 

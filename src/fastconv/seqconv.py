@@ -1,0 +1,343 @@
+"""Convolutions for sequence models: the causal depthwise conv1d of Mamba-style blocks (with
+states, packed sequences and a decode step), and long causal convolutions (Hyena).
+
+``causal_conv1d`` and ``causal_conv1d_update`` take causal-conv1d's arguments and follow
+its convention (``F.conv1d`` with ``width - 1`` zeros on the left: ``weight[:, -1]``
+multiplies the current position), so that a model switches by changing an import.
+``long_conv1d`` follows the FFT convention of Hyena and FlashFFTConv (``weight[:, 0]``
+multiplies the current position).
+
+Routes: a causal conv1d without ``seq_idx`` runs through :func:`fastconv.conv1d` (dispatch
+picks the Triton depthwise kernel or torch's; initial states are prepended to the input);
+with ``seq_idx`` each tap is masked where it would reach into another sequence (torch
+operations, one pass per tap). The decode step is torch operations (no host
+synchronisation: it captures in a CUDA graph). Everything has autograd through torch's or
+fastconv's differentiable operations, deterministic unless torch's deterministic setting
+says otherwise for an operation it reports.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .errors import ConvError, ConvTypeError
+from .functional import conv1d
+
+#: widths ``causal_conv1d`` accepts
+MIN_WIDTH, MAX_WIDTH = 2, 256
+_ACTIVATIONS = (None, "silu", "swish")
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """The accumulation type: float64 stays, everything else accumulates in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _described(t) -> object:
+    """A tensor's shape, or the type of what was given instead (for error messages)."""
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _activation(activation) -> str:
+    if activation not in _ACTIVATIONS:
+        raise ConvError(f"activation: got {activation!r}; allowed: None, 'silu', 'swish'")
+    return "none" if activation is None else "silu"
+
+
+def _check_weight(weight: torch.Tensor, dim: int, x: torch.Tensor) -> int:
+    if not isinstance(weight, torch.Tensor):
+        raise ConvTypeError(f"weight: got {type(weight).__name__}; expected a tensor "
+                            f"(dim, width)")
+    if weight.dim() != 2 or weight.shape[0] != dim:
+        raise ConvError(f"weight: got shape {tuple(weight.shape)}; expected (dim, width) "
+                        f"with dim = {dim} (x's second dimension)")
+    width = weight.shape[1]
+    if not MIN_WIDTH <= width <= MAX_WIDTH:
+        raise ConvError(f"weight: width {width}; allowed: {MIN_WIDTH} to {MAX_WIDTH}")
+    if weight.device != x.device:
+        raise ConvError(f"weight: on {weight.device}, x on {x.device}; expected one device")
+    return width
+
+
+def _check_x(x: torch.Tensor, name: str = "x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ConvTypeError(f"{name}: got {type(x).__name__}; expected a tensor")
+    if x.dim() != 3:
+        raise ConvError(f"{name}: got shape {tuple(x.shape)}; expected (batch, dim, seqlen)")
+    if not x.is_floating_point():
+        raise ConvError(f"{name}: got dtype {x.dtype}; expected a floating-point tensor")
+
+
+def _check_bias(bias, dim: int, x: torch.Tensor) -> None:
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (dim,)
+                             or bias.device != x.device):
+        raise ConvError(f"bias: got {_described(bias)}; expected None or a tensor ({dim},) "
+                        f"on {x.device}")
+
+
+def _readable(x: torch.Tensor, name: str = "x") -> torch.Tensor:
+    """``x`` itself in either layout the kernels read (seqlen-contiguous or dim-contiguous);
+    any other strides are refused."""
+    if x.stride(2) == 1 or x.stride(1) == 1 or x.numel() == 0:
+        return x
+    raise ConvError(f"{name}: strides {x.stride()} for shape {tuple(x.shape)}; expected "
+                    f"seqlen-contiguous (stride(2) == 1) or dim-contiguous (stride(1) == 1): "
+                    f"call .contiguous() first")
+
+
+def _check_tensor(t, name: str, layout: str, shape: tuple, dtype: torch.dtype,
+                  device: torch.device) -> None:
+    """``t`` has ``shape`` (described as ``layout``), ``dtype`` and ``device``."""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+        raise ConvError(f"{name}: got {_described(t)}; expected {layout} = {shape}")
+    if t.dtype != dtype or t.device != device:
+        raise ConvError(f"{name}: {t.dtype} on {t.device}; expected {dtype} on {device}")
+
+
+def _check_states(states, x: torch.Tensor, width: int, name: str) -> None:
+    _check_tensor(states, name, "(batch, dim, width - 1)", (x.shape[0], x.shape[1], width - 1),
+                  x.dtype, x.device)
+
+
+def _check_seq_idx(seq_idx, x: torch.Tensor) -> None:
+    _check_tensor(seq_idx, "seq_idx", "(batch, seqlen)", (x.shape[0], x.shape[2]), torch.int32,
+                  x.device)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  seq_idx: torch.Tensor | None = None,
+                  initial_states: torch.Tensor | None = None,
+                  return_final_states: bool = False, activation: str | None = None):
+    """Causal depthwise 1-D convolution: ``out[:, d, t] = act(bias[d] + Σ_k weight[d, k] ·
+    x[:, d, t − (width − 1) + k])``, positions before the start reading ``initial_states``
+    (zeros without them).
+
+    Args:
+        x: ``(batch, dim, seqlen)``, seqlen-contiguous or dim-contiguous.
+        weight: ``(dim, width)``, width 2 to 256.
+        bias: optional ``(dim,)``.
+        seq_idx: optional ``(batch, seqlen)`` int32: packed sequences. A position never reads
+            one with another ``seq_idx``; the sequence at position 0 of a row starts from
+            ``initial_states`` (zeros without them), every later one from zeros.
+        initial_states: optional ``(batch, dim, width − 1)``: the inputs before position 0.
+        return_final_states: also return the ``(batch, dim, width − 1)`` inputs a next chunk
+            of the row's last sequence reads (zeros where they belong to another sequence).
+        activation: None, ``"silu"`` or ``"swish"`` (the same).
+
+    Returns ``out`` (x's shape and dtype), or ``(out, final_states)``. Differentiable in x,
+    weight, bias and initial_states.
+    """
+    _check_x(x)
+    x = _readable(x)
+    dim = x.shape[1]
+    width = _check_weight(weight, dim, x)
+    _check_bias(bias, dim, x)
+    act = _activation(activation)
+    if initial_states is not None:
+        _check_states(initial_states, x, width, "initial_states")
+    if seq_idx is not None:
+        _check_seq_idx(seq_idx, x)
+        return _packed(x, weight, bias, seq_idx, initial_states, return_final_states, act)
+    taps = weight.unsqueeze(1)
+    if initial_states is None:
+        out = conv1d(x, taps, bias, padding=((width - 1, 0),), groups=dim, activation=act)
+        full = None
+    else:
+        full = torch.cat([initial_states, x], dim=-1)
+        out = conv1d(full, taps, bias, groups=dim, activation=act)
+    if not return_final_states:
+        return out
+    if full is None:
+        full = F.pad(x, (width - 1, 0))
+    return out, full[..., full.shape[-1] - (width - 1):].contiguous()
+
+
+def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool, act: str):
+    """The packed-sequence route: tap k of position t reads position t − (width − 1) + k
+    only where it has t's ``seq_idx`` (positions before 0 have position 0's)."""
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    pad = width - 1
+    start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
+    full = torch.cat([start, x], dim=-1)
+    ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)
+    acc_type = _acc(x.dtype)
+    acc = torch.zeros(batch, dim, seqlen, device=x.device, dtype=acc_type)
+    for k in range(width):
+        same = (ids[:, k:k + seqlen] == seq_idx).unsqueeze(1)
+        acc = acc + torch.where(same, full[..., k:k + seqlen], 0).to(acc_type) \
+            * weight[:, k:k + 1].to(acc_type)
+    if bias is not None:
+        acc = acc + bias.to(acc_type).unsqueeze(-1)
+    out = (F.silu(acc) if act == "silu" else acc).to(x.dtype)
+    if not return_final_states:
+        return out
+    last = (ids[:, -pad:] == seq_idx[:, -1:]).unsqueeze(1)
+    return out, torch.where(last, full[..., -pad:], 0)
+
+
+def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None = None, activation: str | None = None,
+                         cache_seqlens: torch.Tensor | None = None,
+                         conv_state_indices: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step of :func:`causal_conv1d`: ``x`` is ``(batch, dim)`` (one token) or
+    ``(batch, dim, seqlen)`` (several, e.g. speculative decoding); ``conv_state`` is
+    ``(batch, dim, state_len)`` with ``state_len ≥ width − 1``, the latest inputs, updated
+    in place.
+
+    ``cache_seqlens`` (``(batch,)`` int32): ``conv_state`` is a circular buffer and the new
+    tokens are written from index ``cache_seqlens % state_len``. ``conv_state_indices``
+    (``(batch,)`` int32): the rows of a larger state pool ``(pool, dim, state_len)`` that
+    hold this batch's states (continuous batching; the indices are not checked on the host,
+    so that the step captures in a CUDA graph). Returns the output, x's shape and dtype.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
+        raise ConvError(f"x: got {_described(x)}; expected (batch, dim) or "
+                        f"(batch, dim, seqlen)")
+    one = x.dim() == 2
+    x3 = x.unsqueeze(-1) if one else x
+    _check_x(x3)
+    batch, dim, seqlen = x3.shape
+    width = _check_weight(weight, dim, x3)
+    _check_bias(bias, dim, x3)
+    act = _activation(activation)
+    state = _check_conv_state(conv_state, x3, width, conv_state_indices)
+    state_len = conv_state.shape[-1]
+    rows = state if conv_state_indices is None else state.index_select(
+        0, conv_state_indices.long())
+    if cache_seqlens is None:
+        window = torch.cat([rows[..., state_len - (width - 1):], x3.to(rows.dtype)], dim=-1)
+        new = torch.cat([rows, x3.to(rows.dtype)], dim=-1)[..., -state_len:]
+    else:
+        _check_tensor(cache_seqlens, "cache_seqlens", "(batch,)", (batch,), torch.int32,
+                      x.device)
+        lengths = cache_seqlens.long().unsqueeze(1)
+        back = torch.arange(-(width - 1), 0, device=x.device).unsqueeze(0) + lengths
+        past = rows.gather(2, back.remainder(state_len).unsqueeze(1).expand(-1, dim, -1))
+        window = torch.cat([past, x3.to(rows.dtype)], dim=-1)
+        ahead = torch.arange(seqlen, device=x.device).unsqueeze(0) + lengths
+        new = rows.scatter(2, ahead.remainder(state_len).unsqueeze(1).expand(-1, dim, -1),
+                           x3.to(rows.dtype))
+    with torch.no_grad():
+        if conv_state_indices is None:
+            conv_state.copy_(new)
+        else:
+            conv_state.index_copy_(0, conv_state_indices.long(), new)
+    acc_type = _acc(x.dtype)
+    acc = F.conv1d(window.to(acc_type), weight.to(acc_type).unsqueeze(1),
+                   None if bias is None else bias.to(acc_type), groups=dim)
+    out = (F.silu(acc) if act == "silu" else acc).to(x.dtype)
+    return out.squeeze(-1) if one else out
+
+
+def _check_conv_state(conv_state, x3, width: int, indices) -> torch.Tensor:
+    batch, dim, _ = x3.shape
+    if not isinstance(conv_state, torch.Tensor) or conv_state.dim() != 3 \
+            or conv_state.shape[1] != dim or conv_state.shape[2] < width - 1:
+        raise ConvError(f"conv_state: got {_described(conv_state)}; expected (batch, {dim}, "
+                        f"state_len) with state_len >= width - 1 = {width - 1}")
+    if conv_state.device != x3.device:
+        raise ConvError(f"conv_state: on {conv_state.device}; expected x's {x3.device}")
+    if indices is None:
+        if conv_state.shape[0] != batch:
+            raise ConvError(f"conv_state: {conv_state.shape[0]} rows for a batch of {batch}; "
+                            f"give conv_state_indices to select rows of a larger pool")
+    else:
+        _check_tensor(indices, "conv_state_indices", "(batch,)", (batch,), torch.int32,
+                      x3.device)
+    return conv_state
+
+
+def long_conv1d(x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Long causal depthwise convolution (Hyena's implicit filters):
+    ``out[:, d, t] = bias[d] + Σ_{j=0..t} weight[d, j] · x[:, d, t − j]`` (``weight[:, 0]``
+    multiplies the current position, the FFT convention), for a filter as long as the
+    sequence.
+
+    ``x`` is ``(batch, dim, seqlen)``, ``weight`` ``(dim, K)`` with ``1 ≤ K ≤ seqlen``. Short
+    filters run as a direct convolution (:func:`fastconv.conv1d`), long ones through real
+    FFTs of a length with factors 2, 3, 5 and 7 only, at least ``seqlen + K − 1`` (no power
+    of two padding), in float32 (float64 for float64 inputs). On a GPU the first call of each shape
+    times both and keeps the faster (``LONG_CONV_CHOICES``); elsewhere, and while
+    compiling, filters longer than ``DIRECT_MAX_K`` take the FFT. Differentiable in x,
+    weight and bias.
+    """
+    _check_x(x)
+    x = _readable(x)
+    batch, dim, seqlen = x.shape
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] != dim \
+            or not 1 <= weight.shape[1] <= seqlen:
+        raise ConvError(f"weight: got {_described(weight)}; expected (dim, K) with dim = {dim} "
+                        f"and 1 <= K <= seqlen = {seqlen}")
+    if weight.device != x.device:
+        raise ConvError(f"weight: on {weight.device}, x on {x.device}; expected one device")
+    _check_bias(bias, dim, x)
+    key = (tuple(x.shape), weight.shape[1], x.dtype, x.device.type)
+    route = LONG_CONV_CHOICES.get(key)
+    if route is None:
+        route = _choose_route(x, weight, bias, key)
+    return _ROUTES[route](x, weight, bias)
+
+
+#: filters up to this length take the direct convolution where nothing was timed
+DIRECT_MAX_K = 64
+#: filters longer than this take the FFT untimed (a direct pass costs K multiply-adds per
+#: output: at K = seqlen = 64K, seconds per call, and the timing makes ~60 calls)
+TIMED_MAX_K = 1024
+#: (x shape, K, dtype, device type) -> "direct" or "fft", measured on the GPU
+LONG_CONV_CHOICES: dict[tuple, str] = {}
+
+
+def _direct(x, weight, bias):
+    k = weight.shape[1]
+    return conv1d(x, weight.flip(-1).unsqueeze(1), bias, padding=((k - 1, 0),),
+                  groups=x.shape[1])
+
+
+def fft_length(n: int) -> int:
+    """The least integer ≥ n whose prime factors are 2, 3, 5 and 7 (fast FFT sizes)."""
+    best = 1 << (max(n, 1) - 1).bit_length()
+    f7 = 1
+    while f7 < best:
+        f5 = f7
+        while f5 < best:
+            f3 = f5
+            while f3 < best:
+                f2 = f3
+                while f2 < n:
+                    f2 *= 2
+                best = min(best, f2)
+                f3 *= 3
+            f5 *= 5
+        f7 *= 7
+    return best
+
+
+def _fft(x, weight, bias):
+    seqlen = x.shape[-1]
+    n = fft_length(seqlen + weight.shape[1] - 1)
+    acc_type = _acc(x.dtype)
+    spectrum = torch.fft.rfft(x.to(acc_type), n=n) * torch.fft.rfft(weight.to(acc_type), n=n)
+    out = torch.fft.irfft(spectrum, n=n)[..., :seqlen]
+    if bias is not None:
+        out = out + bias.to(acc_type).unsqueeze(-1)
+    return out.to(x.dtype)
+
+
+_ROUTES = {"direct": _direct, "fft": _fft}
+
+
+def _choose_route(x, weight, bias, key) -> str:
+    guess = "direct" if weight.shape[1] <= DIRECT_MAX_K else "fft"
+    if x.device.type != "cuda" or weight.shape[1] > TIMED_MAX_K \
+            or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return guess
+    from .costs import time_costs
+
+    with torch.no_grad():
+        times = {name: sum(time_costs(lambda f=f: f(x, weight, bias)))
+                 for name, f in _ROUTES.items()}
+    LONG_CONV_CHOICES[key] = min(times, key=times.get)
+    return LONG_CONV_CHOICES[key]

@@ -1,0 +1,269 @@
+"""causal_conv1d, causal_conv1d_update, CausalConv1d and long_conv1d against float64
+references written from the definitions (loops over positions and taps), on fresh random
+inputs with odd sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastconv
+from fastconv import ConvError
+from fastconv.seqconv import fft_length
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _reference(x, weight, bias=None, seq_idx=None, initial_states=None, silu=False):
+    """out[b, d, t] = Σ_k w[d, k] · x[b, d, t − (W − 1) + k] over positions of t's sequence
+    (positions before 0: the initial states, in the sequence of position 0); and the final
+    states: the last W − 1 inputs where they are in the last position's sequence."""
+    x, weight = x.double(), weight.double()
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    init = (torch.zeros(batch, dim, width - 1, dtype=torch.float64) if initial_states is None
+            else initial_states.double())
+    full = torch.cat([init, x], -1)
+    out = torch.zeros(batch, dim, seqlen, dtype=torch.float64)
+    final = torch.zeros(batch, dim, width - 1, dtype=torch.float64)
+    for b in range(batch):
+        ids = [None] * (width - 1) + ([0] * seqlen if seq_idx is None
+                                      else seq_idx[b].tolist())
+        if seq_idx is not None:
+            ids[:width - 1] = [ids[width - 1]] * (width - 1)
+        else:
+            ids[:width - 1] = [0] * (width - 1)
+        for t in range(seqlen):
+            for k in range(width):
+                p = t + k  # index into full
+                if ids[p] == ids[t + width - 1]:
+                    out[b, :, t] += weight[:, k] * full[b, :, p]
+        last = ids[-1]
+        for j in range(width - 1):
+            p = len(ids) - (width - 1) + j
+            if ids[p] == last:
+                final[b, :, j] = full[b, :, p]
+    if bias is not None:
+        out += bias.double()[None, :, None]
+    return (F.silu(out) if silu else out), final
+
+
+def _inputs(batch, dim, seqlen, width, layout="seqlen", dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if layout == "seqlen":
+        x = torch.randn(batch, dim, seqlen, generator=g, dtype=dtype)
+    else:  # dim-contiguous: (batch, seqlen, dim) memory
+        x = torch.randn(batch, seqlen, dim, generator=g, dtype=dtype).transpose(1, 2)
+    w = torch.randn(dim, width, generator=g, dtype=dtype)
+    b = torch.randn(dim, generator=g, dtype=dtype)
+    s = torch.randn(batch, dim, width - 1, generator=g, dtype=dtype)
+    return x, w, b, s
+
+
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+@pytest.mark.parametrize("width", [2, 3, 4, 7, 16])
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_causal_conv1d_matches_the_definition(width, activation, layout):
+    x, w, b, s = _inputs(2, 5, 19, width, layout, seed=width)
+    for bias in (None, b):
+        for states in (None, s):
+            out, final = fastconv.causal_conv1d(x, w, bias, initial_states=states,
+                                                return_final_states=True,
+                                                activation=activation)
+            ref, ref_final = _reference(x, w, bias, None, states, activation == "silu")
+            assert out.shape == x.shape and out.dtype == x.dtype
+            assert _rel(out, ref) < 1e-5
+            assert torch.equal(final.double(), ref_final)
+
+
+def test_width_up_to_256_and_swish_is_silu():
+    x, w, b, _ = _inputs(1, 3, 300, 256, seed=3)
+    out = fastconv.causal_conv1d(x, w, b, activation="swish")
+    assert _rel(out, _reference(x, w, b, silu=True)[0]) < 1e-5
+
+
+def test_chunks_carried_by_final_states_equal_one_call():
+    x, w, b, _ = _inputs(2, 4, 23, 5, seed=1)
+    whole = fastconv.causal_conv1d(x, w, b, activation="silu")
+    first, state = fastconv.causal_conv1d(x[..., :9], w, b, return_final_states=True,
+                                          activation="silu")
+    second, state = fastconv.causal_conv1d(x[..., 9:11].contiguous(), w, b,
+                                           initial_states=state, return_final_states=True,
+                                           activation="silu")  # shorter than width - 1
+    third = fastconv.causal_conv1d(x[..., 11:].contiguous(), w, b, initial_states=state,
+                                   activation="silu")
+    assert _rel(torch.cat([first, second, third], -1), whole) < 1e-6
+
+
+@pytest.mark.parametrize("width", [2, 4, 6])
+def test_packed_sequences_never_mix(width):
+    lengths = [[5, 1, 9, 2], [17]]
+    seqlen = 17
+    x, w, b, s = _inputs(2, 3, seqlen, width, seed=width)
+    seq_idx = torch.tensor([[i for i, n in enumerate(row) for _ in range(n)]
+                            for row in lengths], dtype=torch.int32)
+    for states in (None, s):
+        out, final = fastconv.causal_conv1d(x, w, b, seq_idx, states,
+                                            return_final_states=True, activation="silu")
+        ref, ref_final = _reference(x, w, b, seq_idx, states, silu=True)
+        assert _rel(out, ref) < 1e-5 and torch.equal(final.double(), ref_final)
+        # each sequence alone gives the same: the first from the states, the rest from zero
+        start = 0
+        for i, n in enumerate(lengths[0]):
+            alone = fastconv.causal_conv1d(x[:1, :, start:start + n].contiguous(), w, b,
+                                           initial_states=None if (states is None or i)
+                                           else states[:1], activation="silu")
+            assert _rel(out[:1, :, start:start + n], alone) < 1e-5
+            start += n
+
+
+def test_gradients_in_float64():
+    x, w, b, s = _inputs(2, 3, 8, 4, dtype=torch.float64, seed=5)
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0] * 8], dtype=torch.int32)
+    for packed in (None, seq_idx):
+        args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+
+        def f(x, w, b, s, packed=packed):
+            out, final = fastconv.causal_conv1d(x, w, b, packed, s, True, "silu")
+            return out, final
+        assert torch.autograd.gradcheck(f, args)
+
+
+def test_update_decodes_token_by_token_as_the_whole_sequence():
+    x, w, b, _ = _inputs(3, 5, 13, 4, seed=7)
+    whole = fastconv.causal_conv1d(x, w, b, activation="silu")
+    layer_state = torch.zeros(3, 5, 6)  # state_len > width - 1
+    steps = [fastconv.causal_conv1d_update(x[..., t], layer_state, w, b, "silu")
+             for t in range(13)]
+    assert _rel(torch.stack(steps, -1), whole) < 1e-6
+    assert torch.equal(layer_state, x[..., -6:])
+    # several tokens at once (speculative decoding) after a prefill
+    prefill, state = fastconv.causal_conv1d(x[..., :8], w, b, return_final_states=True,
+                                            activation="silu")
+    multi = fastconv.causal_conv1d_update(x[..., 8:].contiguous(), state, w, b, "silu")
+    assert _rel(multi, whole[..., 8:]) < 1e-6
+
+
+def test_update_circular_buffer_and_state_pool():
+    x, w, b, _ = _inputs(2, 4, 11, 3, seed=9)
+    whole = fastconv.causal_conv1d(x, w, b)
+    pool = torch.randn(5, 4, 4)  # rows 1 and 3 hold this batch; the others must not change
+    pool[[1, 3]] = 0
+    untouched = pool[[0, 2, 4]].clone()
+    index = torch.tensor([3, 1], dtype=torch.int32)
+    lengths = torch.tensor([0, 0], dtype=torch.int32)
+    outs = []
+    for t in range(11):
+        outs.append(fastconv.causal_conv1d_update(x[..., t], pool, w, b, None, lengths,
+                                                  index))
+        lengths += 1
+    assert _rel(torch.stack(outs, -1), whole) < 1e-6
+    assert torch.equal(pool[[0, 2, 4]], untouched)
+    # the circular buffer holds the last 4 inputs at positions (t mod 4)
+    for t in range(7, 11):
+        assert torch.equal(pool[3, :, t % 4], x[0, :, t])
+
+
+def test_causal_conv1d_module_forward_and_step():
+    torch.manual_seed(0)
+    layer = fastconv.nn.CausalConv1d(6, 4, activation="silu")
+    reference = torch.nn.Conv1d(6, 6, 4, groups=6)  # the same initialisation's bounds
+    assert layer.weight.abs().max() <= reference.weight.abs().max() * 1.5
+    x = torch.randn(2, 6, 10)
+    whole = layer(x)
+    state = layer.new_state(2)
+    steps = torch.stack([layer.step(x[..., t], state) for t in range(10)], -1)
+    assert _rel(steps, whole) < 1e-6
+    whole.sum().backward()
+    assert layer.weight.grad is not None and layer.bias.grad is not None
+    assert "width=4" in repr(layer)
+
+
+@pytest.mark.parametrize("k", [1, 5, 37, 64, 65, 200])
+def test_long_conv1d_matches_the_definition(k):
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(2, 3, 200, generator=g)
+    w = torch.randn(3, k, generator=g) / k ** 0.5
+    b = torch.randn(3, generator=g)
+    ref = torch.zeros(2, 3, 200, dtype=torch.float64)
+    xd, wd = x.double(), w.double()
+    for j in range(k):  # weight[:, 0] multiplies the current position
+        ref[..., j:] += wd[:, j, None] * xd[..., :200 - j]
+    ref += b.double()[None, :, None]
+    out = fastconv.long_conv1d(x, w, b)
+    assert out.shape == x.shape and _rel(out, ref) < 1e-5
+    from fastconv import seqconv
+
+    for route in seqconv._ROUTES.values():  # both routes, whichever the rule picked
+        assert _rel(route(x, w, b), ref) < 1e-5
+
+
+def test_long_conv1d_gradients_through_both_routes():
+    from fastconv import seqconv
+
+    g = torch.Generator().manual_seed(2)
+    args = [torch.randn(1, 2, 12, generator=g, dtype=torch.float64).requires_grad_(),
+            torch.randn(2, 12, generator=g, dtype=torch.float64).requires_grad_(),
+            torch.randn(2, generator=g, dtype=torch.float64).requires_grad_()]
+    for route in seqconv._ROUTES.values():
+        assert torch.autograd.gradcheck(route, args)
+
+
+def test_fft_lengths_are_the_least_7_smooth_numbers():
+    def smooth(n):
+        for p in (2, 3, 5, 7):
+            while n % p == 0:
+                n //= p
+        return n == 1
+    for n in list(range(1, 400)) + [1023, 4097, 65537, 100001]:
+        m = fft_length(n)
+        assert m >= n and smooth(m) and not any(smooth(j) for j in range(n, m))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda x, w: fastconv.causal_conv1d(x, w[:, :1]), "width 1; allowed: 2 to 256"),
+    (lambda x, w: fastconv.causal_conv1d(x, torch.randn(4, 257)), "width 257"),
+    (lambda x, w: fastconv.causal_conv1d(x, w[:3]), r"weight: got shape \(3, 4\)"),
+    (lambda x, w: fastconv.causal_conv1d(x, w, activation="relu"), "activation: got 'relu'"),
+    (lambda x, w: fastconv.causal_conv1d(x, w, seq_idx=torch.zeros(2, 9, dtype=torch.int64)),
+     "seq_idx: torch.int64 on cpu; expected torch.int32"),
+    (lambda x, w: fastconv.causal_conv1d(x, w, seq_idx=torch.zeros(2, 8, dtype=torch.int32)),
+     r"seq_idx: got \(2, 8\)"),
+    (lambda x, w: fastconv.causal_conv1d(x, w, initial_states=torch.zeros(2, 4, 4)),
+     r"initial_states: got \(2, 4, 4\); expected \(batch, dim, width - 1\)"),
+    (lambda x, w: fastconv.causal_conv1d(x, w, initial_states=torch.zeros(2, 4, 3).double()),
+     "initial_states: torch.float64 on cpu; expected torch.float32"),
+    (lambda x, w: fastconv.causal_conv1d(x[..., ::2], w), "strides"),
+    (lambda x, w: fastconv.causal_conv1d(x[0], w), r"x: got shape \(4, 9\)"),
+    (lambda x, w: fastconv.causal_conv1d_update(x[..., 0], torch.zeros(2, 4, 2), w),
+     "state_len >= width - 1 = 3"),
+    (lambda x, w: fastconv.causal_conv1d_update(x[..., 0], torch.zeros(3, 4, 3), w),
+     "3 rows for a batch of 2"),
+    (lambda x, w: fastconv.long_conv1d(x, torch.randn(4, 10)), "1 <= K <= seqlen = 9"),
+    (lambda x, w: fastconv.nn.CausalConv1d(4, 300), "width: got 300"),
+])
+def test_bad_arguments_name_what_is_wrong(call, match):
+    x = torch.randn(2, 4, 9)
+    w = torch.randn(4, 4)
+    with pytest.raises(ConvError, match=match):
+        call(x, w)
+
+
+@pytest.mark.slow
+def test_causal_conv1d_compiles_fullgraph():
+    x, w, b, s = _inputs(2, 4, 11, 4, seed=4)
+    seq_idx = torch.tensor([[0] * 5 + [1] * 6, [0] * 11], dtype=torch.int32)
+
+    def f(x, w, b, s, seq_idx):
+        out, final = fastconv.causal_conv1d(x, w, b, initial_states=s,
+                                            return_final_states=True, activation="silu")
+        packed = fastconv.causal_conv1d(x, w, b, seq_idx, activation="silu")
+        return out, final, packed
+    eager = f(x, w, b, s, seq_idx)
+    compiled = torch.compile(f, fullgraph=True)(x, w, b, s, seq_idx)
+    for a, c in zip(eager, compiled):
+        assert _rel(c, a) < 1e-6
