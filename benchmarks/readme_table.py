@@ -2,10 +2,12 @@
 
     fastconv bench --suite models --cases timm_resnet50_b32 --mode eval,train \\
         --precision bf16 --provider torch,torch_compile,fastconv,fastconv_cuda_graph \\
-        --tune-budget default --out DIR
-    python benchmarks/readme_table.py DIR/<the JSON> [--write]
+        --tune-budget default --reps 30 --out DIR
+    python benchmarks/readme_table.py DIR/models-*.json [--write]
 
-prints the markdown table (medians, and each ratio over torch eager of the same run) and,
+(a CSV the bench wrote beside its JSON stands in for a JSON that did not come back; the
+metadata is the first JSON's, of the same run) prints the markdown table (medians, and
+each ratio over torch eager of the same run) and,
 with ``--write``, replaces the README's table and writes ``src/fastconv/data/measured.json``
 (what ``fastconv demo`` prints on a machine without a GPU).
 """
@@ -13,6 +15,7 @@ with ``--write``, replaces the README's table and writes ``src/fastconv/data/mea
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import pathlib
 
@@ -54,41 +57,62 @@ def table(result: dict) -> tuple[str, dict]:
                 speedups[f"{label} over torch eager"] = base / value
                 compiled = cells.get((case, mode, "torch_compile"), {}).get("ms_p50")
                 if compiled:
-                    speedups[f"{label} over torch.compile"] = compiled / value
+                    speedups[f"{label} over torch.compile (default mode)"] = compiled / value
         sample = cells[(case, mode, "torch")]
         what = "inference" if mode == "eval" else "training step"
         name = case.rsplit("_b", 1)[0]
-        lines.append(f"| {name} {what} | {sample['batch']} | " + " | ".join(out) + " |")
+        lines.append(f"| {name} {what} | {int(sample['batch'])} | " + " | ".join(out) + " |")
         model_key = name
-        record[f"{demo_name(model_key)} {mode}"] = dict(batch=sample["batch"],
+        record[f"{demo_name(model_key)} {mode}"] = dict(batch=int(sample["batch"]),
                                                         speedups=speedups)
     head = (f"{meta['date'][:10]}, one {meta['gpu']}, torch {meta['torch']}, Triton "
             f"{meta['triton']}, cuDNN {meta['cudnn']}, fastconv at {meta['git_sha']}; bf16 "
             f"channels-last (torch under autocast), 224x224, medians with the providers "
             f"interleaved; in brackets the speed-up over torch eager of the same run. A "
-            f"training step is forward, backward and SGD.")
+            f"training step is forward, backward and SGD; torch.compile is its default mode.")
     shipped = dict(date=meta["date"][:10], gpu=meta["gpu"], torch=meta["torch"],
                    source=f"fastconv {meta['git_sha']}, README table", rows=record)
     return head + "\n\n" + "\n".join(lines), shipped
 
 
+def _number(text: str):
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json")
+    parser.add_argument("files", nargs="+", help="the bench's JSON (or CSV) files of one run")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    text, shipped = table(json.loads(pathlib.Path(args.json).read_text()))
+    meta, rows = None, []
+    for name in args.files:
+        path = pathlib.Path(name)
+        if path.suffix == ".json":
+            result = json.loads(path.read_text())
+            meta = meta or result["meta"]
+            rows += result["rows"]
+        else:
+            with path.open() as f:
+                rows += [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    if meta is None:
+        parser.error("give at least one JSON file (its metadata names the GPU and versions)")
+    text, shipped = table({"meta": meta, "rows": rows})
+    where = ", ".join(f"`{pathlib.Path(n).resolve().relative_to(ROOT)}`" for n in args.files)
     reproduce = ("Reproduce with `fastconv bench --suite models --cases timm_resnet50_b32 "
                  "--mode eval,train --precision bf16 --provider "
-                 "torch,torch_compile,fastconv,fastconv_cuda_graph --tune-budget default` "
-                 f"(`{pathlib.Path(args.json).relative_to(ROOT)}`).")
+                 "torch,torch_compile,fastconv,fastconv_cuda_graph --tune-budget default "
+                 "--reps 30` "
+                 f"({where}).")
     text = text + "\n\n" + reproduce
     print(text)
     if args.write:
         readme = ROOT / "README.md"
         body = readme.read_text()
         start = body.index("## Measured\n") + len("## Measured\n")
-        end = body.index("\n## Install")
+        end = body.index("\n<!-- the table ends here -->")
         readme.write_text(body[:start] + "\n" + text + "\n" + body[end:])
         (ROOT / "src/fastconv/data/measured.json").write_text(json.dumps(shipped, indent=1)
                                                                + "\n")

@@ -159,13 +159,13 @@ def _last_gpu_measurement(model: str, mode: str) -> str:
     except (FileNotFoundError, OSError):
         return "no GPU measurement is shipped with this copy of fastconv"
     record = json.loads(text)
-    entry = record["rows"].get(f"{model} {mode}")
-    if entry is None:
-        return (f"no GPU measurement of {model} ({mode}) is shipped; measured models: "
-                f"{', '.join(sorted(record['rows']))}")
-    return (f"last GPU measurement ({record['date']}, {record['gpu']}, torch "
-            f"{record['torch']}, {record['source']}): {model} {mode} batch {entry['batch']}, "
-            + ", ".join(f"{k} {v:.2f}x" for k, v in entry["speedups"].items()))
+    key = f"{model} {mode}"
+    keys = [key] if key in record["rows"] else sorted(record["rows"])
+    lines = [f"  {k} batch {record['rows'][k]['batch']}: " + ", ".join(
+        f"{name} {value:.2f}x" for name, value in record["rows"][k]["speedups"].items())
+        for k in keys]
+    return (f"the last GPU measurement ({record['date']}, {record['gpu']}, torch "
+            f"{record['torch']}, {record['source']}):\n" + "\n".join(lines))
 
 
 def run(model: str = "deeplabv3", batch: int | None = None, size: int | None = None,
@@ -202,7 +202,7 @@ def run(model: str = "deeplabv3", batch: int | None = None, size: int | None = N
           f"{'training step' if train else 'inference'}")
     if not on_gpu:
         print(f"No CUDA GPU found: a small size on the CPU. Speed needs an NVIDIA GPU; "
-              f"{_last_gpu_measurement(model, mode)}.")
+              f"{_last_gpu_measurement(model, mode)}")
     truth = float64_truth(net, x)  # the same weights, mode and input, dropout off
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     rows, torch_err = [], {}  # torch_err: half precision? -> torch's own error
@@ -290,7 +290,7 @@ def _plot(path: str, img, model, x, rows, base, segmentation: bool) -> None:
     axes[-1].invert_yaxis()
     axes[-1].set_xlabel("ms per batch (median); speed-up over the baseline")
     axes[-1].set_title("GPU timings" if torch.cuda.is_available()
-                       else "CPU timings (not the target: speed needs an NVIDIA GPU)")
+                       else "CPU timings (speed needs a GPU)")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
