@@ -29,9 +29,18 @@ def _private_plan_cache(tmp_path_factory):
 
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    seen: dict[str, int] = {}  # test function -> its parametrizations collected so far
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip)
+        # @pytest.mark.slow_after(n): the first n parametrizations run in the quick tests,
+        # the others are marked slow (the interpreter-heavy ones: CI runs them all)
+        sample = item.get_closest_marker("slow_after")
+        if sample is not None:
+            function = item.nodeid.split("[")[0]
+            seen[function] = seen.get(function, 0) + 1
+            if seen[function] > sample.args[0]:
+                item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

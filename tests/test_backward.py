@@ -42,6 +42,7 @@ def _conv_fn(rank):
 
 
 @pytest.mark.parametrize("name", GEOMETRIES)
+@pytest.mark.slow_after(3)
 def test_gradcheck_conv(name):
     rank, n, c, k, sp, ks, st, pad, dil, g = GEOMETRIES[name]
     x, w, b = _f64(n, c, *sp), _f64(k, c // g, *ks), _f64(k)
@@ -52,6 +53,7 @@ def test_gradcheck_conv(name):
 
 
 @pytest.mark.parametrize("activation", fastconv.ACTIVATIONS)
+@pytest.mark.slow_after(3)
 def test_gradcheck_every_epilogue_operand(activation):
     """Gradients flow through the activation, scale, shift, residual and bias."""
     x, w, b = _f64(2, 3, 6, 5), _f64(4, 3, 3, 3), _f64(4)
@@ -87,6 +89,7 @@ def _transposed_fn(rank):
 
 
 @pytest.mark.parametrize("name", TRANSPOSED)
+@pytest.mark.slow_after(2)
 def test_gradcheck_transposed(name):
     rank, n, ci, co, sp, ks, st, pad, opad, dil, g = TRANSPOSED[name]
     x, w, b = _f64(n, ci, *sp), _f64(ci, co // g, *ks), _f64(co)
@@ -127,6 +130,7 @@ def test_out_with_grad_is_an_error():
 
 @pytest.mark.parametrize("c,k", [(6, 4), (32, 64)])  # tiles over / dividing the channels
 @pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.slow_after(1)
 def test_wgrad_split_k_is_deterministic_and_matches(c, k, channels_last):
     """The split-K partial buffers and their fixed-order reduce give the exact same bits
     on every run, and the right values."""
@@ -274,6 +278,7 @@ def _random_module_config(rng):
 
 
 @pytest.mark.parametrize("chunk", range(5))
+@pytest.mark.slow
 def test_module_parity_with_torch_nn(chunk):
     """100 random configurations: outputs and the input, weight and bias gradients of each
     fastconv module equal torch.nn's (float64 reference) after loading torch's state_dict."""

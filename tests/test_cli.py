@@ -19,6 +19,7 @@ def _fastconv(*args: str, tmp_path, timeout: float = 600) -> subprocess.Complete
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU path")
+@pytest.mark.slow
 def test_check_passes_end_to_end_on_the_cpu(tmp_path):
     """The README's main job on a machine without a GPU: the Triton kernels are checked too,
     in the interpreter, as the first line says (the command sets TRITON_INTERPRET itself)."""

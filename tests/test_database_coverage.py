@@ -94,6 +94,7 @@ def _model_problems(key: str, precision: Precision, monkeypatch) -> list[ConvPro
 
 
 @pytest.mark.parametrize("key", [m for m, _, _ in MODELS])
+@pytest.mark.slow_after(2)
 def test_every_inference_layer_of_the_first_call_models(key, monkeypatch):
     """Every convolution of the model under ``optimize(model, "inference", precision)`` at
     the models suite's batch and size, in bf16, fp16 and tf32 (the fp16 problems are the

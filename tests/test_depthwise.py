@@ -49,6 +49,7 @@ def _inputs(case, channels_last, dtype=torch.float64):
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"r{len(c[3])}k{c[4]}s{c[5]}m{c[2]}")
+@pytest.mark.slow_after(4)
 def test_forward_and_gradients_match_float64(case, channels_last):
     n, c, mult, spatial, k, stride, padding, dilation = case
     x, w = _inputs(case, channels_last)
@@ -66,6 +67,7 @@ def test_forward_and_gradients_match_float64(case, channels_last):
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
+@pytest.mark.slow
 def test_large_kernel(channels_last):
     """A 9x9 depthwise layer: past the rolling-row and weight-gradient tiles' 7 kernel rows,
     so depthwise.py's tiles take every op, looping over kernel rows at run time in the
@@ -106,6 +108,7 @@ def test_gradcheck_rank1_causal():
 
 @pytest.mark.parametrize("case", [c for c in CASES if len(c[3]) == 2],
                          ids=lambda c: f"k{c[4]}s{c[5]}m{c[2]}d{c[7]}")
+@pytest.mark.slow_after(2)
 def test_plane_tiles_forward_and_data_gradient(case):
     """Channels-first tiles over an image's flattened positions (DwConfig.plane): forward
     and data gradient into poisoned outputs against float64."""
@@ -140,6 +143,7 @@ GROUPED = [
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
 @pytest.mark.parametrize("case", GROUPED, ids=lambda c: f"r{len(c[4])}g{c[3]}k{c[5]}s{c[6]}")
+@pytest.mark.slow_after(1)
 def test_grouped_forward_direct_kernel_with_epilogue(case, channels_last):
     """The direct forward on grouped convolutions (each output element reduces its group's
     input channels), poisoned output, bias + residual + activation, against float64."""
@@ -166,6 +170,7 @@ def test_grouped_forward_direct_kernel_with_epilogue(case, channels_last):
     assert relative_error(out, ref) < 1e-12
 
 
+@pytest.mark.slow
 def test_grouped_forward_through_dispatch_when_pinned(monkeypatch):
     """Grouped problems run the direct kernel when dispatch chooses it (here pinned)."""
     from fastconv import dispatch, functional
@@ -201,6 +206,7 @@ def test_grouped_forward_through_dispatch_when_pinned(monkeypatch):
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
 @pytest.mark.parametrize("case", GROUPED, ids=lambda c: f"r{len(c[4])}g{c[3]}k{c[5]}s{c[6]}")
+@pytest.mark.slow
 def test_grouped_gradients_direct_kernels(case, channels_last):
     """The direct data and weight gradients of grouped convolutions against float64
     autograd, into poisoned outputs."""

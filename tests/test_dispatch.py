@@ -402,6 +402,7 @@ def test_out_of_memory_candidate_is_skipped(fakes, monkeypatch):
     assert any(r.note.startswith("out of memory") for r in rows if r.config == "b")
 
 
+@pytest.mark.slow
 def test_check_counts_refused_problems_instead_of_failing(monkeypatch):
     """A backend that refuses some problems (cuDNN: epilogues) is checked on the rest."""
     from fastconv.tools import check

@@ -54,6 +54,7 @@ def _run(case, dtype, epilogue=False):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"h{c[3][0]}k{c[4][1]}d{c[7]}m{c[2]}")
+@pytest.mark.slow_after(4)
 def test_pairs_forward_matches_float64(case, dtype):
     out, ref = _run(case, dtype)
     assert not out.isnan().any(), "an output word was not written"

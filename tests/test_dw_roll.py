@@ -59,6 +59,7 @@ PAIRS = [(case, CONFIGS[0]) for case in CASES] + [(CASES[i], CONFIGS[1]) for i i
 @pytest.mark.parametrize(("case", "config"), PAIRS,
                          ids=lambda v: v.name() if isinstance(v, depthwise.DwConfig)
                          else f"r{len(v[3])}k{v[4]}s{v[5]}m{v[2]}")
+@pytest.mark.slow_after(2)
 def test_forward_with_epilogue_and_data_gradient(case, config):
     n, c, mult, spatial, k, stride, padding, dilation = case
     x = _cl(torch.randn(n, c, *spatial, dtype=torch.float64))
@@ -131,6 +132,7 @@ def _valid_taps(x, w, pad):
 
 
 @pytest.mark.parametrize("k", [3, 7])
+@pytest.mark.slow_after(1)
 def test_padded_taps_add_nothing(k):
     """Against non-finite weights a padded tap adds nothing (as torch's depthwise kernels),
     forward and data gradient, padded rows and padded columns both."""

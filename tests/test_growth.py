@@ -406,6 +406,7 @@ def _convs(net):
 @pytest.mark.filterwarnings("ignore:grow_width")
 @pytest.mark.parametrize("training", [False, True])
 @pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2"])
+@pytest.mark.slow_after(2)
 def test_torchvision_models_grow_and_compute_what_they_did(name, training):
     """The dataflow finds the producers of real models: a block's inner convolutions (with
     torchvision's one ReLU module called three times), MobileNetV2's expansions through
@@ -455,6 +456,7 @@ def test_torchvision_models_grow_and_compute_what_they_did(name, training):
 @pytest.mark.parametrize("init", ["zero", "net2net"])
 @pytest.mark.parametrize("name,grown", [("densenet121", 120), ("googlenet", 57),
                                         ("efficientnet_b0", 65), ("regnet_y_400mf", 85)])
+@pytest.mark.slow_after(3)
 def test_concatenating_and_gated_zoo_models_grow_in_training(name, grown, init):
     """torchvision's DenseNet (each layer's output concatenated onto the running tensor,
     a BatchNorm over it), GoogLeNet (Inception blocks), EfficientNet (squeeze-excitation:

@@ -14,6 +14,7 @@ def test_every_part_is_drawn_by_the_fixed_seeds():
 
 
 @pytest.mark.parametrize("first", range(0, 60, 10))
+@pytest.mark.slow_after(2)
 def test_models_match_the_original(first):
     failures = [line for seed in range(first, first + 10) for line in model_fuzz.run(seed)]
     assert not failures, "\n".join(failures)

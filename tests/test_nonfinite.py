@@ -5,8 +5,10 @@ At a *padded* tap the two kinds of torch kernel differ, and fastconv follows eac
 convolutions multiply the zero padding by the weight, so a non-finite weight gives NaN there
 (im2col on the CPU, implicit GEMM); depthwise kernels skip padded taps, and so do fastconv's
 (test_depthwise_padded_taps_add_nothing). One documented difference:
-* ``gelu(+inf)``: torch's float32 CPU kernel returns NaN, its float64 and CUDA kernels
-  +inf, as the Triton epilogue does (the aten backend is torch, NaN on the CPU).
+* ``gelu(+inf)``: torch's float32 CPU kernel returns NaN on some builds and CPUs and +inf
+  on others (seen on two machines with the same torch 2.14.1); its float64 and CUDA kernels
+  give +inf, as the Triton epilogue does. The aten backend is torch: there either is
+  accepted, and only there.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def _same_nonfinite(got: torch.Tensor, want: torch.Tensor) -> tuple[bool, str]:
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.slow_after(8)
 def test_nonfinite_inputs_propagate_as_in_torch(activation, groups, device):
     gen = torch.Generator().manual_seed(ACTIVATIONS.index(activation) * 7 + groups)
     x = _poison(torch.randn(2, 4, 7, 6, generator=gen), gen, 9)
@@ -64,7 +67,8 @@ def test_nonfinite_inputs_propagate_as_in_torch(activation, groups, device):
         y = y.cpu()
         want = ref
         if activation == "gelu" and backend == "aten" and device == "cpu":
-            want = torch.where(ref == float("inf"), float("nan"), ref)  # float32 CPU gelu
+            # torch's float32 CPU gelu(+inf): NaN or +inf by build and CPU (see above)
+            want = torch.where((ref == float("inf")) & y.double().isnan(), float("nan"), ref)
         ok, detail = _same_nonfinite(y.double(), want)
         assert ok, f"{backend} {activation}: {detail}"
         finite = want.isfinite()
@@ -131,6 +135,7 @@ def _depthwise_valid_taps(x, w, pad):
 
 
 @pytest.mark.parametrize("k", [3, 7])  # 7x7: the forward loops over kernel rows
+@pytest.mark.slow_after(1)
 def test_depthwise_padded_taps_add_nothing(device, k):
     """Depthwise forward and dgrad skip padded taps, as torch's depthwise kernels do: an
     infinite weight meets only real inputs (and real output gradients)."""

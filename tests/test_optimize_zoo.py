@@ -30,6 +30,7 @@ def _build(key: str, seed: int) -> nn.Module:
 
 
 @pytest.mark.parametrize("key", ZOO)
+@pytest.mark.slow_after(4)
 def test_zoo_model_fuses_matches_and_keeps_its_checkpoints(key):
     model = _build(key, 0)
     fast = fastconv.optimize(model, channels_last=False)
@@ -68,6 +69,7 @@ def _grads(model: nn.Module, names) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("key", ZOO)
+@pytest.mark.slow_after(3)
 def test_zoo_training_step(key):
     """mode='training' (batch statistics): the loss, every gradient (under the original
     parameter names) and the running statistics against a float64 copy, within 3x the error

@@ -41,6 +41,7 @@ def _conv(spatial):
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
 @pytest.mark.parametrize("case", CASES, ids=_IDS)
+@pytest.mark.slow_after(3)
 def test_packed_groups_forward_and_gradients(case, channels_last):
     n, c, k, groups, spatial, ks, stride, padding, dilation, pack = case
     x = torch.randn(n, c, *spatial, dtype=torch.float64, requires_grad=True)
