@@ -66,12 +66,13 @@ def table(result: dict) -> tuple[str, dict]:
         record[f"{demo_name(model_key)} {mode}"] = dict(batch=int(sample["batch"]),
                                                         speedups=speedups)
     head = (f"{meta['date'][:10]}, one {meta['gpu']}, torch {meta['torch']}, Triton "
-            f"{meta['triton']}, cuDNN {meta['cudnn']}, fastconv at {meta['git_sha']}; bf16 "
+            f"{meta['triton']}, cuDNN {meta['cudnn']}, fastconv {meta['fastconv']}; bf16 "
             f"channels-last (torch under autocast), 224x224, medians with the providers "
             f"interleaved; in brackets the speed-up over torch eager of the same run. A "
             f"training step is forward, backward and SGD; torch.compile is its default mode.")
     shipped = dict(date=meta["date"][:10], gpu=meta["gpu"], torch=meta["torch"],
-                   source=f"fastconv {meta['git_sha']}, README table", rows=record)
+                   source=f"fastconv {meta['fastconv']} at {meta['git_sha']}, the README's table",
+                   rows=record)
     return head + "\n\n" + "\n".join(lines), shipped
 
 
@@ -100,12 +101,11 @@ def main() -> None:
     if meta is None:
         parser.error("give at least one JSON file (its metadata names the GPU and versions)")
     text, shipped = table({"meta": meta, "rows": rows})
-    where = ", ".join(f"`{pathlib.Path(n).resolve().relative_to(ROOT)}`" for n in args.files)
     reproduce = ("Reproduce with `fastconv bench --suite models --cases timm_resnet50_b32 "
                  "--mode eval,train --precision bf16 --provider "
                  "torch,torch_compile,fastconv,fastconv_cuda_graph --tune-budget default "
-                 "--reps 30` "
-                 f"({where}).")
+                 "--reps 30` on a GPU (the files and the code measured: "
+                 "`benchmarks/NOTES.md`).")
     text = text + "\n\n" + reproduce
     print(text)
     if args.write:
