@@ -267,3 +267,56 @@ def test_causal_conv1d_compiles_fullgraph():
     compiled = torch.compile(f, fullgraph=True)(x, w, b, s, seq_idx)
     for a, c in zip(eager, compiled):
         assert _rel(c, a) < 1e-6
+
+
+class _MambaMixer(torch.nn.Module):
+    """The convolution part of a Mamba block, in plain torch."""
+
+    def __init__(self, d=12, expand=2, width=4, cut=0, hooked=False):
+        super().__init__()
+        inner = d * expand
+        self.in_proj = torch.nn.Linear(d, 2 * inner)
+        self.conv1d = torch.nn.Conv1d(inner, inner, width, groups=inner, padding=width - 1)
+        self.act = torch.nn.SiLU()
+        self.out_proj = torch.nn.Linear(inner, d)
+        self.cut = cut  # outputs dropped from the end beyond the causal slice
+        if hooked:
+            self.conv1d.register_forward_hook(lambda m, i, o: o * 2)
+
+    def forward(self, h):
+        seqlen = h.shape[1]
+        x, z = self.in_proj(h).transpose(1, 2).chunk(2, dim=1)
+        x = self.act(self.conv1d(x)[..., :seqlen - self.cut])
+        return self.out_proj((x * F.silu(z[..., :seqlen - self.cut])).transpose(1, 2))
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_mamba_block_through_optimize_fuses_the_causal_conv(mode):
+    torch.manual_seed(0)
+    model = _MambaMixer().double().train(mode == "training")
+    h = torch.randn(2, 13, 12, dtype=torch.float64)
+    fast = fastconv.optimize(model, mode, "ieee")
+    assert fast.report.fused == [("conv1d", "causal conv1d -> slice -> silu")]
+    assert sorted(fast.state_dict()) == sorted(model.state_dict())
+    out, ref = fast(h), model(h)
+    assert _rel(out, ref) < 1e-12
+    if mode == "training":
+        out.square().sum().backward()
+        ref.square().sum().backward()
+        grads = dict(fast.named_parameters())
+        for name, p in model.named_parameters():
+            assert _rel(grads[name].grad, p.grad) < 1e-12, name
+
+
+@pytest.mark.parametrize("variant", ["other slice", "hooked", "not causal"])
+def test_blocks_that_are_not_causal_convs_stay_as_written(variant):
+    torch.manual_seed(1)
+    model = _MambaMixer(cut=2 if variant == "other slice" else 0,
+                        hooked=variant == "hooked").double().eval()
+    if variant == "not causal":  # the same lengths, another padding
+        model.conv1d.padding_mode = "circular"
+    h = torch.randn(2, 13, 12, dtype=torch.float64)
+    fast = fastconv.optimize(model, "inference", "ieee")
+    assert _rel(fast(h), model(h)) < 1e-12
+    if variant != "other slice":  # (that one fuses, and runs as written at its length)
+        assert not fast.report.fused

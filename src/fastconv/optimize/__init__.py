@@ -81,8 +81,8 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
         An :class:`OptimizedModel`: call it as the model. ``.report`` lists every pattern
         fused and every convolution left alone, with the reason, and notes (a model torch.fx
         cannot trace, modules kept whole, CUDA-graph captures that failed);
-        ``.report.coverage()`` gives (fused, followed by a BatchNorm, all). ``.model`` is
-        the rewritten module. ``state_dict()``, ``load_state_dict`` and
+        ``.report.coverage()`` gives (fused, followed by a BatchNorm or causal, all).
+        ``.model`` is the rewritten module. ``state_dict()``, ``load_state_dict`` and
         ``named_parameters()`` use the original model's names, metadata and order.
 
     What is kept as it is, never changed in meaning: a module whose forward changes the

@@ -1,5 +1,6 @@
 """Fusing Conv -> BatchNorm -> [add] -> [activation] chains: in a traced graph
-(``fuse_graph``), or, without a trace, in runs of nn.Sequential children (``walk``)."""
+(``fuse_graph``, which fuses causal conv1d blocks first: causal.py), or, without a trace,
+in runs of nn.Sequential children (``walk``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..nn.chained import ChainedSequential
 from ..nn.conv import Conv1d, Conv2d, _FastconvMixin
 from ..nn.fused import ConvBNAct1d, ConvBNAct2d, _activation_of
 from ..tracing import TRAINING_ARG, has_hooks, known_norm
+from .causal import fuse_causal
 from .report import HOOKED, NO_NORM, UNSEEN, Report
 
 _FUNCTION_ACTIVATIONS = {
@@ -79,6 +81,7 @@ def _record_keys(state_keys: dict[str, str], fused: nn.Module, path: str, conv_p
 
 def fuse_graph(gm: torch.fx.GraphModule, report: Report, precision,
                 state_keys: dict[str, str]) -> nn.Module:
+    fuse_causal(gm, report, precision, state_keys, _activation_node)
     modules = dict(gm.named_modules())
     calls: dict[str, int] = {}
     for node in gm.graph.nodes:

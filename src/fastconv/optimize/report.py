@@ -24,16 +24,17 @@ class Report:
 
     def coverage(self) -> tuple[int, int, int]:
         """(fused, eligible, total) convolutions: eligible ones are followed by a BatchNorm
-        (fused, or left for a reason the report gives); total counts every convolution the
-        pass looked at (the module walk, without a trace, sees only Sequential chains)."""
+        or are a causal conv1d block (fused, or left for a reason the report gives); total
+        counts every convolution the pass looked at (the module walk, without a trace, sees
+        only Sequential chains)."""
         eligible = len(self.fused) + sum(not why.startswith(NO_NORM) and why != UNSEEN
                                          for _, why in self.left)
         return len(self.fused), eligible, len(self.fused) + len(self.left)
 
     def __str__(self) -> str:
         fused, eligible, total = self.coverage()
-        lines = [f"fused {fused} of {eligible} convolutions followed by a BatchNorm "
-                 f"({total} convolutions), left {len(self.left)}"]
+        lines = [f"fused {fused} of {eligible} convolutions followed by a BatchNorm or "
+                 f"causal ({total} convolutions), left {len(self.left)}"]
         lines += [f"  fused {name}: {pattern}" for name, pattern in self.fused]
         lines += [f"  left  {name}: {why}" for name, why in self.left]
         lines += [f"  note: {n}" for n in self.notes]
