@@ -223,6 +223,7 @@ def test_autocast_runs_in_autocast_dtype():
     assert relative_error(ours, ref) < 2e-2
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_traces_forward_and_backward():
     """torch.compile(fullgraph=True) traces the custom ops (aot_eager: no C++ compiler
     needed on the CPU; the GPU test compiles with inductor)."""

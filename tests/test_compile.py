@@ -130,7 +130,7 @@ ZOO = ["resnet18", "mobilenet_v3_small", "timm:mobilenetv3_small_050", "resnet50
 
 
 @pytest.mark.parametrize("name", ZOO)
-@pytest.mark.slow_after(1)
+@pytest.mark.slow
 def test_compiled_zoo_models(name):
     """Whole torchvision and timm models (random weights, 32x32, float64 so that only real
     differences show) through ``torch.compile(fastconv.optimize(model), fullgraph=True)``

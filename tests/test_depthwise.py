@@ -49,7 +49,7 @@ def _inputs(case, channels_last, dtype=torch.float64):
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"r{len(c[3])}k{c[4]}s{c[5]}m{c[2]}")
-@pytest.mark.slow_after(4)
+@pytest.mark.slow_after(2)
 def test_forward_and_gradients_match_float64(case, channels_last):
     n, c, mult, spatial, k, stride, padding, dilation = case
     x, w = _inputs(case, channels_last)
@@ -143,7 +143,7 @@ GROUPED = [
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["cfirst", "clast"])
 @pytest.mark.parametrize("case", GROUPED, ids=lambda c: f"r{len(c[4])}g{c[3]}k{c[5]}s{c[6]}")
-@pytest.mark.slow_after(1)
+@pytest.mark.slow
 def test_grouped_forward_direct_kernel_with_epilogue(case, channels_last):
     """The direct forward on grouped convolutions (each output element reduces its group's
     input channels), poisoned output, bias + residual + activation, against float64."""
@@ -235,6 +235,7 @@ def test_grouped_gradients_direct_kernels(case, channels_last):
     assert relative_error(dw, want_dw) < 1e-12
 
 
+@pytest.mark.slow
 def test_grouped_gradients_of_a_large_kernel():
     """An 8x8 grouped layer (2 input channels per group) past ROW_LOOP_PAST: the data
     gradient's rows looped at run time, the weight gradient's rows over programs, one

@@ -21,7 +21,7 @@ CHUNK = 20
 
 
 @pytest.mark.parametrize("chunk", range(N_RANDOM // CHUNK))
-@pytest.mark.slow_after(2)
+@pytest.mark.slow_after(1)
 def test_random_problems(chunk, device):
     """300 random valid problems (20 per test), every precision, both ranks."""
     rng = random.Random(1000 + chunk)
@@ -70,7 +70,7 @@ NAMED = {
 
 @pytest.mark.parametrize("precision", PRECISIONS, ids=str)
 @pytest.mark.parametrize("name", NAMED)
-@pytest.mark.slow_after(8)
+@pytest.mark.slow_after(4)
 def test_named_shapes(name, precision, device):
     case = NAMED[name]
     err = testing.check_case(case, backend=BACKEND, precision=precision, device=device)

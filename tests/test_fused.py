@@ -30,7 +30,7 @@ def _f64(*shape):
 
 @pytest.mark.parametrize("activation,residual", [("relu", False), ("silu", True),
                                                  ("leaky_relu", False), ("sigmoid", True)])
-@pytest.mark.slow_after(3)
+@pytest.mark.slow_after(1)
 def test_gradcheck_training_mode(activation, residual, bn_path):
     x, w, b = _f64(2, 4, 5, 4), _f64(6, 2, 3, 2), _f64(6)
     gamma, beta = _f64(6), _f64(6)
@@ -81,7 +81,7 @@ CONFIGS = [_config(random.Random(i)) for i in range(60)]
 
 @pytest.mark.parametrize("index", range(len(CONFIGS)),
                          ids=[f"r{c['rank']}{c['activation']}" for c in CONFIGS])
-@pytest.mark.slow_after(20)
+@pytest.mark.slow_after(10)
 def test_parity_with_torch_in_both_modes(index, monkeypatch):
     monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
     _check_parity(index)
@@ -314,6 +314,7 @@ def _sync_worker(rank, world, init_file, x, w, gamma, beta, g, out_file):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_synced_statistics_over_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
     """Two gloo ranks holding 3 and 2 images give what one process gives on all 5 (as
     SyncBatchNorm would): outputs, input gradients, summed parameter gradients, running

@@ -672,6 +672,7 @@ def test_an_optimized_model_grows_like_the_original(mode):
         _close(opt(x), before, torch.float64)
 
 
+@pytest.mark.slow
 def test_the_growth_example_runs_and_keeps_the_loss_across_growths(tmp_path):
     import re
     import subprocess

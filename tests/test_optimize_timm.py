@@ -179,6 +179,7 @@ def test_batchnorm_subclass_with_its_own_forward_is_left(traceable):
         assert torch.allclose(fast(x), net(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_timm_example_runs_and_reports_what_a_user_checks():
     """examples/optimize_timm.py as a user runs it (CPU: float32, small input): coverage,
     the error against float64 beside torch's, the state_dict round trip."""

@@ -69,7 +69,7 @@ def _grads(model: nn.Module, names) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("key", ZOO)
-@pytest.mark.slow_after(3)
+@pytest.mark.slow_after(2)
 def test_zoo_training_step(key):
     """mode='training' (batch statistics): the loss, every gradient (under the original
     parameter names) and the running statistics against a float64 copy, within 3x the error
