@@ -328,3 +328,24 @@ def test_choice_label_names_a_gradients_graph_choice(monkeypatch):
     assert runner._choices(problem, "auto", "wgrad") == "wgrad=aten graph:wgrad=triton"
     monkeypatch.setattr(runner.dispatch, "cached", lambda *a, **k: dispatch.Choice("aten", None))
     assert runner._choices(problem, "auto", "dgrad") == "dgrad=aten"
+
+
+@pytest.mark.parametrize("mode", ["fwd", "train"])
+def test_seqconv_suite_rows_check_both_providers_against_float64(mode):
+    from fastconv.precision import Precision
+    from fastconv.tools.bench import seqconv
+
+    kinds = {}
+    for case in seqconv.CASES:
+        kinds.setdefault(case.kind, seqconv.shrink(case))
+    for kind, case in kinds.items():
+        rows = seqconv.run_case(case, ["fastconv", "torch", "cudnn_fe"], Precision.IEEE,
+                                mode, device="cpu")
+        if kind == "decode" and mode == "train":
+            assert rows == []
+            continue
+        by = {r["provider"]: r for r in rows}
+        assert "not a seqconv provider" in by["cudnn_fe"]["error"]
+        for p in ("fastconv", "torch"):
+            assert by[p]["rel_err"] < 1e-5, (kind, p, by[p])
+            assert by[p]["min_bytes"] > 0 and by[p]["timing"].startswith("not measured")

@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default="fwd",
                    help="fwd, bwd (data + weight gradient), train (forward + backward), "
                         "dgrad, wgrad, or eval (BatchNorm suites: inference mode); "
-                        "comma-separated for several")
+                        "models: eval, train; seqconv: fwd, train; comma-separated for "
+                        "several")
     p.add_argument("--layout", choices=("nchw", "nhwc"), default=None,
                    help="default: nchw for fp32 data, nhwc (channels_last) for fp16/bf16")
     p.add_argument("--reps", type=int, default=50, help="timed calls per measurement")

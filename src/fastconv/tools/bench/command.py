@@ -23,7 +23,10 @@ def run(args, has_gpu: bool) -> int:
         dispatch.tuning_budget(budget.per_problem_s, budget.per_process_s, budget.candidates)
 
     if args.list:
-        for name, cases in suites.SUITES.items():
+        from fastconv.tools.bench import models, seqconv
+
+        listed = dict(suites.SUITES, models=models.CASES, seqconv=seqconv.CASES)
+        for name, cases in listed.items():
             print(f"{name}: {len(cases)} cases: {', '.join(c.name for c in cases)}")
         return 0
     from fastconv.tools.bench.models import PROVIDERS as MODEL_PROVIDERS
@@ -57,10 +60,11 @@ def run(args, has_gpu: bool) -> int:
             return 2
     runs = []
     for suite in args.suite.split(","):
-        if suite == "models":  # whole models (bench/models.py)
-            from fastconv.tools.bench import models
-            cases = models.CASES if has_gpu else [models.shrink(c)
-                                                  for c in models.CASES[:args.cpu_cases]]
+        if suite in ("models", "seqconv"):  # whole models; sequence convolutions
+            from fastconv.tools.bench import models, seqconv
+            module = models if suite == "models" else seqconv
+            cases = module.CASES if has_gpu else [module.shrink(c)
+                                                  for c in module.CASES[:args.cpu_cases]]
         else:
             cases = suites.get(suite)
             if not has_gpu:
@@ -91,6 +95,12 @@ def run(args, has_gpu: bool) -> int:
                                             runner.GpuTimer() if has_gpu else None,
                                             reps=min(args.reps, 20))
                     continue
+                if suite == "seqconv":
+                    rows += seqconv.run_case(case, providers, prec, mode,
+                                             "cuda" if has_gpu else "cpu",
+                                             runner.GpuTimer() if has_gpu else None,
+                                             args.reps, ceilings.get("hbm_gbps"))
+                    continue
                 rows += runner.run_case(case, providers, prec, layout, reps=args.reps,
                                         device="cuda" if has_gpu else "cpu", mode=mode,
                                         host=suite in suites.HOST_SUITES)
@@ -98,7 +108,7 @@ def run(args, has_gpu: bool) -> int:
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
             written += report.write(doc, out_dir, stem)
-            if args.plot and suite != "models":  # (no FLOP model for whole networks)
+            if args.plot and suite not in ("models", "seqconv"):  # (no FLOP model)
                 from fastconv.tools.bench.plot import plot
                 written += plot(doc, out_dir, stem)
             _print_table(rows)

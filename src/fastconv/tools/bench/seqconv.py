@@ -1,0 +1,156 @@
+"""Suite ``seqconv``: the sequence convolutions of Mamba- and Hyena-style models, fastconv
+against torch in the same process, each row with its percentage of the HBM floor.
+
+Cases: causal conv1d (``fastconv.causal_conv1d`` against ``F.conv1d`` with ``width − 1``
+padding, a slice and SiLU) at Mamba-like shapes, modes ``fwd`` and ``train`` (forward +
+backward); decode steps (``causal_conv1d_update`` against the same step written in torch:
+concatenate, convolve, shift the state) at batch 1 to 256, mode ``fwd``; long convolutions
+(``long_conv1d`` against a torch.fft implementation padded to a power of two) at 1K-64K.
+Providers: ``fastconv`` and ``torch``. ``min_bytes`` is what a pass must read and write
+(inputs, outputs, weights; gradients too in ``train``), so ``hbm_pct`` is the floor's
+time (``min_bytes`` at the measured copy bandwidth) over the median.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from ...precision import Precision, relative_error
+
+MODES = ("fwd", "train")
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqCase:
+    name: str
+    kind: str  # "causal", "decode" or "long"
+    batch: int
+    dim: int
+    seqlen: int  # decode: tokens per step
+    width: int  # the filter's length (long: K)
+
+
+CASES = [SeqCase(f"causal_b{b}_d{d}_l{n}_w{w}", "causal", b, d, n, w)
+         for b, d, n in ((1, 8192, 16384), (8, 4096, 2048), (16, 1024, 256))
+         for w in (2, 3, 4, 8, 16, 64, 256)]
+CASES += [SeqCase(f"decode_b{b}_d4096_w4", "decode", b, 4096, 1, 4) for b in (1, 16, 256)]
+CASES += [SeqCase(f"long_b4_d768_l{n}", "long", 4, 768, n, n) for n in (1024, 4096, 16384,
+                                                                      65536)]
+
+
+def shrink(case: SeqCase) -> SeqCase:
+    """The CPU version: small enough for the correctness check."""
+    return dataclasses.replace(case, batch=min(case.batch, 2), dim=min(case.dim, 8),
+                               seqlen=min(case.seqlen, 64) if case.kind != "decode" else 1,
+                               width=min(case.width, 64 if case.kind == "long" else 16))
+
+
+def _torch_causal(x, w, b):
+    return F.silu(F.conv1d(x, w.unsqueeze(1), b, padding=w.shape[1] - 1,
+                           groups=x.shape[1])[..., :x.shape[-1]])
+
+
+def _torch_update(x, state, w, b):
+    window = torch.cat([state, x.unsqueeze(-1)], -1)
+    state.copy_(window[..., 1:])
+    return F.silu(F.conv1d(window, w.unsqueeze(1), b, groups=x.shape[1])[..., -1])
+
+
+def _torch_fft(x, w, b):
+    n = 1 << (x.shape[-1] + w.shape[-1] - 2).bit_length()
+    out = torch.fft.irfft(torch.fft.rfft(x.float(), n=n) * torch.fft.rfft(w.float(), n=n),
+                          n=n)[..., :x.shape[-1]]
+    return (out + b.float().unsqueeze(-1)).to(x.dtype)
+
+
+def _calls(case: SeqCase, dtype, device, train: bool):
+    """({provider: call}, float64 reference output, bytes a pass must move)."""
+    import fastconv
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    shape = (case.batch, case.dim, case.seqlen if case.kind != "decode" else 1)
+    x = torch.randn(shape, generator=g).to(device, dtype)
+    scale = case.width ** -0.5
+    w = (torch.randn(case.dim, case.width, generator=g) * scale).to(device, dtype)
+    b = torch.randn(case.dim, generator=g).to(device, dtype)
+    size = dtype.itemsize
+    if case.kind == "decode":
+        token = x[..., 0].contiguous()
+        start = torch.randn(case.batch, case.dim, case.width - 1, generator=g).to(device, dtype)
+        states = {"fastconv": start.clone(), "torch": start.clone()}
+        ref_state = states["torch"].double()
+        ref = F.silu(F.conv1d(torch.cat([ref_state, token.double().unsqueeze(-1)], -1),
+                              w.double().unsqueeze(1), b.double(), groups=case.dim)[..., -1])
+        calls = {"fastconv": lambda: fastconv.causal_conv1d_update(
+                     token, states["fastconv"], w, b, "silu"),
+                 "torch": lambda: _torch_update(token, states["torch"], w, b)}
+        moved = size * case.batch * case.dim * (2 + 2 * (case.width - 1))
+        return calls, ref, moved
+    if case.kind == "long":
+        fns = {"fastconv": lambda x, w, b: fastconv.long_conv1d(x, w, b), "torch": _torch_fft}
+        xd, wd = x.double(), w.double()  # the definition, directly
+        ref = F.conv1d(F.pad(xd, (case.width - 1, 0)), wd.flip(-1).unsqueeze(1), b.double(),
+                       groups=case.dim)
+    else:
+        fns = {"fastconv": lambda x, w, b: fastconv.causal_conv1d(x, w, b, activation="silu"),
+               "torch": _torch_causal}
+        ref = _torch_causal(x.double(), w.double(), b.double())
+    moved = size * (2 * x.numel() + w.numel())
+    if not train:
+        return {p: (lambda f=f: f(x, w, b)) for p, f in fns.items()}, ref, moved
+    xg, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
+    grad = torch.randn(x.shape, generator=g).to(device, dtype)
+
+    def step(f):
+        def call():
+            out = f(xg, wg, bg)
+            out.backward(grad)
+            xg.grad = wg.grad = bg.grad = None
+            return out.detach()
+        return call
+    return {p: step(f) for p, f in fns.items()}, ref, 3 * moved + size * x.numel()
+
+
+def run_case(case: SeqCase, providers: list[str], precision: Precision, mode: str,
+             device: str = "cuda", timer=None, reps: int = 50,
+             hbm_gbps: float | None = None) -> list[dict]:
+    """One row per provider: median ms, relative error against float64, ``min_bytes``,
+    and ``hbm_pct`` where the copy bandwidth ``hbm_gbps`` was measured."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: the seqconv suite runs {', '.join(MODES)}")
+    if case.kind == "decode" and mode != "fwd":
+        return []  # a decode step has no backward
+    dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
+        precision, torch.float32)
+    calls, ref, moved = _calls(case, dtype, device, mode == "train")
+    rows, ready = [], {}
+    for provider in providers:
+        row = dict(case=case.name, provider=provider, precision=precision.value, mode=mode,
+                   batch=case.batch, dim=case.dim, seqlen=case.seqlen, width=case.width,
+                   min_bytes=moved)
+        rows.append(row)
+        if provider not in calls:
+            row["error"] = f"not a seqconv provider (use {', '.join(calls)})"
+            continue
+        try:
+            row["rel_err"] = relative_error(calls[provider](), ref)
+        except Exception as exc:  # reported, not fatal
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            continue
+        ready[provider] = row
+    if timer is None:
+        for row in ready.values():
+            row.update(ms_p50=None, timing="not measured (no GPU)")
+        return rows
+    from .timers import percentiles
+
+    times = timer.eager_rounds({p: [calls[p]] for p in ready}, reps)
+    for provider, row in ready.items():
+        p50, p20, p80 = percentiles(times[provider])
+        row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80)
+        if hbm_gbps:
+            row["hbm_pct"] = 100.0 * moved / (hbm_gbps * 1e6) / p50
+    return rows
