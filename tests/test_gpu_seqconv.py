@@ -3,6 +3,8 @@ steps replayed from a CUDA graph, long_conv1d's measured route."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -32,7 +34,7 @@ def test_decode_steps_replay_from_a_cuda_graph():
     layer = fastconv.nn.CausalConv1d(dim, width, activation="silu").cuda()
     x = torch.randn(8, dim, 64, device="cuda")
     with torch.no_grad():
-        whole = layer(x)
+        ref = copy.deepcopy(layer).double()(x.double())
         state = layer.new_state(8)
         token = torch.zeros(8, dim, device="cuda")
         out = layer.step(token, state)  # warm-up outside the capture
@@ -45,7 +47,9 @@ def test_decode_steps_replay_from_a_cuda_graph():
             token.copy_(x[..., t])
             graph.replay()
             steps.append(out.clone())
-    assert relative_error(torch.stack(steps, -1), whole.double()) < 1e-5
+    # float32 on the GPU: torch's TF32 flag for convolutions applies (its default: on)
+    assert relative_error(torch.stack(steps, -1), ref) <= TOLERANCE[Precision.TF32]
+    assert torch.equal(state, x[..., -(width - 1):])
 
 
 def test_long_conv1d_measured_route_is_kept_and_correct():
