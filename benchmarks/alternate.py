@@ -36,8 +36,8 @@ def training_steps(script: str, names: Iterable[str], rounds: int, precision) ->
         torch.manual_seed(0)
         net = models.BUILDERS[case.model]().cuda().train()
         x = torch.randn(case.batch, 3, case.size, case.size, device="cuda")
-        torch_step, _ = models._callable("torch", net, x, precision, "train")
-        fc_step, fc_net = models._callable("fastconv", net, x, precision, "train")
+        torch_step, _ = models.provider_call("torch", net, x, precision, "train")
+        fc_step, fc_net = models.provider_call("fastconv", net, x, precision, "train")
         yield name, net, x, torch_step, fc_step, fc_net
 
 

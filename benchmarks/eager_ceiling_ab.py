@@ -88,7 +88,7 @@ def main() -> None:
                 "fastconv": (fc_step, lambda: _bare(False)),
                 "bare layers": (fc_step, lambda: _bare(True))}
         if args.compile:
-            rows["torch.compile"] = (models._callable("torch_compile", net, x, precision,
+            rows["torch.compile"] = (models.provider_call("torch_compile", net, x, precision,
                                                       "train")[0], lambda: _bare(False))
         times = alternate(rows, args.rounds, torch.cuda.synchronize)
         _bare(False)

@@ -38,9 +38,7 @@ def demo_name(model_key: str) -> str:
 
 def table(result: dict) -> tuple[str, dict]:
     meta, rows = result["meta"], result["rows"]
-    cells = {}
-    for r in rows:
-        cells[(r["case"], r["mode"], r["provider"])] = r
+    cells = {(r["case"], r["mode"], r["provider"]): r for r in rows}
     lines = ["| model | batch | " + " | ".join(c[2] for c in COLUMNS) + " |",
              "|---|---|" + "---|" * len(COLUMNS)]
     record = {}
@@ -62,8 +60,7 @@ def table(result: dict) -> tuple[str, dict]:
         what = "inference" if mode == "eval" else "training step"
         name = case.rsplit("_b", 1)[0]
         lines.append(f"| {name} {what} | {int(sample['batch'])} | " + " | ".join(out) + " |")
-        model_key = name
-        record[f"{demo_name(model_key)} {mode}"] = dict(batch=int(sample["batch"]),
+        record[f"{demo_name(name)} {mode}"] = dict(batch=int(sample["batch"]),
                                                         speedups=speedups)
     head = (f"{meta['date'][:10]}, one {meta['gpu']}, torch {meta['torch']}, Triton "
             f"{meta['triton']}, cuDNN {meta['cudnn']}, fastconv {meta['fastconv']}; bf16 "

@@ -202,9 +202,9 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     width = _check_weight(weight, dim, x3)
     _check_bias(bias, dim, x3)
     act = _activation(activation)
-    state = _check_conv_state(conv_state, x3, width, conv_state_indices)
+    _check_conv_state(conv_state, x3, width, conv_state_indices)
     state_len = conv_state.shape[-1]
-    rows = state if conv_state_indices is None else state.index_select(
+    rows = conv_state if conv_state_indices is None else conv_state.index_select(
         0, conv_state_indices.long())
     if cache_seqlens is None:
         window = torch.cat([rows[..., state_len - (width - 1):], x3.to(rows.dtype)], dim=-1)
@@ -231,7 +231,7 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     return out.squeeze(-1) if one else out
 
 
-def _check_conv_state(conv_state, x3, width: int, indices) -> torch.Tensor:
+def _check_conv_state(conv_state, x3, width: int, indices) -> None:
     batch, dim, _ = x3.shape
     if not isinstance(conv_state, torch.Tensor) or conv_state.dim() != 3 \
             or conv_state.shape[1] != dim or conv_state.shape[2] < width - 1:
@@ -246,7 +246,6 @@ def _check_conv_state(conv_state, x3, width: int, indices) -> torch.Tensor:
     else:
         _check_tensor(indices, "conv_state_indices", "(batch,)", (batch,), torch.int32,
                       x3.device)
-    return conv_state
 
 
 def long_conv1d(x: torch.Tensor, weight: torch.Tensor,

@@ -61,8 +61,8 @@ def _slice_end(node):
     if not isinstance(index, tuple):
         return None
     whole = slice(None, None, None)
-    if len(index) == 2 and index[0] is Ellipsis or len(index) == 3 and index[:2] == (
-            whole, whole):
+    if (len(index) == 2 and index[0] is Ellipsis) or (len(index) == 3
+                                                       and index[:2] == (whole, whole)):
         last = index[-1]
         if isinstance(last, slice) and last.start is None and last.step is None \
                 and last.stop is not None:

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ConvError
 from ..precision import TOLERANCE, Precision, relative_error
-from .bench.models import _callable, float64_truth, no_dropout, output
+from .bench.models import float64_truth, no_dropout, output, provider_call
 
 BASELINE = "torch eager"  # the row every speed-up divides
 
@@ -133,7 +133,7 @@ def _cuda_graph(fn):
     return replay
 
 
-def _rows(precision: Precision, on_gpu: bool):
+def _rows(precision: Precision):
     """(row name, models provider, its precision, graphed, why skipped without a GPU)."""
     half = precision in (Precision.BF16, Precision.FP16)
     dtype = f" {precision.value} channels_last" if half else ""
@@ -207,7 +207,7 @@ def run(model: str = "deeplabv3", batch: int | None = None, size: int | None = N
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     rows, torch_err = [], {}  # torch_err: half precision? -> torch's own error
     try:
-        specs = _rows(prec, on_gpu)
+        specs = _rows(prec)
         for i, (name, provider, row_prec, graphed, gpu_only) in enumerate(specs, 1):
             print(f"[{i}/{len(specs)}] {name} ...", flush=True)
             if gpu_only and not on_gpu:
@@ -216,7 +216,7 @@ def run(model: str = "deeplabv3", batch: int | None = None, size: int | None = N
             torch.backends.cudnn.allow_tf32 = row_prec == Precision.TF32
             torch.backends.cuda.matmul.allow_tf32 = row_prec == Precision.TF32
             try:
-                fn, copy_ = _callable(provider, net, x, row_prec, mode)
+                fn, copy_ = provider_call(provider, net, x, row_prec, mode)
                 with no_dropout(copy_):
                     if graphed and train:  # checked before the warm-up steps move weights
                         y = fn()

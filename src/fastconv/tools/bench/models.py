@@ -137,8 +137,8 @@ def train_step(net: torch.nn.Module, x: torch.Tensor, lr: float = 1e-3):
     return step
 
 
-def _callable(provider: str, model, x, precision: Precision, mode: str):
-    """(call, network) for one provider."""
+def provider_call(provider: str, model, x, precision: Precision, mode: str):
+    """(call, network) for one provider (the demo runs its rows through it too)."""
     from ...optimize import compile_model, optimize
 
     half = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(precision)
@@ -214,7 +214,7 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                 if provider not in PROVIDERS:
                     raise ValueError(f"not a models provider (use {', '.join(PROVIDERS)})")
                 start = time.perf_counter()
-                fn, net = _callable(provider, model, x, precision, mode)
+                fn, net = provider_call(provider, model, x, precision, mode)
                 row["prepare_s"] = time.perf_counter() - start
                 start = time.perf_counter()
                 with no_dropout(net):
