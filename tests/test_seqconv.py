@@ -320,3 +320,14 @@ def test_blocks_that_are_not_causal_convs_stay_as_written(variant):
     assert _rel(fast(h), model(h)) < 1e-12
     if variant != "other slice":  # (that one fuses, and runs as written at its length)
         assert not fast.report.fused
+
+
+def test_a_fused_causal_block_reads_its_convolution_at_each_call():
+    torch.manual_seed(2)
+    model = _MambaMixer().double().eval()
+    h = torch.randn(2, 13, 12, dtype=torch.float64)
+    fast = fastconv.optimize(model, "inference", "ieee")
+    fast(h)
+    model.conv1d.padding_mode = "circular"  # set after a call, on both models
+    fast.model.conv1d_causal.conv.padding_mode = "circular"
+    assert _rel(fast(h), model(h)) < 1e-12

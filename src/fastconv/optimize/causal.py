@@ -22,15 +22,17 @@ from .report import Report
 class CausalConv1dSliced(nn.Module):
     """``act(conv(x)[..., :end])``, holding the model's own ``conv``: one causal
     convolution with the activation fused where ``end`` is x's length (the slice of a
-    causal block); anything else runs as written."""
+    causal block) and ``conv`` is still a causal depthwise convolution without hooks;
+    anything else runs as written."""
 
     def __init__(self, conv: nn.Conv1d, activation: str, precision: str | None):
         super().__init__()
         self.conv, self.activation, self.precision = conv, activation, precision
 
     def forward(self, x: torch.Tensor, end) -> torch.Tensor:
-        conv = self.conv
-        if x.dim() == 3 and end == x.shape[-1]:
+        conv = self.conv  # (its attributes read at each call: one set later is seen)
+        if x.dim() == 3 and end == x.shape[-1] and _causal_depthwise(conv) \
+                and not has_hooks(conv):
             return conv1d(x, conv.weight, conv.bias, padding=((conv.kernel_size[0] - 1, 0),),
                           groups=conv.groups, activation=self.activation,
                           precision=self.precision)
