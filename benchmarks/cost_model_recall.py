@@ -85,8 +85,13 @@ def model_order(row) -> list:
     return cost.prune(row[1], row[2], row[3], len(row[3]))[0]
 
 
+def shape_class(problem: ConvProblem) -> str:
+    """conv1d or conv2d, dense or grouped (the seed002 and grouped suites are rank-1)."""
+    return f"conv{problem.rank}d " + ("grouped" if problem.groups > 1 else "dense")
+
+
 def show(label: str, values: list[float]) -> str:
-    return f"{label:<28}" + " ".join(f"@{k} {v:.3f}" for k, v in zip(KS, values))
+    return f"{label:<32}" + " ".join(f"@{k} {v:.3f}" for k, v in zip(KS, values))
 
 
 def main() -> None:
@@ -105,6 +110,9 @@ def main() -> None:
         sub = [r for r in rows if r[2] == op]
         print(show(f"list order, {op} ({n})", recall(sub, lambda r: r[3])))
         print(show(f"cost model, {op} ({n})", recall(sub, model_order)))
+    for shape, n in sorted(collections.Counter(shape_class(r[1]) for r in rows).items()):
+        sub = [r for r in rows if shape_class(r[1]) == shape]
+        print(show(f"cost model, {shape} ({n})", recall(sub, model_order)))
     problems = {(r[0], r[2]): r for r in rows}
     total = sum(len([c for c in r[3] if isinstance(c, cost.TileConfig)])
                 for r in problems.values())

@@ -349,3 +349,25 @@ def test_seqconv_suite_rows_check_both_providers_against_float64(mode):
         for p in ("fastconv", "torch"):
             assert by[p]["rel_err"] < 1e-5, (kind, p, by[p])
             assert by[p]["min_bytes"] > 0 and by[p]["timing"].startswith("not measured")
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--mode", "train"], "expected at least 1 s, mode fwd"),
+    (["--suite", "models"], "a convolution suite"),
+    ([], "there is none here"),  # (this machine has no GPU)
+])
+def test_fresh_process_runs_are_refused_clearly_where_they_cannot_run(extra, says, capsys):
+    args = ["bench", "--fresh", "5", "--suite", "seed002_conv1d"] + extra
+    assert cli.main(args) == 2
+    assert says in capsys.readouterr().out
+
+
+def test_fresh_rows_print_their_ratios():
+    from fastconv.tools.bench import fresh
+
+    row = dict(case="c", first_call_s=1.5, speedup_at_1s=0.8, speedup_at_10s=5.0,
+               speedup_at_end=5.1, speedup_final=5.2, triton_speedup=5.3,
+               choice_10s="triton:dw")
+    text = fresh.table([row, dict(case="d", error="exit 1: boom")])
+    assert " 0.80x" in text and " 5.00x" in text and "triton:dw" in text
+    assert "exit 1: boom" in text and "     -" in text  # (no 3 s window here)

@@ -265,6 +265,11 @@ class PlanCache:
             return None
         return data
 
+    def database_entries(self) -> dict[str, dict]:
+        """The tuning database's entries (read-only; {} without a database)."""
+        with self._lock:
+            return self._database() if self.database else {}
+
     def _database(self) -> dict[str, dict]:
         if self._db is None:
             self._db = self._read_database()

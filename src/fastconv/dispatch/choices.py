@@ -77,7 +77,7 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
         if choice is None:
             tuning = budget.TUNING  # (spent before this problem's timing)
             starved = tuning.spent_s >= tuning.per_process_s
-            choice, rows = decide(problem, backend, mode, op, det, run)
+            choice, rows = decide(problem, backend, mode, op, det, run, key)
             if rows is None:
                 store.CACHE.put(key, store.encode(choice), persist=False)
             else:  # one timing, both rankings stored (see the module docstring)
@@ -98,8 +98,10 @@ def choose(problem: ConvProblem, backend: str = "auto", *,
     return choice
 
 
-def decide(problem, backend, mode, op, det, run) -> tuple[Choice | None, list[Row] | None]:
-    """A choice without timing, or (None, the timed rows) in benchmark mode."""
+def decide(problem, backend, mode, op, det, run,
+           key: str | None = None) -> tuple[Choice | None, list[Row] | None]:
+    """A choice without timing, or (None, the timed rows) in benchmark mode (``key``: the
+    problem's cache key, for the tuning database's nearest problem)."""
     names = policy.backend_names(problem, backend, det)
     if mode == "pinned" and backend == "auto":
         pin_key = store.cache_key(problem, "auto", "pinned", op, det)
@@ -110,7 +112,7 @@ def decide(problem, backend, mode, op, det, run) -> tuple[Choice | None, list[Ro
             return choice, None
     if mode == "benchmark" and run is not None and problem.device == "cuda" \
             and not policy.capturing():
-        rows = timing.benchmark(problem, names, run, op)
+        rows = timing.benchmark(problem, names, run, op, key)
         if not any(r.timed or r.assumed for r in rows):
             raise NotSupported(backend, [f"every candidate failed for {problem.describe()}: "
                                          + "; ".join(f"{r.name()}: {r.note}" for r in rows)])

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from .. import backends
 from ..context import current
 from ..problem import ConvProblem
-from . import choices, policy, store, timing
+from . import choices, policy, store, timing, upgrades
 from .store import Choice
 from .timing import Row
 
@@ -23,17 +23,23 @@ class Explanation:
     rows: list[Row]
     choice: Choice
     graph: bool = False  # ranked by GPU time (a CUDA graph) instead of GPU + host time
+    # the choice calls get now is a stand-in: candidates are still building (``upgrades``)
+    provisional: bool = False
 
     def __str__(self) -> str:
         ranked = "GPU time (CUDA graph)" if self.graph else "GPU + host time (eager)"
+        pending = " (provisional: candidates still building; timed once built)" \
+            if self.provisional else ""
         lines = [f"{self.op} of {self.problem.describe()}",
-                 f"mode {self.mode}; ranked by {ranked}; choice: {self.choice.name()}"]
+                 f"mode {self.mode}; ranked by {ranked}; choice: {self.choice.name()}"
+                 + pending]
         width = max(len(r.name()) for r in self.rows)
         for r in self.rows:
             mark = "*" if r.chosen else " "
             graphed = "" if r.graph_ms is None else f"  graph {r.graph_ms * 1000:8.1f} us"
             what = (f"gpu {r.gpu_ms * 1000:8.1f} us  host {r.host_ms * 1000:8.1f} us{graphed}"
                     + (f"  ({r.note})" if r.note else "") if r.timed else (r.note or "not timed"))
+            what += f"  [{r.prior}]" if r.prior else ""
             lines.append(f" {mark} {r.name():<{width}}  {what}")
         return "\n".join(lines)
 
@@ -49,8 +55,9 @@ def explain(problem: ConvProblem, backend: str = "auto", *, mode: str | None = N
         {backend: backends.get(backend).not_supported_reasons(problem)}
     names = [n for n, r in refusals.items() if not r]
     rows: list[Row] = []
+    key = store.cache_key(problem, backend, mode, op, det, store.cost_name(graph, False))
     if mode == "benchmark" and run is not None and problem.device == "cuda" and names:
-        rows = timing.benchmark(problem, names, run, op)
+        rows = timing.benchmark(problem, names, run, op, key)
     else:
         for n in names:
             try:
@@ -59,8 +66,7 @@ def explain(problem: ConvProblem, backend: str = "auto", *, mode: str | None = N
             except Exception as exc:
                 rows.append(Row(n, note=f"no candidates: {timing.short(exc)}"))
     rows += [Row(n, note="; ".join(r)) for n, r in refusals.items() if r]
-    hit = store.CACHE.get(store.cache_key(problem, backend, mode, op, det,
-                                          store.cost_name(graph, False)))
+    hit = store.CACHE.get(key)
     choice = store.decode(hit, problem, op, names) if hit is not None else None
     if choice is None:
         if any(r.timed for r in rows):
@@ -73,4 +79,5 @@ def explain(problem: ConvProblem, backend: str = "auto", *, mode: str | None = N
             choice = Choice("none", None)
     for r in rows:
         r.chosen = r.backend == choice.backend and r.config == choice.config
-    return Explanation(problem, mode, op, rows, choice, graph)
+    return Explanation(problem, mode, op, rows, choice, graph,
+                       provisional=key in upgrades.UPGRADES)

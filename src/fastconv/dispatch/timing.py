@@ -20,7 +20,7 @@ from .. import backends
 from ..context import timing_candidates
 from ..costs import time_costs, time_graph_cost, time_host_cost  # (tests replace them here)
 from ..problem import ConvProblem
-from . import budget, policy, store
+from . import budget, policy, priors, store
 
 
 @dataclasses.dataclass
@@ -38,6 +38,7 @@ class Row:
     # the choice of a problem met after the process's budget was spent, run untimed (timed
     # with the candidates left building once they are built)
     assumed: bool = False
+    prior: str = ""  # why it was run first (``priors``), if it was
 
     def name(self) -> str:
         return self.backend + store.config_suffix(self.config)
@@ -53,27 +54,36 @@ class Row:
         return gpu if graph else gpu + self.host_ms
 
 
-def benchmark(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
+def benchmark(problem: ConvProblem, names: list[str], run, op: str,
+              key: str | None = None) -> list[Row]:
+    """Every candidate's row (:func:`_time_candidates`); ``key``, the problem's cache key,
+    finds the tuning database's nearest problem (``priors``)."""
     with timing_candidates():
-        return _time_candidates(problem, names, run, op)
+        pri = priors.prior(problem, names, op, key) if key is not None else None
+        return _time_candidates(problem, names, run, op, pri)
 
 
-def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> list[Row]:
-    """Every candidate's row, timed in order of promise (aten, the heuristic's pick, then
-    the rest) until the tuning budget is spent (``budget.TUNING``); the rows left are
-    marked, not timed. A backend's candidates are listed only when its turn comes, inside
-    the budget: listing cuDNN's plans builds graphs and queries its heuristics (seconds for
-    some problems)."""
+def _time_candidates(problem: ConvProblem, names: list[str], run, op: str,
+                     pri: priors.Prior | None = None) -> list[Row]:
+    """Every candidate's row, timed in order of promise (aten, the prior's backend with the
+    prior first, the heuristic's pick, then the rest) until the tuning budget is spent
+    (``budget.TUNING``); the rows left are marked, not timed. A strong prior is waited for
+    (``PRIOR_WAIT_S``) and timed, past the budget too. A backend's candidates are listed only
+    when its turn comes, inside the budget: listing cuDNN's plans builds graphs and queries
+    its heuristics (seconds for some problems)."""
     tuning = budget.TUNING
     first = policy.rule(problem, names, op)
-    order = sorted(names, key=lambda n: (n != "aten", n != first))  # (stable after)
+    lead = pri.backend if pri is not None else first
+    order = sorted(names, key=lambda n: (n != "aten", n != lead, n != first))  # (stable)
     rows: list[Row] = []
     progress = _Progress(problem, op)
     start = clock()
     # past the process's budget nothing is timed now: aten runs (``Row.assumed``), and the
     # candidates building in the background are timed with it once built (timing it alone
-    # chose nothing and cost a first call ~0.1-0.4 s per problem)
-    starved = tuning.spent_s >= tuning.per_process_s and order[0] == "aten"
+    # chose nothing and cost a first call ~0.1-0.4 s per problem); a strong prior is timed
+    # against aten at once
+    strong = pri is not None and pri.strong
+    starved = tuning.spent_s >= tuning.per_process_s and order[0] == "aten" and not strong
 
     def spent_all() -> bool:
         spent = clock() - start
@@ -94,12 +104,21 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
         pruned = []
         if tuning.candidates is not None:
             configs, pruned = cls.prune(problem, op, configs, tuning.candidates)
+        if pri is not None and name == pri.backend:  # first, whatever the cost model says
+            configs = [pri.config] + [c for c in configs if c != pri.config]
+            pruned = [c for c in pruned if c != pri.config]
         ahead = _compile_ahead(cls, configs, run)
         for i, config in enumerate(configs):
+            is_prior = pri is not None and name == pri.backend and i == 0
             if not spent_all():
                 progress.show(name + store.config_suffix(config), len(configs) - i - 1,
                               order[b + 1:], clock() - start)
-            if spent_all() or not _wait_built(ahead[i], start, any(r.timed for r in rows)):
+            if is_prior and pri.strong:
+                built = _wait_prior(ahead[i])
+            else:
+                built = not spent_all() and _wait_built(ahead[i], start,
+                                                        any(r.timed for r in rows))
+            if not built:
                 rows += [Row(name, c, note=skipped, builds=a)
                          for c, a in zip(configs[i:], ahead[i:])]
                 if starved and name == "aten" and i == 0:
@@ -107,7 +126,7 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str) -> li
                     rows[-len(configs)].note += ("; runs untimed (timed beside the builds "
                                                  "once done)")
                 break
-            rows.append(Row(name, config))
+            rows.append(Row(name, config, prior=pri.describe() if is_prior else ""))
             time_row(rows[-1], run)
         rows += [Row(name, c, note=f"{PRUNED_NOTE} ({tuning.describe()})") for c in pruned]
     _refine_host(rows, run)
@@ -151,6 +170,15 @@ def _wait_built(jobs: list | None, start: float, bounded: bool) -> bool:
                float("inf") if tuning.exhaustive else BUILD_WAIT_S)
     timeout = None if math.isinf(left) else max(0.0, left)
     return not concurrent.futures.wait(jobs, timeout=timeout).not_done
+
+
+#: Seconds a strong prior's build is waited for (a Triton kernel compiles in 1-3 s on a cold
+#: cache); one not built by then is timed once it is, as any other.
+PRIOR_WAIT_S = 10.0
+
+
+def _wait_prior(jobs: list | None) -> bool:
+    return not jobs or not concurrent.futures.wait(jobs, timeout=PRIOR_WAIT_S).not_done
 
 
 def time_row(row: Row, run) -> None:

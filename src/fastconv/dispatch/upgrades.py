@@ -28,11 +28,15 @@ class Upgrade:
     done: bool = False
 
     def built(self) -> bool:
-        """Whether every build has finished (a provisional plan's ``until``: cheap once
-        true)."""
+        """Whether every build has finished (cheap once true)."""
         if not self.done:
             self.done = all(j.done() for r in self.rows if r.builds for j in r.builds)
         return self.done
+
+    def ready(self) -> bool:
+        """Whether some candidate's build has finished and it waits to be timed (a
+        provisional plan's ``until``)."""
+        return any(all(j.done() for j in r.builds) for r in self.rows if r.builds)
 
     def stand_in(self, graph: bool) -> Choice:
         """The provisional choice while the builds run: the best timed row. A problem met
@@ -46,7 +50,7 @@ class Upgrade:
         if self.op == "fprop" and best.backend == "aten" and best.config is None \
                 and not any(r.timed for r in self.rows):
             best = dataclasses.replace(best, config=aten.PROVISIONAL)
-        return dataclasses.replace(best, provisional=True, until=self.built)
+        return dataclasses.replace(best, provisional=True, until=self.ready)
 
 
 #: cache key -> the problem's pending upgrade (both rankings' keys share one)
@@ -54,34 +58,40 @@ UPGRADES: dict[str, Upgrade] = {}
 
 
 def upgrade(key: str, graph: bool, run) -> Choice:
-    """The choice for a problem whose budget-cut timing left candidates building: while any
-    build runs (or nothing can be timed now: no ``run``, a CUDA-graph capture), the best
-    timed so far, provisional (plans keep it until its builds are done, then come back
-    here); once all are built, those candidates are timed (milliseconds: their kernels are
-    in the cache), with those timed before, the two rankings stored again (on disk), and
-    the best returned for good."""
+    """The choice for a problem whose budget-cut timing left candidates building: while
+    nothing can be timed (no ``run``, a CUDA-graph capture, no build finished since), the
+    best timed so far, provisional (plans keep it until another build is done, then come
+    back here). Candidates whose builds are done are timed as they finish (milliseconds:
+    their kernels are in the cache), with aten where it ran untimed, and the best so far
+    runs, still provisional; once all are built, every candidate is timed again in the same
+    conditions (the first call's were taken amid the process's start-up), the two
+    rankings are stored (on disk) and the best is returned for good."""
     up = UPGRADES[key]
-    waiting = [r for r in up.rows if r.builds]
-    if run is None or policy.capturing() or not up.built():
+    if run is None or policy.capturing() or not up.ready():
         return up.stand_in(graph)
     with key_lock(key):
-        if UPGRADES.get(key) is up:
-            # the candidates timed at the first call are timed again beside the new ones, in
-            # the same conditions (the first call's were taken amid the process's start-up)
-            for r in [r for r in up.rows if r.timed or r.assumed] + waiting:
-                failed = next((j.exception() for j in r.builds or () if j.exception()), None)
-                r.builds, r.note = None, ""
-                if failed is not None:  # timing it would compile it here: seconds
-                    r.note = f"background build failed: {timing.short(failed)}"
-                    continue
-                timing.time_row(r, run)
-            # stored on disk even where backends that build nothing ahead were not listed
-            # (a starved problem's): every candidate that builds ahead has been timed
-            untimed = timing.untimed(up.rows)
-            for g, k in zip((False, True), up.keys):
-                store.CACHE.put(k, store.encode(policy.best(up.rows, g), partial=untimed),
-                                persist=True)
-                UPGRADES.pop(k, None)
+        if UPGRADES.get(key) is not up:  # another thread finished it
+            return policy.best(up.rows, graph)
+        final = up.built()
+        done = [r for r in up.rows if r.builds and all(j.done() for j in r.builds)]
+        again = [r for r in up.rows if r.timed or r.assumed] if final \
+            else [r for r in up.rows if r.assumed and not r.timed]
+        for r in again + done:
+            failed = next((j.exception() for j in r.builds or () if j.exception()), None)
+            r.builds, r.note = None, ""
+            if failed is not None:  # timing it would compile it here: seconds
+                r.note = f"background build failed: {timing.short(failed)}"
+                continue
+            timing.time_row(r, run)
+        if not final:
+            return up.stand_in(graph)
+        # stored on disk even where backends that build nothing ahead were not listed
+        # (a starved problem's): every candidate that builds ahead has been timed
+        untimed = timing.untimed(up.rows)
+        for g, k in zip((False, True), up.keys):
+            store.CACHE.put(k, store.encode(policy.best(up.rows, g), partial=untimed),
+                            persist=True)
+            UPGRADES.pop(k, None)
     return policy.best(up.rows, graph)
 
 
@@ -90,15 +100,17 @@ def adopt(choice: Choice, hit: dict, key: str, problem: ConvProblem, mode: str, 
     """A tuning-database choice, first used: run once now (a cuDNN plan builds: seconds for
     some) and charged to the tuning budget, so that a first call stays bounded. A Triton
     choice's kernels are compiled by background workers first (``compile_ahead``): until
-    they are, aten runs the call (a provisional choice, not stored). None once the process's
-    budget is spent and it needs more than aten (the caller decides as for a new problem),
-    or where it fails to run."""
+    they are, aten runs the call (a provisional choice, not stored): past the process's
+    budget too, since the builds cost the call nothing. None once the process's budget is
+    spent and it needs a backend that builds at the call (cuDNN: the caller decides as for
+    a new problem), or where it fails to run."""
     if mode == "benchmark" and run is not None and problem.device == "cuda" \
             and not policy.capturing():
         tuning = budget.TUNING
-        if choice.backend != "aten" and tuning.spent_s >= tuning.per_process_s:
-            return None
         cls = backends.REGISTRY[choice.backend]
+        if choice.backend != "aten" and not cls.BUILDS_AHEAD \
+                and tuning.spent_s >= tuning.per_process_s:
+            return None
         start = timing.clock()
         try:
             if "aten" in names and not ahead_built(key, cls, lambda: run(cls, choice.config)):

@@ -364,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated case names: run only these cases of the suites")
     p.add_argument("--cpu-cases", type=int, default=3,
                    help="without a GPU: how many cases of each suite to check (shrunk)")
+    p.add_argument("--fresh", type=float, metavar="SECONDS", default=None,
+                   help="run each forward case as a new user's process would: a new process, "
+                        "an empty plan cache, the default tuning budget; fastconv's time per "
+                        "call over its first SECONDS against torch's (FASTCONV_TUNING_DB=off: "
+                        "without the shipped database)")
+    p.add_argument("--spent-budget", action="store_true",
+                   help="with --fresh: start each process with its tuning budget spent")
     p.add_argument("--tune-budget", default="exhaustive",
                    help="dispatch's tuning budget: exhaustive (default: steady state after "
                         "full tuning, what `FASTCONV_TUNE_BUDGET=exhaustive` gives), default "

@@ -58,6 +58,14 @@ def run(args, has_gpu: bool) -> int:
         if m not in runner.MODES:
             print(f"--mode: got {m!r}; allowed: {', '.join(runner.MODES)}")
             return 2
+    if args.fresh is not None and (args.fresh < 1 or modes != ["fwd"]
+                                   or {"models", "seqconv"} & set(args.suite.split(","))):
+        print(f"--fresh: got {args.fresh:g} s with mode {args.mode!r} and suite {args.suite!r}; "
+              f"expected at least 1 s, mode fwd and a convolution suite")
+        return 2
+    if args.fresh is not None and not has_gpu:
+        print("--fresh: times a new process's calls on a GPU; there is none here")
+        return 2
     runs = []
     for suite in args.suite.split(","):
         if suite in ("models", "seqconv"):  # whole models; sequence convolutions
@@ -101,12 +109,24 @@ def run(args, has_gpu: bool) -> int:
                                              runner.GpuTimer() if has_gpu else None,
                                              args.reps, ceilings.get("hbm_gbps"))
                     continue
+                if args.fresh is not None:
+                    from fastconv.tools.bench import fresh
+                    rows += fresh.run_case(suite, case, prec, layout, args.fresh,
+                                           args.spent_budget, args.reps)
+                    continue
                 rows += runner.run_case(case, providers, prec, layout, reps=args.reps,
                                         device="cuda" if has_gpu else "cpu", mode=mode,
                                         host=suite in suites.HOST_SUITES)
             report.add_roofline(rows, ceilings)
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
+            if args.fresh is not None:
+                from fastconv.tools.bench import fresh
+                doc["meta"].update(fresh_s=args.fresh, spent_budget=args.spent_budget)
+                stem += "-fresh" + ("-spent" if args.spent_budget else "")
+                written += report.write(doc, out_dir, stem)
+                print(fresh.table(rows))
+                continue
             written += report.write(doc, out_dir, stem)
             if args.plot and suite not in ("models", "seqconv"):  # (no FLOP model)
                 from fastconv.tools.bench.plot import plot
