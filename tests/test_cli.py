@@ -77,3 +77,17 @@ def test_debug_shows_the_traceback():
     with pytest.raises(ConvError, match="backend"):
         cli.main(["--debug", "explain", "--input", "1,3,8,8", "--weight", "4,3,3,3",
                   "--backend", "bogus"])
+
+
+def test_the_demo_divides_by_one_baseline_in_the_same_precision():
+    """Exactly one row is the baseline, torch eager in the demo's precision and layout (the
+    float32 context row is not: a GPU run once divided by it)."""
+    from fastconv.precision import Precision
+    from fastconv.tools import demo
+
+    for precision in Precision:
+        names = [spec[0] for spec in demo._rows(precision)]
+        baselines = [n for n in names if n.startswith(demo.BASELINE)]
+        assert len(baselines) == 1, names
+        assert baselines[0] == demo.BASELINE + (
+            f" {precision.value} channels_last" if precision.value in ("bf16", "fp16") else "")

@@ -139,7 +139,7 @@ def _rows(precision: Precision):
     dtype = f" {precision.value} channels_last" if half else ""
     specs = []
     if half:
-        specs.append(("torch eager fp32 (context)", "torch", Precision.TF32, False, None))
+        specs.append(("torch fp32 eager (context)", "torch", Precision.TF32, False, None))
     specs += [(BASELINE + dtype, "torch", precision, False, None),
               ("torch CUDA graph" + dtype, "torch", precision, True, "no GPU"),
               ("torch.compile" + dtype, "torch_compile", precision, False,
@@ -217,20 +217,22 @@ def run(model: str = "deeplabv3", batch: int | None = None, size: int | None = N
             torch.backends.cuda.matmul.allow_tf32 = row_prec == Precision.TF32
             try:
                 fn, copy_ = provider_call(provider, net, x, row_prec, mode)
+                # (outputs cloned: a CUDA graph's, torch's or reduce-overhead's, live in
+                # buffers the timed replays overwrite)
                 with no_dropout(copy_):
                     if graphed and train:  # checked before the warm-up steps move weights
-                        y = fn()
+                        y = fn().detach().clone()
                     if graphed:
                         fn = _cuda_graph(fn)
                     if not (graphed and train):
-                        y = fn()
+                        y = fn().detach().clone()
                 ms = _time(fn, reps, on_gpu)
+                err = relative_error(y, truth)
+                agree = float((y.argmax(1) == truth.argmax(1)).float().mean())
             except Exception as exc:  # a row that cannot run says why; the others go on
                 rows.append((name, None, None, None, f"failed: {type(exc).__name__}: "
                                                      f"{str(exc)[:120]}"))
                 continue
-            err = relative_error(y, truth)
-            agree = float((y.argmax(1) == truth.argmax(1)).float().mean())
             half = row_prec in (Precision.BF16, Precision.FP16)
             if provider.startswith("torch"):
                 torch_err.setdefault(half, err)
@@ -246,14 +248,14 @@ def run(model: str = "deeplabv3", batch: int | None = None, size: int | None = N
 
 def _print_table(rows, base, batch: int, segmentation: bool) -> None:
     agree = "mask" if segmentation else "top-1"
-    print(f"\n{'':36} {'ms':>9} {'img/s':>8} {'speed-up':>9} {'err f64':>9} {agree:>6}")
+    print(f"\n{'':48} {'ms':>9} {'img/s':>8} {'speed-up':>9} {'err f64':>9} {agree:>6}")
     for name, ms, err, agreement, note in rows:
         if ms is None:
-            print(f"{name:36} {note}")
+            print(f"{name:48} {note}")
             continue
         mark = "  (baseline)" if name.startswith(BASELINE) else ""
         speedup = f"{base / ms:8.2f}x" if base else f"{'-':>9}"
-        print(f"{name:36} {ms:9.2f} {batch * 1000 / ms:8.1f} {speedup} {err:9.1e} "
+        print(f"{name:48} {ms:9.2f} {batch * 1000 / ms:8.1f} {speedup} {err:9.1e} "
               f"{agreement:6.1%} {note}{mark}")
     print("speed-up: the baseline row's time over the row's (same precision and layout); "
           "err: relative error against float64")
