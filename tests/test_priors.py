@@ -12,7 +12,11 @@ import torch
 import fastconv
 from fastconv import backends, dispatch, plancache
 from fastconv.dispatch import priors
-from test_dispatch import _Fake, _problem, clock, fakes  # noqa: F401 (fixtures)
+
+# the fixtures of test_dispatch, shared (a parameter named after one is not a redefinition)
+from test_dispatch import _Fake, _problem, clock, fakes  # noqa: F401
+
+# ruff: noqa: F811
 
 
 class _Aten(_Fake):

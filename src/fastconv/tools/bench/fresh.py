@@ -14,6 +14,7 @@ process, medians, for the ratios. Forward cases only.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -121,6 +122,10 @@ def _choice(problem) -> str:
         " (provisional)" if dispatch.building() else "")
 
 
+def _ratio(row: dict, key: str) -> str:
+    return f"{row[key]:5.2f}x" if key in row else "     -"
+
+
 def table(rows: list[dict]) -> str:
     """The fresh rows as text: time per call against torch's at 1, 3, 10 s and the end."""
     head = (f"{'case':<30} {'first s':>7} {'@1s':>6} {'@3s':>6} {'@10s':>6} {'end':>6} "
@@ -130,9 +135,7 @@ def table(rows: list[dict]) -> str:
         if "error" in r:
             lines.append(f"{r['case']:<30} {r['error']}")
             continue
-
-        def x(key):
-            return f"{r[key]:5.2f}x" if key in r else "     -"
+        x = functools.partial(_ratio, r)
         lines.append(f"{r['case']:<30} {r['first_call_s']:7.2f} {x('speedup_at_1s')} "
                      f"{x('speedup_at_3s')} {x('speedup_at_10s')} {x('speedup_at_end')} "
                      f"{x('speedup_final')} {x('triton_speedup')}  "
