@@ -64,3 +64,26 @@ def test_long_conv1d_measured_route_is_kept_and_correct():
     fastconv.long_conv1d(x, short)  # timed: both routes
     assert seqconv.LONG_CONV_CHOICES[((2, 64, 4096), 300, torch.bfloat16, "cuda")] in (
         "direct", "fft")
+
+
+@pytest.mark.parametrize("width, state_len", [(2, 1), (4, 3), (4, 7), (64, 63), (256, 300)])
+def test_one_token_steps_in_bf16_within_the_contract(width, state_len):
+    """The decode kernel (one token, a state pool) against float64, the pool's other rows
+    untouched and the named rows shifted exactly."""
+    batch, dim, rows = 37, 1031, 50
+    w = (torch.randn(dim, width, device="cuda") / width ** 0.5).bfloat16()
+    b = torch.randn(dim, device="cuda").bfloat16()
+    pool = torch.randn(rows, dim, state_len, device="cuda").bfloat16()
+    index = torch.randperm(rows, device="cuda")[:batch].int()
+    x = torch.randn(batch, dim, device="cuda").bfloat16()
+    before = pool.clone()
+    window = torch.cat([before[index.long()], x.unsqueeze(-1)], -1)[..., -width:]
+    ref = torch.nn.functional.silu((window.double() * w.double()).sum(-1) + b.double())
+    out = fastconv.causal_conv1d_update(x, pool, w, b, "silu", conv_state_indices=index)
+    assert out.dtype == torch.bfloat16 and out.isfinite().all()
+    assert relative_error(out, ref) <= TOLERANCE[Precision.BF16]
+    want = torch.cat([before[index.long()], x.unsqueeze(-1)], -1)[..., 1:]
+    assert torch.equal(pool[index.long()], want)
+    others = torch.ones(rows, dtype=torch.bool, device="cuda")
+    others[index.long()] = False
+    assert torch.equal(pool[others], before[others])

@@ -331,3 +331,37 @@ def test_a_fused_causal_block_reads_its_convolution_at_each_call():
     model.conv1d.padding_mode = "circular"  # set after a call, on both models
     fast.model.conv1d_causal.conv.padding_mode = "circular"
     assert _rel(fast(h), model(h)) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_one_token_step_runs_one_kernel_and_matches_torch_s_step(dtype, monkeypatch):
+    """One token without a circular buffer runs backends/triton/decode.py (the interpreter
+    here): the output within the dtype's rounding of float64, the state rows shifted in
+    place (pool rows not named untouched); with autograd on, torch's operations run."""
+    from fastconv.backends.triton import decode
+
+    ran = []
+    real = decode.decode_step
+    monkeypatch.setattr(decode, "decode_step", lambda *a: ran.append(1) or real(*a))
+    g = torch.Generator().manual_seed(3)
+    batch, dim, width, state_len = 3, 300, 4, 5  # two programs of 256 channels, masked
+    w = (torch.randn(dim, width, generator=g) / 2).to(dtype)
+    b = torch.randn(dim, generator=g).to(dtype)
+    pool = torch.randn(6, dim, state_len, generator=g).to(dtype)
+    index = torch.tensor([4, 0, 2], dtype=torch.int32)
+    x = torch.randn(batch, dim, generator=g).to(dtype)
+    before = pool.clone()
+    window = torch.cat([before[index.long(), :, -(width - 1):], x.unsqueeze(-1)], -1)
+    ref = F.silu((window.double() * w.double()).sum(-1) + b.double())
+    out = fastconv.causal_conv1d_update(x, pool, w, b, "silu", conv_state_indices=index)
+    assert ran and out.dtype == dtype and out.shape == x.shape
+    assert _rel(out, ref) < (1e-6 if dtype == torch.float32 else 8e-3)
+    want = torch.cat([before[index.long()], x.unsqueeze(-1)], -1)[..., 1:]
+    assert torch.equal(pool[index.long()], want)
+    assert torch.equal(pool[[1, 3, 5]], before[[1, 3, 5]])
+    ran.clear()
+    wg = w.float().requires_grad_()
+    state = before[:batch].float().clone()
+    y = fastconv.causal_conv1d_update(x.float(), state, wg, None)
+    y.sum().backward()
+    assert not ran and wg.grad is not None

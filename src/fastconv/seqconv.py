@@ -10,8 +10,10 @@ multiplies the current position).
 Routes: a causal conv1d without ``seq_idx`` runs through :func:`fastconv.conv1d` (dispatch
 picks the Triton depthwise kernel or torch's; initial states are prepended to the input);
 with ``seq_idx`` each tap is masked where it would reach into another sequence (torch
-operations, one pass per tap). The decode step is torch operations (no host
-synchronisation: it captures in a CUDA graph). Everything has autograd through torch's or
+operations, one pass per tap). The decode step of one token is one Triton kernel on a GPU
+(``backends/triton/decode.py``), torch operations otherwise (several tokens, a circular
+state, autograd, torch.compile's tracing); neither synchronises the host: both capture in
+a CUDA graph. Everything has autograd through torch's or
 fastconv's differentiable operations, deterministic unless torch's deterministic setting
 says otherwise for an operation it reports.
 """
@@ -203,6 +205,12 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     _check_bias(bias, dim, x3)
     act = _activation(activation)
     _check_conv_state(conv_state, x3, width, conv_state_indices)
+    if seqlen == 1 and cache_seqlens is None and _decode_kernel_runs(x, weight, bias):
+        from .backends.triton.decode import decode_step
+
+        out = decode_step(x3[..., 0], conv_state, weight, bias, act == "silu",
+                          conv_state_indices)
+        return out if one else out.unsqueeze(-1)
     state_len = conv_state.shape[-1]
     rows = conv_state if conv_state_indices is None else conv_state.index_select(
         0, conv_state_indices.long())
@@ -229,6 +237,22 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
                    None if bias is None else bias.to(acc_type), groups=dim)
     out = (F.silu(acc) if act == "silu" else acc).to(x.dtype)
     return out.squeeze(-1) if one else out
+
+
+def _decode_kernel_runs(x, weight, bias) -> bool:
+    """Whether a one-token step runs the Triton decode kernel: on a GPU (or a CPU tensor
+    under Triton's interpreter), outside torch.compile's tracing, and without autograd (the
+    step has no backward; torch's operations keep one where it is asked for)."""
+    from . import backends
+
+    if torch.compiler.is_compiling() or not backends.get("triton").available()[0]:
+        return False
+    if torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, weight, bias)):
+        return False
+    from .backends.triton.launch import INTERPRETED
+
+    return x.device.type == ("cpu" if INTERPRETED else "cuda")
 
 
 def _check_conv_state(conv_state, x3, width: int, indices) -> None:
