@@ -62,7 +62,7 @@ def decode_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
     state_len = state.shape[-1]
     width = weight.shape[1]
     out = torch.empty_like(x)
-    block_l = triton.next_power_of_2(state_len)
+    block_l = max(2, triton.next_power_of_2(state_len))
     block_d = max(16, min(256, 4096 // block_l))
     launch(_decode_kernel, (batch, cdiv(dim, block_d)),
            x, state, x if indices is None else indices, weight,
