@@ -39,7 +39,13 @@ def test_deeplab_inference_at_512(precision, monkeypatch):
         a, b = fast(x)["out"], graphed(x)["out"]
         a2 = fast(x + 1)["out"]  # a second replay with other inputs
         b2 = graphed(x + 1)["out"]
-    assert relative_error(a, b) < 1e-6 and relative_error(a2, b2) < 1e-6
+    # Eager calls and a CUDA graph rank candidates differently (GPU + host time against
+    # GPU time) and move from provisional to tuned choices at different calls, so in TF32 or
+    # bf16 their kernels may differ: equal within the contract; a stale replay (the first
+    # input's output again) would be as far from b2 as a is
+    bound = TOLERANCE[precision]
+    assert relative_error(a, b) <= bound and relative_error(a2, b2) <= bound
+    assert relative_error(a2, b2) < relative_error(a, b2) / 10
     assert relative_error(a.double(), truth) <= max(TOLERANCE[precision],
                                                    2 * by["torch"]["rel_err"])
 
