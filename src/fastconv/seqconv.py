@@ -20,6 +20,8 @@ says otherwise for an operation it reports.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -239,13 +241,20 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     return out.squeeze(-1) if one else out
 
 
+@functools.lru_cache(maxsize=1)
+def _triton_runs() -> bool:
+    """Whether Triton kernels run in this process (asked once: the question costs ~0.1 ms,
+    as much as the decode step itself)."""
+    from . import backends
+
+    return backends.get("triton").available()[0]
+
+
 def _decode_kernel_runs(x, weight, bias) -> bool:
     """Whether a one-token step runs the Triton decode kernel: on a GPU (or a CPU tensor
     under Triton's interpreter), outside torch.compile's tracing, and without autograd (the
     step has no backward; torch's operations keep one where it is asked for)."""
-    from . import backends
-
-    if torch.compiler.is_compiling() or not backends.get("triton").available()[0]:
+    if torch.compiler.is_compiling() or not _triton_runs():
         return False
     if torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, bias)):
