@@ -184,10 +184,11 @@ def _grads(module, x, g):
 @pytest.mark.parametrize("backend", _BACKENDS)
 def test_a_module_call_with_autograd_reuses_its_native_plan_and_sees_every_change(
         backend, monkeypatch):
-    """A module call that needs gradients runs the module's kept plan when dispatch chose a
-    native one (torch's autograd differentiates it); a plan with fastconv's backward takes
-    the general path each call. Either way, a new shape or layout, a ``.data`` swap (other
-    shape), an in-place update and the grad mode give results and gradients equal to torch's."""
+    """A module call that needs gradients runs the module's kept plan: a native one directly
+    (torch's autograd differentiates it), one with fastconv's backward through
+    ``plans.ConvFunction`` with the arguments kept beside it. Either way, a new shape or
+    layout, a ``.data`` swap (other shape), an in-place update and the grad mode give
+    results and gradients equal to torch's."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # strict fp32, as torch
     conv = fastconv.nn.Conv2d(3, 4, 3, padding=1, backend=backend)  # (precision: torch's)
     ref = torch.nn.Conv2d(3, 4, 3, padding=1).double()
@@ -201,7 +202,8 @@ def test_a_module_call_with_autograd_reuses_its_native_plan_and_sees_every_chang
             assert relative_error(u, v) < 1e-5
     check(torch.randn(2, 3, 6, 7))
     kept = conv.__dict__["_plan"]
-    assert (kept[1] is not None) == (backend == "aten")  # native: the module runs it
+    assert kept[1] is not None and kept[1].native_grad == (backend == "aten")
+    assert (kept[5] is None) == (backend == "aten")  # the autograd function's arguments
     check(torch.randn(2, 3, 6, 7))
     assert conv.__dict__["_plan"] is kept  # same signature: reused
     check(torch.randn(1, 3, 5, 9).contiguous(memory_format=torch.channels_last))
@@ -324,9 +326,101 @@ def test_a_module_s_kept_entry_follows_autocast_and_the_input_dtype():
                 y = conv(given)
             assert y.dtype == (dtype or torch.float32)
             assert relative_error(y, ref) < tol, (dtype, given.dtype)
-            key, plan, to_input, _, params = conv.__dict__["_plan"]
-            assert plan is not None and params == dtype
+            key, plan, to_input, _, params, op_args = conv.__dict__["_plan"]
+            assert plan is not None and params == dtype and op_args is None
             assert (to_input is not None) == (dtype is not None and given.dtype != dtype)
             seen.append(conv.__dict__["_plan"])
     assert seen[1] is seen[0]  # the same signature: kept
     assert len({id(e) for e in seen}) == 4
+
+
+def _fused_reference(m, x, residual):
+    """``m`` (a ConvBNAct2d in eval mode, ReLU) as torch's layers in float64."""
+    conv = torch.nn.Conv2d(m.in_channels, m.out_channels, 3, padding=1,
+                           bias=m.bias is not None).double()
+    bn = torch.nn.BatchNorm2d(m.out_channels).double().eval()
+    conv.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("bn.")})
+    bn.load_state_dict({k[3:]: v for k, v in m.state_dict().items() if k.startswith("bn.")})
+    xd = x.detach().double().requires_grad_()
+    rd = residual.detach().double()
+    y = torch.relu(bn(conv(xd)) + rd)
+    return y, xd, conv.weight, bn.weight
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+@pytest.mark.parametrize("autocast", [False, True])
+def test_a_fused_layer_in_eval_with_autograd_runs_its_kept_plan(backend, autocast,
+                                                                monkeypatch):
+    """BatchNorm in eval mode with gradients (a frozen-statistics fine-tune): the module
+    folds the statistics differentiably and runs its kept plan (with a residual), results
+    and gradients as torch's layers give them; under bf16 autocast, within bf16's rounding."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch.manual_seed(1)
+    m = fastconv.nn.ConvBNAct2d(3, 5, 3, padding=1, activation="relu", backend=backend)
+    with torch.no_grad():
+        m.bn.running_mean.normal_()
+        m.bn.running_var.uniform_(0.5, 2.0)
+        m.bn.weight.uniform_(0.5, 1.5)
+    m.eval()
+    tol = 3e-2 if autocast else 1e-5
+    for shape in ((2, 3, 6, 7), (2, 3, 6, 7), (1, 3, 5, 9)):
+        x = torch.randn(*shape, requires_grad=True)
+        residual = torch.randn(shape[0], 5, *shape[2:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = m(x, residual.bfloat16() if autocast else residual)
+        g = torch.randn(y.shape)
+        grads = torch.autograd.grad(y, (x, m.weight, m.bn.weight), g.to(y.dtype))
+        ref, xd, wd, gd = _fused_reference(m, x, residual)
+        want = torch.autograd.grad(ref, (xd, wd, gd), g.double())
+        assert relative_error(y, ref) < tol
+        for u, v in zip(grads, want):
+            assert relative_error(u, v) < tol
+        assert m.__dict__["_plan"][1] is not None  # the kept plan ran
+
+
+def _frames_to_the_kernel(fn) -> int:
+    """fastconv frames on the stack when ``fn`` launches its first Triton kernel."""
+    import sys
+
+    depth = []
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and not depth and "triton" in code.co_filename \
+                and code.co_name in ("launch", "run"):
+            n, f = 0, frame.f_back
+            while f is not None:
+                n += "/fastconv/" in f.f_code.co_filename.replace("\\", "/")
+                f = f.f_back
+            depth.append(n)
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return depth[0]
+
+
+def test_a_fused_layer_reaches_its_kernel_in_six_frames_on_every_route():
+    """From the module's forward to the kernel launch, at most 6 fastconv frames (counting
+    the interpreter's lock wrapper, absent on a GPU), after the first call of each route."""
+    from fastconv import dispatch
+
+    x = torch.randn(2, 4, 7, 7)
+    with dispatch.settings("heuristic"):
+        m = fastconv.nn.ConvBNAct2d(4, 6, 3, padding=1, activation="relu", backend="triton")
+        c = fastconv.nn.Conv2d(4, 6, 3, padding=1, backend="triton")
+        residual = torch.randn(2, 6, 7, 7)
+        routes = {
+            "train": lambda: m.train()(x.clone().requires_grad_()),
+            "eval with autograd": lambda: m.eval()(x.clone().requires_grad_(), residual),
+            "conv with autograd": lambda: c(x.clone().requires_grad_()),
+        }
+        for name, call in routes.items():
+            call()
+            assert _frames_to_the_kernel(call) <= 6, name
+        with torch.no_grad():
+            for name, call in {"eval": lambda: m.eval()(x, residual), "conv": lambda: c(x)
+                               }.items():
+                call()
+                assert _frames_to_the_kernel(call) <= 6, name

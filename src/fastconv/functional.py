@@ -262,25 +262,30 @@ def _through_op(plan, call: ConvCall, input, weight, bias, residual, scale, shif
     if weight.dim() != call.rank + 2:
         raise ConvError(f"weight: expected a {call.rank + 2}-D tensor for conv{call.rank}d, "
                         f"got shape {tuple(weight.shape)}")
+    args = op_args(call, weight.shape[2:], input.dtype)
+    if torch.compiler.is_compiling():
+        return ops.conv(input, weight, bias, scale, shift, residual, *args)
+    return plans.ConvFunction.apply(plan, input, weight, bias, scale, shift, residual, *args)
+
+
+def op_args(call: ConvCall, kernel, dtype: torch.dtype) -> OpArgs:
+    """The ``fastconv::conv`` op's (and ``plans.ConvFunction``'s) arguments after the
+    tensors, for ``call`` with a weight of spatial shape ``kernel`` on ``dtype`` input."""
     try:  # (not while tracing: a traced lookup guards on the dict, whose growth recompiles)
-        key = None if torch.compiler.is_compiling() else (
-            call[:7], weight.shape[2:], call.kinds())
+        key = None if torch.compiler.is_compiling() else (call[:7], kernel, call.kinds())
         geometry = None if key is None else _GEOMETRY.get(key)
     except TypeError:  # unhashable (a list): normalise every time
         key, geometry = None, None
     if geometry is None:
-        geometry = normalize_geometry(call.rank, weight.shape[2:], call.stride, call.padding,
+        geometry = normalize_geometry(call.rank, kernel, call.stride, call.padding,
                                       call.dilation, call.output_padding, call.transposed)
         if key is not None and len(_GEOMETRY) < plans.PLANS_MAX:
             _GEOMETRY[key] = geometry
     stride, pre, post, dilation, opad = geometry
-    args = OpArgs(list(stride), list(pre), list(post), list(dilation), call.groups,
+    return OpArgs(list(stride), list(pre), list(post), list(dilation), call.groups,
                   call.transposed, list(opad), call.activation,
                   real_number("negative_slope", call.negative_slope), call.backend,
-                  resolve(call.precision, input.dtype).value)
-    if torch.compiler.is_compiling():
-        return ops.conv(input, weight, bias, scale, shift, residual, *args)
-    return plans.ConvFunction.apply(plan, input, weight, bias, scale, shift, residual, *args)
+                  resolve(call.precision, dtype).value)
 
 
 def explain(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -74,10 +74,11 @@ class _FastconvMixin:
         is paid once per signature.
 
         Without autograd the plan runs on the autocast casts of the parameters, kept between
-        calls. With autograd it runs when dispatch chose a native plan (torch's own
-        differentiable ops), on the parameters as they are: torch's autocast casts them and
-        torch's autograd differentiates the call, as in ``torch.nn.Conv2d``. ``None`` when the
-        call needs the general path: a plan whose backward is fastconv's, an unbatched input,
+        calls. With autograd, a native plan (torch's own differentiable ops) runs on the
+        parameters as they are: torch's autocast casts them and torch's autograd
+        differentiates the call, as in ``torch.nn.Conv2d``; a plan whose backward is
+        fastconv's runs through ``plans.ConvFunction`` (as the functional path's does), on
+        autocast's casts. ``None`` when the call needs the general path: an unbatched input,
         or inside torch.compile (whose graph must see the custom op, not this host cache).
 
         This runs on every call of every convolution of an optimized model, so a call whose
@@ -96,7 +97,7 @@ class _FastconvMixin:
             if input.dim() != len(self.kernel_size) + 2:
                 return None
             kept = self._keep(key, call, input, weight, bias, residual, grad, cast)
-        _, plan, to_input, to_residual, params = kept
+        _, plan, to_input, to_residual, params, op_args = kept
         if plan is None:
             return None
         if to_input is not None:
@@ -105,12 +106,17 @@ class _FastconvMixin:
             residual = to_residual(residual)
         if params is not None:
             weight, bias = self._cast_params(weight, bias, params)
-        elif cast is not None and grad:  # the casts a training step made in one batch
+        elif cast is not None and grad:
             step = current_step()
-            if step is not None and step.casts:
+            if step is not None and step.casts:  # the casts a training step made in one batch
                 weight = step.cast(weight, cast)
                 if bias is not None:
                     bias = step.cast(bias, cast)
+            elif op_args is not None:  # (a native plan's torch ops cast them themselves)
+                weight, bias = fc._autocast(input.device.type, weight, bias)
+        if op_args is not None:  # fastconv's backward: the autograd function, directly
+            return plans.ConvFunction.apply(plan, input, weight, bias, None, None, residual,
+                                            *op_args)
         return plan.run(input, weight, bias, None, None, residual, None)
 
     def _plan_key(self, call: ConvCall, input: Tensor, weight: Tensor, bias: Tensor | None,
@@ -219,9 +225,11 @@ class _FastconvMixin:
 
     def _keep(self, key, call, input, weight, bias, residual, grad, cast) -> tuple:
         """The entry :meth:`_planned` keeps for ``key``: ``(key, plan, input cast, residual
-        cast, parameter cast dtype)`` (None where nothing is cast, or no plan), made on the
-        operands as autocast gives them; kept unless the plan is a provisional stand-in
-        with no end (``dispatch.Choice.provisional``)."""
+        cast, parameter cast dtype, the autograd function's arguments)`` (None where nothing
+        is cast, where there is no plan, or where the plan runs directly: without autograd,
+        or torch's own differentiable ops), made on the operands as autocast gives them;
+        kept unless the plan is a provisional stand-in with no end
+        (``dispatch.Choice.provisional``)."""
         to_input = to_residual = params = None
         if cast is not None:
             if fc.autocast_casts(input, cast):
@@ -234,19 +242,19 @@ class _FastconvMixin:
                 params = cast
                 weight, bias = self._cast_params(weight, bias, cast)
         plan = self._new_plan(call, input, weight, bias, residual, grad, cast)
-        kept = (key, plan, to_input, to_residual, params)
+        op_args = fc.op_args(call, weight.shape[2:], input.dtype) \
+            if grad and plan is not None and not plan.native_grad else None
+        kept = (key, plan, to_input, to_residual, params, op_args)
         if plan is None or not plan.provisional or plan.until is not None:
             self.__dict__["_plan"] = kept
         return kept
 
     def _new_plan(self, call, input, weight, bias, residual, grad, cast):
-        """The plan of :meth:`_planned` (validated and dispatched), or None where a call with
-        autograd must take the general path."""
+        """The plan of :meth:`_planned` (validated and dispatched)."""
         if grad and cast is not None:  # planned for the dtypes autocast will give them
             weight, bias = fc._autocast(input.device.type, weight, bias)
-        plan = plans.forward_plan(call, input, weight, bias, residual, None, None, None,
+        return plans.forward_plan(call, input, weight, bias, residual, None, None, None,
                                   grad=grad)
-        return plan if not grad or plan.native_grad else None
 
     def _cast_params(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype):
         """``weight`` and ``bias`` in the autocast dtype, kept between calls while they are

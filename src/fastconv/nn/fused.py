@@ -60,6 +60,12 @@ def _affine(bn: torch.nn.Module) -> tuple[Tensor | None, Tensor | None]:
             params["bias"] if "bias" in params else buffers.get("bias"))
 
 
+def _per_channel(k: int, *tensors) -> bool:
+    """Whether every one of ``tensors`` that is given holds one value per output channel
+    (else the general path names the one that does not)."""
+    return all(t is None or (isinstance(t, Tensor) and t.shape == (k,)) for t in tensors)
+
+
 class _ConvBNActMixin:
     _RANK: int
     _TORCH_CONV: type
@@ -163,6 +169,17 @@ class _ConvBNActMixin:
                     self._keep_step_call(bn, y, gamma, beta, given, residual, activation)
                 return bn_act(y, Norm(gamma, beta, running_mean, running_var, factor, bn.eps),
                               residual, activation, self.negative_slope, None)
+        elif not batch_stats and _per_channel(weight.shape[0], running_mean, running_var,
+                                              *_affine(bn)):
+            # inference with autograd: BatchNorm folded differentiably into the weights, one
+            # convolution with its epilogue through the module's plan (the general path
+            # below does the same after checking the statistics' shapes)
+            from ..batchnorm import fold
+
+            w, b = fold(weight, bias, running_mean, running_var, *_affine(bn), bn.eps)
+            y = self._planned(input, w, b, padding, activation, self.negative_slope, residual)
+            if y is not None:
+                return y
         fn = fc.conv_bn_act1d if self._RANK == 1 else fc.conv_bn_act2d
         return fn(input, weight, bias, running_mean, running_var, *_affine(bn), self.stride,
                   padding, self.dilation, self.groups, training=batch_stats, momentum=factor,
