@@ -379,9 +379,12 @@ def test_a_fused_layer_in_eval_with_autograd_runs_its_kept_plan(backend, autocas
 
 
 def _frames_to_the_kernel(fn) -> int:
-    """fastconv frames on the stack when ``fn`` launches its first Triton kernel."""
+    """fastconv frames (the package's own files: a checkout may itself sit in a folder
+    named fastconv) on the stack when ``fn`` launches its first Triton kernel."""
+    import os
     import sys
 
+    package = os.path.dirname(os.path.abspath(fastconv.__file__)) + os.sep
     depth = []
 
     def profile(frame, event, arg):
@@ -390,7 +393,7 @@ def _frames_to_the_kernel(fn) -> int:
                 and code.co_name in ("launch", "run"):
             n, f = 0, frame.f_back
             while f is not None:
-                n += "/fastconv/" in f.f_code.co_filename.replace("\\", "/")
+                n += os.path.abspath(f.f_code.co_filename).startswith(package)
                 f = f.f_back
             depth.append(n)
     sys.setprofile(profile)
