@@ -42,6 +42,19 @@ def _builds(futures: dict, done: str, calls: list):
     return _Builds
 
 
+def _starved(monkeypatch, calls: list, done: str, prior=None) -> dict:
+    """aten and a fake backend building in the background (futures by configuration,
+    finished for those in ``done``), ``prior`` as every problem's prior, and the process's
+    tuning budget spent; the futures."""
+    futures: dict = {}
+    monkeypatch.setattr(backends, "REGISTRY", {"aten": _Aten,
+                                               "fake": _builds(futures, done, calls)})
+    monkeypatch.setattr(priors, "prior", lambda *a: prior)
+    dispatch.tuning_budget(per_problem_s=10, per_process_s=1)
+    dispatch.TUNING.spent_s = 5.0  # spent
+    return futures
+
+
 def _conv1d(n=8, c=64, length=100, groups=64, k=4, dtype=torch.bfloat16):
     x = torch.randn(n, c, length).to(dtype)
     w = torch.randn(c, c // groups, k).to(dtype)
@@ -106,13 +119,7 @@ def test_a_strong_prior_is_timed_past_the_process_budget(fakes, clock, monkeypat
     at once (waiting for its build) and runs the faster; the rest build in the background,
     timed once built."""
     run, calls = fakes
-    futures = {}
-    monkeypatch.setattr(backends, "REGISTRY", {"aten": _Aten,
-                                               "fake": _builds(futures, calls=calls, done="c")})
-    monkeypatch.setattr(priors, "prior",
-                        lambda *a: priors.Prior("fake", "c", True, "a test's rule"))
-    dispatch.tuning_budget(per_problem_s=10, per_process_s=1)
-    dispatch.TUNING.spent_s = 5.0  # spent
+    _starved(monkeypatch, calls, "c", priors.Prior("fake", "c", True, "a test's rule"))
     choice = dispatch.choose(_problem(), run=run, mode="benchmark")
     assert (choice.backend, choice.config, choice.provisional) == ("fake", "c", True)
     rows = dispatch.explain(_problem(k=6), mode="benchmark", run=run).rows
@@ -124,11 +131,7 @@ def test_a_strong_prior_is_timed_past_the_process_budget(fakes, clock, monkeypat
 def test_without_a_prior_a_starved_problem_still_runs_aten_untimed(fakes, clock,
                                                                   monkeypatch):
     run, calls = fakes
-    monkeypatch.setattr(backends, "REGISTRY", {"aten": _Aten,
-                                               "fake": _builds({}, "abc", calls)})
-    monkeypatch.setattr(priors, "prior", lambda *a: None)
-    dispatch.tuning_budget(per_problem_s=10, per_process_s=1)
-    dispatch.TUNING.spent_s = 5.0
+    _starved(monkeypatch, calls, "abc")
     choice = dispatch.choose(_problem(), run=run, mode="benchmark")
     assert (choice.backend, choice.provisional) == ("aten", True)
     assert ("aten", None) not in calls
@@ -139,12 +142,7 @@ def test_candidates_are_timed_as_their_builds_finish(fakes, clock, monkeypatch, 
     that candidate and aten and runs the faster (still provisional); the call after the
     last build times everything again and stores the final choice."""
     run, calls = fakes
-    futures = {}
-    monkeypatch.setattr(backends, "REGISTRY", {"aten": _Aten,
-                                               "fake": _builds(futures, calls=calls, done="")})
-    monkeypatch.setattr(priors, "prior", lambda *a: None)
-    dispatch.tuning_budget(per_problem_s=10, per_process_s=1)
-    dispatch.TUNING.spent_s = 5.0
+    futures = _starved(monkeypatch, calls, "")
     p = _problem()
     first = dispatch.choose(p, run=run, mode="benchmark")
     assert (first.backend, first.provisional, first.until()) == ("aten", True, False)
@@ -200,14 +198,8 @@ def test_a_prior_whose_build_outlasts_the_wait_is_timed_later(fakes, clock, monk
     """A strong prior not built within ``PRIOR_WAIT_S`` leaves aten running; the first
     call after its build is done times it."""
     run, calls = fakes
-    futures = {}
-    monkeypatch.setattr(backends, "REGISTRY", {"aten": _Aten,
-                                               "fake": _builds(futures, calls=calls, done="")})
-    monkeypatch.setattr(priors, "prior",
-                        lambda *a: priors.Prior("fake", "c", True, "rule"))
+    futures = _starved(monkeypatch, calls, "", priors.Prior("fake", "c", True, "rule"))
     monkeypatch.setattr(dispatch.timing, "PRIOR_WAIT_S", 0.01)
-    dispatch.tuning_budget(per_problem_s=10, per_process_s=1)
-    dispatch.TUNING.spent_s = 5.0
     choice = dispatch.choose(_problem(), run=run, mode="benchmark")
     assert (choice.backend, choice.provisional) == ("aten", True)
     assert not choice.until()

@@ -242,26 +242,27 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
 
 
 @functools.lru_cache(maxsize=1)
-def _triton_runs() -> bool:
-    """Whether Triton kernels run in this process (asked once: the question costs ~0.1 ms,
+def _kernel_device() -> str | None:
+    """The device type whose tensors Triton kernels run on in this process: "cuda", "cpu"
+    under Triton's interpreter, None without Triton (asked once: the question costs ~0.1 ms,
     as much as the decode step itself)."""
     from . import backends
 
-    return backends.get("triton").available()[0]
+    if not backends.get("triton").available()[0]:
+        return None
+    from .backends.triton.launch import INTERPRETED
+
+    return "cpu" if INTERPRETED else "cuda"
 
 
 def _decode_kernel_runs(x, weight, bias) -> bool:
     """Whether a one-token step runs the Triton decode kernel: on a GPU (or a CPU tensor
     under Triton's interpreter), outside torch.compile's tracing, and without autograd (the
     step has no backward; torch's operations keep one where it is asked for)."""
-    if torch.compiler.is_compiling() or not _triton_runs():
+    if x.device.type != _kernel_device() or torch.compiler.is_compiling():
         return False
-    if torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, weight, bias)):
-        return False
-    from .backends.triton.launch import INTERPRETED
-
-    return x.device.type == ("cpu" if INTERPRETED else "cuda")
+    return not (torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias)))
 
 
 def _check_conv_state(conv_state, x3, width: int, indices) -> None:
