@@ -2,7 +2,8 @@
 # One device call: GPU tests, `fastconv check`, and the benchmark suites.
 # Usage (on the device machine, from the repository root):
 #   FASTCONV_GIT_SHA=<sha> bash benchmarks/run_gpu.sh [tests] [ptests] [check] [bench] [sweep] [launch]
-# bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES; TESTS selects pytest -k expressions,
+# bench reads SUITES, PRECISIONS, MODES, PROVIDERS, CASES, BENCH_ARGS (more options, e.g.
+# "--breakdown --tune-budget default"); TESTS selects pytest -k expressions,
 # TEST_FILES the files (default: every tests/test_gpu*.py). All of them (234 tests at 976db49)
 # take more than 330 s in 8 ptests processes on the H100 machine: test_gpu_depthwise.py (105)
 # in one call, the rest in another.
@@ -56,7 +57,7 @@ for step in $steps; do
     check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.tools.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     # BENCH_TIMEOUT bounds one bench step; the results written so far are packed either way.
     bench) timeout ${BENCH_TIMEOUT:-540} python3 -m fastconv.tools.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
-             --mode ${MODES:-fwd} ${CASES:+--cases $CASES} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \
+             --mode ${MODES:-fwd} ${CASES:+--cases $CASES} ${BENCH_ARGS:-} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \
              --plot --out "$OUT/results" 2>"$OUT/bench.err" | tee -a "$OUT/bench.log" | grep -E "geomean|wrote" || status=1
            tail -5 "$OUT/bench.err"
            [ -d "$OUT/results" ] && tar czf "$OUT/results-$(date +%H%M%S).tgz" -C "$OUT" results \

@@ -371,3 +371,51 @@ def test_fresh_rows_print_their_ratios():
     text = fresh.table([row, dict(case="d", error="exit 1: boom")])
     assert " 0.80x" in text and " 5.00x" in text and "triton:dw" in text
     assert "exit 1: boom" in text and "     -" in text  # (no 3 s window here)
+
+
+def test_kernel_kinds_by_name():
+    from fastconv.tools.bench.breakdown import kind
+
+    assert kind("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc") \
+        == "convolution"
+    assert kind("_conv_dgrad_kernel") == "convolution"
+    assert kind("triton_red_fused__native_batch_norm_legit_functional_convolution_0") \
+        == "inductor fused"
+    assert kind("_stats_partials_kernel") == "batchnorm"
+    assert kind("void at::native::batch_norm_collect_statistics_channels_last_kernel") \
+        == "batchnorm"
+    assert kind("void at::native::(anonymous)::multi_tensor_apply_kernel<...>") == "optimizer"
+    assert kind("void at::native::vectorized_elementwise_kernel<4, ...>") == "elementwise"
+    assert kind("nothing we know") == "other"
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_breakdown_lists_every_fused_layer_with_its_floor(mode, tmp_path, capsys):
+    """The CPU breakdown: one step row per provider, the fused layers of resnet50 (shrunk)
+    each once with how often the step runs it (53 layers in all), floors that grow with
+    the work: a backward costs more FLOP and bytes than the forward alone."""
+    from fastconv import batchnorm
+    from fastconv.precision import Precision
+    from fastconv.tools.bench import breakdown, models
+
+    batchnorm.USE_TRITON = False
+    case = models.shrink(models.CASES[2])
+    rows = breakdown.run_case(case, ["torch", "fastconv"], Precision.BF16, mode, "cpu",
+                              {"bf16_tflops": 700.0, "hbm_gbps": 3000.0})
+    steps = [r for r in rows if r["table"] == "step"]
+    assert [r["provider"] for r in steps] == ["torch", "fastconv"]
+    assert all("error" not in r for r in rows), [r["error"] for r in rows if "error" in r]
+    layer_rows = [r for r in rows if r["table"] == "layers"]
+    per_layer = {(r["layer"], tuple(r["input"]), r["residual"]): r for r in layer_rows}
+    assert sum(r["count"] for r in per_layer.values()) == 53
+    assert {r["provider"] for r in layer_rows} == {"torch", "fastconv"}
+    assert sum(r["residual"] for r in per_layer.values()) >= 4  # each stage's last conv
+    stem = next(r for r in per_layer.values() if r["input"][1] == 3)  # the 7x7 stem
+    n, _, h, w = stem["input"]
+    assert stem["gflop"] == pytest.approx(
+        (2 if mode == "train" else 1) * 2 * n * 64 * 3 * 49 * (h // 2) * (w // 2) / 1e9)
+    for r in per_layer.values():
+        assert r["floor_ms"] >= r["floor_mb"] / 3000.0 / 1e3 * 0.999
+        assert r["timing"] == "not measured (no GPU)"
+    text = breakdown.table(rows)
+    assert "layers:" in text and "step:" in text

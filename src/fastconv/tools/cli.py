@@ -369,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
                         "an empty plan cache, the default tuning budget; fastconv's time per "
                         "call over its first SECONDS against torch's (FASTCONV_TUNING_DB=off: "
                         "without the shipped database)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="suite models: where one step's GPU time goes, by kind of kernel and "
+                        "per fused conv layer against its floor (torch.profiler), instead of "
+                        "the timing table")
     p.add_argument("--spent-budget", action="store_true",
                    help="with --fresh: start each process with its tuning budget spent")
     p.add_argument("--tune-budget", default="exhaustive",

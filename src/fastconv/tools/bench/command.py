@@ -63,6 +63,9 @@ def run(args, has_gpu: bool) -> int:
         print(f"--fresh: got {args.fresh:g} s with mode {args.mode!r} and suite {args.suite!r}; "
               f"expected at least 1 s, mode fwd and a convolution suite")
         return 2
+    if args.breakdown and args.suite != "models":
+        print(f"--breakdown: got suite {args.suite!r}; it breaks down suite models only")
+        return 2
     if args.fresh is not None and not has_gpu:
         print("--fresh: times a new process's calls on a GPU; there is none here")
         return 2
@@ -97,6 +100,12 @@ def run(args, has_gpu: bool) -> int:
             rows = []
             for case in cases:
                 advance(f"{suite} {mode} {prec} {layout} {case.name}")
+                if args.breakdown:
+                    from fastconv.tools.bench import breakdown
+                    rows += breakdown.run_case(case, providers, prec, mode,
+                                               "cuda" if has_gpu else "cpu", ceilings,
+                                               echo=has_gpu)
+                    continue
                 if suite == "models":
                     rows += models.run_case(case, providers, prec, mode,
                                             "cuda" if has_gpu else "cpu",
@@ -120,6 +129,12 @@ def run(args, has_gpu: bool) -> int:
             report.add_roofline(rows, ceilings)
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
+            if args.breakdown:
+                from fastconv.tools.bench import breakdown
+                stem = stem.replace("models", "models-breakdown", 1)
+                written += report.write(doc, out_dir, stem)
+                print(breakdown.table(rows))
+                continue
             if args.fresh is not None:
                 from fastconv.tools.bench import fresh
                 doc["meta"].update(fresh_s=args.fresh, spent_budget=args.spent_budget)

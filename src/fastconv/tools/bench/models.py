@@ -84,7 +84,10 @@ BUILDERS.update({f"timm_{n}": _timm(n) for n in (
     "convnext_tiny")})
 CASES = [ModelCase("deeplabv3_r50_b8", "deeplabv3_r50", 8, 512),
          ModelCase("deeplabv3_r50_b1", "deeplabv3_r50", 1, 512),
-         ModelCase("resnet50_b64", "resnet50", 64, 224)]
+         ModelCase("resnet50_b64", "resnet50", 64, 224),
+         # where the GPU is the limit (issue 55): torchvision's and timm's ResNet-50
+         ModelCase("resnet50_b256", "resnet50", 256, 224),
+         ModelCase("timm_resnet50_b256", "timm_resnet50", 256, 224)]
 # the zoo of issue 22 at batch 32, 224x224
 CASES += [ModelCase(f"{key}_b32", key, 32, 224) for key in BUILDERS
           if key.startswith(("tv_", "timm_"))]
