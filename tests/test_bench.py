@@ -390,7 +390,7 @@ def test_kernel_kinds_by_name():
 
 
 @pytest.mark.parametrize("mode", ["eval", "train"])
-def test_breakdown_lists_every_fused_layer_with_its_floor(mode, tmp_path, capsys):
+def test_breakdown_lists_every_fused_layer_with_its_floor(mode, monkeypatch):
     """The CPU breakdown: one step row per provider, the fused layers of resnet50 (shrunk)
     each once with how often the step runs it (53 layers in all), floors that grow with
     the work: a backward costs more FLOP and bytes than the forward alone."""
@@ -398,17 +398,18 @@ def test_breakdown_lists_every_fused_layer_with_its_floor(mode, tmp_path, capsys
     from fastconv.precision import Precision
     from fastconv.tools.bench import breakdown, models
 
-    batchnorm.USE_TRITON = False
+    monkeypatch.setattr(batchnorm, "USE_TRITON", False)
     case = models.shrink(models.CASES[2])
-    rows = breakdown.run_case(case, ["torch", "fastconv"], Precision.BF16, mode, "cpu",
+    rows = breakdown.run_case(case, ["torch", "fastconv", "fastconv_cuda_graph"],
+                              Precision.BF16, mode, "cpu",
                               {"bf16_tflops": 700.0, "hbm_gbps": 3000.0})
     steps = [r for r in rows if r["table"] == "step"]
-    assert [r["provider"] for r in steps] == ["torch", "fastconv"]
+    assert [r["provider"] for r in steps] == ["torch", "fastconv", "fastconv_cuda_graph"]
     assert all("error" not in r for r in rows), [r["error"] for r in rows if "error" in r]
     layer_rows = [r for r in rows if r["table"] == "layers"]
     per_layer = {(r["layer"], tuple(r["input"]), r["residual"]): r for r in layer_rows}
     assert sum(r["count"] for r in per_layer.values()) == 53
-    assert {r["provider"] for r in layer_rows} == {"torch", "fastconv"}
+    assert {r["provider"] for r in layer_rows} == {"torch", "fastconv", "fastconv_cuda_graph"}
     assert sum(r["residual"] for r in per_layer.values()) >= 4  # each stage's last conv
     stem = next(r for r in per_layer.values() if r["input"][1] == 3)  # the 7x7 stem
     n, _, h, w = stem["input"]

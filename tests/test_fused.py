@@ -349,13 +349,17 @@ def test_synced_statistics_over_two_processes_equal_one_process_on_the_whole_bat
     assert os.path.exists(out.format(1))
 
 
-def test_statistics_kernels_over_many_tiles():
-    """More partial-statistics tiles than the finalize combines at once (4800 rows: 75 tiles
-    of 64), a mean far from zero (no E[x²]−E[x]² cancellation), channels-last strides, the
-    running statistics updated in place."""
+@pytest.mark.parametrize("programs", [512, 4, 1])
+def test_statistics_kernels_over_many_tiles(programs, monkeypatch):
+    """More partial-statistics tiles than the finalize combines at once (4920 rows: 77 tiles
+    of 64, the last one of 56), one tile per program or several (the last program's range
+    ending past the rows), a mean far from zero (no E[x²]−E[x]² cancellation), channels-last
+    strides, the running statistics updated in place."""
     from fastconv.backends.triton import bnstats
 
-    y = (torch.randn(3, 5, 40, 40) * 0.01 + 100).contiguous(memory_format=torch.channels_last)
+    monkeypatch.setattr(bnstats, "PARTIALS", programs)
+    assert bnstats.partials(77) == {512: (77, 1), 4: (4, 20), 1: (1, 77)}[programs]
+    y = (torch.randn(3, 5, 40, 41) * 0.01 + 100).contiguous(memory_format=torch.channels_last)
     rm, rv = torch.randn(5), torch.rand(5) + 0.5
     want_rm = 0.9 * rm + 0.1 * y.double().mean((0, 2, 3))
     want_rv = 0.9 * rv + 0.1 * y.double().var((0, 2, 3))
@@ -365,6 +369,27 @@ def test_statistics_kernels_over_many_tiles():
     assert relative_error(var, y.double().var((0, 2, 3), unbiased=False)) < 1e-4
     assert relative_error(rm, want_rm) < 1e-6 and relative_error(rv, want_rv) < 1e-4
     assert relative_error(scale, invstd) == 0 and relative_error(shift, -mean * invstd) < 1e-6
+
+
+@pytest.mark.parametrize("programs", [512, 3])
+def test_backward_sums_over_many_tiles(programs, monkeypatch):
+    """The backward's per-channel sums of du and du·x̂ (du = relu'(z)·dz) against float64,
+    with one tile per program or several (the last program's range ending past the rows)."""
+    from fastconv.backends.triton import bnstats
+
+    monkeypatch.setattr(bnstats, "PARTIALS", programs)
+    y = torch.randn(2, 6, 33, 29) * 3 + 1
+    dz = torch.randn_like(y)
+    mean, var, invstd, scale, shift = bnstats.forward_stats(y, torch.float32, None, None, 1e-5,
+                                                            None, None, 0.1)
+    z = bnstats.apply(y, None, scale, shift, "relu", 0.01)
+    sums = bnstats.backward_sums(dz, z, y, None, mean, invstd, scale, shift, "relu", 0.01)
+    yd = y.double()
+    xhat = (yd - yd.mean((0, 2, 3), keepdim=True)) \
+        / (yd.var((0, 2, 3), unbiased=False, keepdim=True) + 1e-5).sqrt()
+    du = torch.where(xhat > 0, dz.double(), 0.0)
+    assert relative_error(sums[0], du.sum((0, 2, 3))) < 1e-5
+    assert relative_error(sums[1], (du * xhat).sum((0, 2, 3))) < 1e-5
 
 
 @pytest.mark.parametrize("activation", ["none", "silu", "relu"])

@@ -4,11 +4,18 @@ A convolution output ``y`` is viewed as ``(N, C, S)`` with its own strides (NCHW
 rank 1 alike); rows are the ``N·S`` positions of one channel. Every kernel walks tiles of
 ``BLOCK_R`` rows by ``BLOCK_C`` channels, so each pass reads ``y`` once:
 
-* forward: per-tile (mean, M2) partials -> a finalize that combines them in a fixed order
+* forward: per-program (mean, M2) partials, each over ``TILES`` consecutive row tiles
+  combined in order -> a finalize that combines the programs' partials in a fixed order
   (Chan's formula: deterministic, no atomics, no E[x²]−E[x]² cancellation) and updates the
   running statistics -> ``z = act(y·scale + shift (+ residual))``;
-* backward: per-tile sums of ``du`` and ``du·x̂`` (``du = act'·dz``, recomputed from ``z`` or
-  from the pre-activation) -> one reduction over tiles -> ``dy`` (and ``du`` for a residual).
+* backward: per-program sums of ``du`` and ``du·x̂`` (``du = act'·dz``, recomputed from
+  ``z`` or from the pre-activation) -> one reduction over programs -> ``dy`` (and ``du``
+  for a residual).
+
+The partial passes run at most ``PARTIALS`` row programs per channel block (``TILES`` tiles
+each, set by the row count alone, so the result does not depend on the GPU): one program
+per 64-row tile left the finalize, one program per 32 channels, 12,544 partials to walk on a
+ResNet-50 layer at batch 256 (10.4 ms of its 59 ms training step on an H200, 2026-11-27).
 
 Statistics and arithmetic are float32 for half and single inputs, float64 for float64 ones.
 The activation codes are epilogue.ACTIVATIONS', as in the convolution kernels.
@@ -29,6 +36,7 @@ from .launch import INTERPRETED, cdiv, launch
 BLOCK_R = 64
 BLOCK_C = 32
 BLOCK_T = 64  # partial-statistics tiles combined at once by the finalize
+PARTIALS = 512  # row programs per channel block of the partial passes, at most
 
 
 def usable(y: torch.Tensor) -> bool:
@@ -80,35 +88,49 @@ def _tile(r0, c0, R, C, S, s_n, s_c, s_s, BLOCK_R: tl.constexpr, BLOCK_C: tl.con
 
 
 @triton.jit
-def _stats_partials_kernel(y_ptr, mean_ptr, m2_ptr, R, C, S, s_n, s_c, s_s,
+def _stats_partials_kernel(y_ptr, mean_ptr, m2_ptr, R, C, S, s_n, s_c, s_s, TILES,
                            ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # (mean, M2) of rows [t·TILES·BLOCK_R, (t+1)·TILES·BLOCK_R): each tile's, combined into
+    # the running pair in order by Chan's formula
     t = tl.program_id(0)
-    offs, mask, cols, cmask = _tile(t * BLOCK_R, tl.program_id(1) * BLOCK_C, R, C, S, s_n,
-                                    s_c, s_s, BLOCK_R, BLOCK_C)
-    y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC)
-    count = tl.minimum(R - t * BLOCK_R, BLOCK_R).to(ACC)
-    mean = tl.sum(y, axis=0) / count
-    d = tl.where(mask, y - mean[None, :], 0.0)
+    c0 = tl.program_id(1) * BLOCK_C
+    cols = c0 + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    n = tl.zeros([BLOCK_C], ACC)
+    mean = tl.zeros([BLOCK_C], ACC)
+    m2 = tl.zeros([BLOCK_C], ACC)
+    for i in range(TILES):
+        r0 = (t * TILES + i) * BLOCK_R
+        offs, mask, cols, cmask = _tile(r0, c0, R, C, S, s_n, s_c, s_s, BLOCK_R, BLOCK_C)
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC)
+        count = tl.maximum(tl.minimum(R - r0, BLOCK_R), 0).to(ACC)
+        tmean = tl.sum(y, axis=0) / tl.maximum(count, 1.0)
+        d = tl.where(mask, y - tmean[None, :], 0.0)
+        total = n + count
+        delta = tmean - mean
+        share = count / tl.maximum(total, 1.0)
+        mean += delta * share
+        m2 += tl.sum(d * d, axis=0) + delta * delta * n * share
+        n = total
     tl.store(mean_ptr + t * C + cols, mean, mask=cmask)
-    tl.store(m2_ptr + t * C + cols, tl.sum(d * d, axis=0), mask=cmask)
+    tl.store(m2_ptr + t * C + cols, m2, mask=cmask)
 
 
 @triton.jit
-def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, n, C, gamma_ptr, beta_ptr, eps,
+def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, ROWS, n, C, gamma_ptr, beta_ptr, eps,
                            mean_ptr, var_ptr, invstd_ptr, scale_ptr, shift_ptr,
                            rmean_ptr, rvar_ptr, momentum,
                            HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr,
                            HAS_RUNNING: tl.constexpr, ACC: tl.constexpr,
-                           BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-                           BLOCK_C: tl.constexpr):
-    # The tiles' (count, mean, M2) combined exactly as Chan's pairwise formula does, in two
+                           BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    # The partials' (count, mean, M2) (``ROWS`` rows each, the last one fewer) combined exactly as Chan's pairwise formula does, in two
     # fixed-order passes: mean = Σ nₜ·meanₜ / n, then M2 = Σ M2ₜ + nₜ·(meanₜ − mean)².
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     total = tl.zeros([BLOCK_C], ACC)
     for t0 in range(0, T, BLOCK_T):
         ts = t0 + tl.arange(0, BLOCK_T)
-        nt = tl.minimum(R - ts * BLOCK_R, BLOCK_R).to(ACC)
+        nt = tl.minimum(R - ts * ROWS, ROWS).to(ACC)
         m = (ts < T)[:, None] & cmask[None, :]
         mt = tl.load(pmean_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
         total += tl.sum(tl.where(m, nt[:, None] * mt, 0.0), axis=0)
@@ -116,7 +138,7 @@ def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, n, C, gamma_ptr, beta_ptr, 
     m2 = tl.zeros([BLOCK_C], ACC)
     for t0 in range(0, T, BLOCK_T):
         ts = t0 + tl.arange(0, BLOCK_T)
-        nt = tl.minimum(R - ts * BLOCK_R, BLOCK_R).to(ACC)
+        nt = tl.minimum(R - ts * ROWS, ROWS).to(ACC)
         m = (ts < T)[:, None] & cmask[None, :]
         mt = tl.load(pmean_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
         m2t = tl.load(pm2_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
@@ -199,25 +221,34 @@ def _activation_grad(dz, z, y_ptr, res_ptr, offs, mask, scale, shift, negative_s
 @triton.jit
 def _backward_partials_kernel(dz_ptr, z_ptr, y_ptr, res_ptr, mean_ptr, invstd_ptr,
                               scale_ptr, shift_ptr, sums_ptr, T, R, C, S, s_n, s_c, s_s,
-                              negative_slope, HAS_RES: tl.constexpr, ACT: tl.constexpr,
-                              ACC: tl.constexpr, BLOCK_R: tl.constexpr,
+                              negative_slope, TILES, HAS_RES: tl.constexpr,
+                              ACT: tl.constexpr, ACC: tl.constexpr, BLOCK_R: tl.constexpr,
                               BLOCK_C: tl.constexpr):
+    # sums of du and du·x̂ over rows [t·TILES·BLOCK_R, (t+1)·TILES·BLOCK_R)
     t = tl.program_id(0)
-    offs, mask, cols, cmask = _tile(t * BLOCK_R, tl.program_id(1) * BLOCK_C, R, C, S, s_n,
-                                    s_c, s_s, BLOCK_R, BLOCK_C)
+    c0 = tl.program_id(1) * BLOCK_C
+    cols = c0 + tl.arange(0, BLOCK_C)
+    cmask = cols < C
     scale = tl.load(scale_ptr + cols, mask=cmask, other=0.0)
     shift = tl.load(shift_ptr + cols, mask=cmask, other=0.0)
-    dz = tl.load(dz_ptr + offs, mask=mask, other=0.0).to(ACC)
-    z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(ACC)
-    du = _activation_grad(dz, z, y_ptr, res_ptr, offs, mask, scale, shift, negative_slope,
-                          HAS_RES, ACT, ACC)
-    du = tl.where(mask, du, 0.0)
     mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
     invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
-    xhat = (tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) - mean[None, :]) \
-        * invstd[None, :]
-    tl.store(sums_ptr + t * C + cols, tl.sum(du, axis=0), mask=cmask)
-    tl.store(sums_ptr + (T + t) * C + cols, tl.sum(du * xhat, axis=0), mask=cmask)
+    sum_du = tl.zeros([BLOCK_C], ACC)
+    sum_du_xhat = tl.zeros([BLOCK_C], ACC)
+    for i in range(TILES):
+        offs, mask, cols, cmask = _tile((t * TILES + i) * BLOCK_R, c0, R, C, S, s_n, s_c,
+                                        s_s, BLOCK_R, BLOCK_C)
+        dz = tl.load(dz_ptr + offs, mask=mask, other=0.0).to(ACC)
+        z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(ACC)
+        du = _activation_grad(dz, z, y_ptr, res_ptr, offs, mask, scale, shift,
+                              negative_slope, HAS_RES, ACT, ACC)
+        du = tl.where(mask, du, 0.0)
+        xhat = (tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) - mean[None, :]) \
+            * invstd[None, :]
+        sum_du += tl.sum(du, axis=0)
+        sum_du_xhat += tl.sum(du * xhat, axis=0)
+    tl.store(sums_ptr + t * C + cols, sum_du, mask=cmask)
+    tl.store(sums_ptr + (T + t) * C + cols, sum_du_xhat, mask=cmask)
 
 
 @triton.jit
@@ -255,24 +286,31 @@ def _grid(y: torch.Tensor) -> tuple[int, int, tuple]:
     return cdiv(r, BLOCK_R), cdiv(c, BLOCK_C), (r, c, s, *strides)
 
 
+def partials(tiles: int) -> tuple[int, int]:
+    """(row programs, tiles each) of a partial pass over ``tiles`` row tiles: at most
+    ``PARTIALS`` programs, from the row count alone (deterministic on every GPU)."""
+    each = cdiv(tiles, PARTIALS)
+    return cdiv(tiles, each), each
+
+
 @serialized
 def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum):
     """(mean, biased var, invstd, scale, shift) per channel, float ``acc``; updates the
     running statistics in place when given (unbiased variance, ``momentum`` weight)."""
-    t, cb, (r, c, s, s_n, s_c, s_s) = _grid(y)
+    tiles, cb, (r, c, s, s_n, s_c, s_s) = _grid(y)
+    t, each = partials(tiles)
     pmean = torch.empty((t, c), device=y.device, dtype=acc)
     pm2 = torch.empty((t, c), device=y.device, dtype=acc)
-    launch(_stats_partials_kernel, (t, cb), y, pmean, pm2, r, c, s, s_n, s_c, s_s,
+    launch(_stats_partials_kernel, (t, cb), y, pmean, pm2, r, c, s, s_n, s_c, s_s, each,
            ACC=_acc(acc), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
     out = torch.empty((5, c), device=y.device, dtype=acc)
     has_running = running_mean is not None
     dummy = pmean  # never read: the matching HAS_* flag is False
     launch(_stats_finalize_kernel, (cb,),
-        pmean, pm2, t, r, float(r), c, _or(gamma, dummy), _or(beta, dummy), float(eps),
-        *out, _or(running_mean, dummy), _or(running_var, dummy), float(momentum),
+        pmean, pm2, t, r, each * BLOCK_R, float(r), c, _or(gamma, dummy), _or(beta, dummy),
+        float(eps), *out, _or(running_mean, dummy), _or(running_var, dummy), float(momentum),
         HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None, HAS_RUNNING=has_running,
-        ACC=_acc(acc),
-        BLOCK_R=BLOCK_R, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
+        ACC=_acc(acc), BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
     return tuple(out)
 
 
@@ -292,11 +330,12 @@ def apply(y, residual, scale, shift, activation, negative_slope):
 def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
                   negative_slope) -> torch.Tensor:
     """``[Σ du, Σ du·x̂]`` per channel on this rank, shape (2, C)."""
-    t, cb, geo = _grid(y)
+    tiles, cb, geo = _grid(y)
+    t, each = partials(tiles)
     part = torch.empty((2, t, y.shape[1]), device=y.device, dtype=mean.dtype)
     launch(_backward_partials_kernel, (t, cb),
         dz, z, y, _or(residual, y), mean, invstd, scale, shift, part, t, *geo,
-        float(negative_slope), HAS_RES=residual is not None,
+        float(negative_slope), each, HAS_RES=residual is not None,
         ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=BLOCK_R,
         BLOCK_C=BLOCK_C)
     return part.sum(1)

@@ -32,6 +32,7 @@ measured here.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import json
 import re
@@ -53,7 +54,9 @@ KINDS = (
     ("elementwise", re.compile(r"elementwise|vectorized|reduce|copy|fill|memset|memcpy"
                                r"|threshold|relu|add|mul|cat", re.I)),
 )
-LAYER_PROVIDERS = ("torch", "torch_compile", "fastconv")
+#: the layer table's providers: fastconv_cuda_graph runs the fused layer with the fused
+#: BatchNorm passes, as a captured training graph does (eager calls take torch's batch norm)
+LAYER_PROVIDERS = ("torch", "torch_compile", "fastconv", "fastconv_cuda_graph")
 
 
 def kind(name: str) -> str:
@@ -185,29 +188,34 @@ def layer_calls(layer: dict, precision: Precision, train: bool, providers) -> di
             .contiguous(memory_format=fmt).requires_grad_(train)
     calls = {}
     for provider in providers:
-        if provider == "fastconv":
+        if provider.startswith("fastconv"):
             net = copy.deepcopy(fused)
         else:
             net = _Block(fused.to_torch())
             if fmt is torch.channels_last:
                 net = net.to(memory_format=fmt)
             if provider == "torch_compile":
+                # (every layer's block shares one forward: a reset keeps dynamo's
+                # recompile limit from sending later layers to eager)
+                torch._dynamo.reset()
                 net = torch.compile(net)
         net.train(train)
-        calls[provider] = _call(net, x, r, half, train)
+        calls[provider] = _call(net, x, r, half, train, provider == "fastconv_cuda_graph")
     return calls
 
 
-def _call(net, x, r, half, train):
+def _call(net, x, r, half, train, fused_bn):
     """The call: under autocast to ``half`` (fastconv's modules honour it, as the optimized
-    model runs them), with a backward of a random output gradient when ``train``."""
+    model runs them), with the fused BatchNorm passes where ``fused_bn``, with a backward of
+    a random output gradient when ``train``."""
+    from ...batchnorm import fused_passes
+
     grad = []
 
     def run():
-        if half is not None:
-            with torch.autocast(x.device.type, dtype=half):
-                y = net(x, r)
-        else:
+        with torch.autocast(x.device.type, dtype=half or torch.float32,
+                            enabled=half is not None), \
+                (fused_passes() if fused_bn else contextlib.nullcontext()):
             y = net(x, r)
         if train:
             if not grad:
@@ -263,8 +271,7 @@ def run_case(case, providers, precision: Precision, mode: str, device: str,
                        channels_last=precision in (Precision.BF16, Precision.FP16))
         found = layers(net, lambda: net(x), train)
         found.sort(key=lambda lay: -floor(lay, precision, train, {})["gflop"] * lay["count"])
-        wanted = [p for p in LAYER_PROVIDERS if p in providers
-                  or (p == "fastconv" and any(q.startswith("fastconv") for q in providers))]
+        wanted = [p for p in LAYER_PROVIDERS if p in providers]
         for layer in found:
             base = dict(table="layers", case=case.name, mode=mode, precision=precision.value,
                         layer=layer["name"], conv=layer["module"].extra_repr(),
