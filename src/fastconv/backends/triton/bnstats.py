@@ -37,6 +37,7 @@ BLOCK_R = 64
 BLOCK_C = 32
 BLOCK_T = 64  # partial-statistics tiles combined at once by the finalize
 PARTIALS = 512  # row programs per channel block of the partial passes, at most
+NUM_WARPS = 4  # of every pass (benchmarks/bn_passes_sweep.py times the alternatives)
 
 
 def usable(y: torch.Tensor) -> bool:
@@ -123,8 +124,9 @@ def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, ROWS, n, C, gamma_ptr, beta
                            HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr,
                            HAS_RUNNING: tl.constexpr, ACC: tl.constexpr,
                            BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    # The partials' (count, mean, M2) (``ROWS`` rows each, the last one fewer) combined exactly as Chan's pairwise formula does, in two
-    # fixed-order passes: mean = Σ nₜ·meanₜ / n, then M2 = Σ M2ₜ + nₜ·(meanₜ − mean)².
+    # The partials' (count, mean, M2) (``ROWS`` rows each, the last one fewer) combined
+    # exactly as Chan's pairwise formula does, in two fixed-order passes:
+    # mean = Σ nₜ·meanₜ / n, then M2 = Σ M2ₜ + nₜ·(meanₜ − mean)².
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     total = tl.zeros([BLOCK_C], ACC)
@@ -302,7 +304,7 @@ def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum)
     pmean = torch.empty((t, c), device=y.device, dtype=acc)
     pm2 = torch.empty((t, c), device=y.device, dtype=acc)
     launch(_stats_partials_kernel, (t, cb), y, pmean, pm2, r, c, s, s_n, s_c, s_s, each,
-           ACC=_acc(acc), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+           ACC=_acc(acc), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
     out = torch.empty((5, c), device=y.device, dtype=acc)
     has_running = running_mean is not None
     dummy = pmean  # never read: the matching HAS_* flag is False
@@ -322,7 +324,7 @@ def apply(y, residual, scale, shift, activation, negative_slope):
     launch(_apply_kernel, (t, cb), y, _or(residual, y), z, scale, shift, *geo,
            float(negative_slope), HAS_RES=residual is not None,
            ACT=ACTIVATIONS.index(activation), ACC=_acc(scale.dtype), BLOCK_R=BLOCK_R,
-           BLOCK_C=BLOCK_C)
+           BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
     return z
 
 
@@ -337,7 +339,7 @@ def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
         dz, z, y, _or(residual, y), mean, invstd, scale, shift, part, t, *geo,
         float(negative_slope), each, HAS_RES=residual is not None,
         ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=BLOCK_R,
-        BLOCK_C=BLOCK_C)
+        BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
     return part.sum(1)
 
 
@@ -352,5 +354,5 @@ def backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums, count, 
         dz, z, y, _or(residual, y), mean, invstd, scale, shift, sums, dy, _or(dres, dy),
         *geo, float(count), float(negative_slope), HAS_RES=residual is not None,
         ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=BLOCK_R,
-        BLOCK_C=BLOCK_C)
+        BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
     return dy, dres
