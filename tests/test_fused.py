@@ -371,6 +371,22 @@ def test_statistics_kernels_over_many_tiles(programs, monkeypatch):
     assert relative_error(scale, invstd) == 0 and relative_error(shift, -mean * invstd) < 1e-6
 
 
+def test_statistics_when_the_first_rows_are_outliers(monkeypatch):
+    """A program's shift (its first tile's mean) far from its rows' mean: one program over
+    all 63 tiles, the first tile of 64 rows at +50σ, the rest ordinary; mean and variance
+    still within float32's rounding of the float64 ones."""
+    from fastconv.backends.triton import bnstats
+
+    monkeypatch.setattr(bnstats, "PARTIALS", 1)
+    y = torch.randn(1, 3, 4000, dtype=torch.float64)
+    y[:, :, :64] += 50
+    mean, var, *_ = bnstats.forward_stats(y.float(), torch.float32, None, None, 1e-5, None,
+                                          None, 0.1)
+    yd = y.float().double()
+    assert relative_error(mean, yd.mean((0, 2))) < 1e-6
+    assert relative_error(var, yd.var((0, 2), unbiased=False)) < 1e-6
+
+
 @pytest.mark.parametrize("programs", [512, 3])
 def test_backward_sums_over_many_tiles(programs, monkeypatch):
     """The backward's per-channel sums of du and du·x̂ (du = relu'(z)·dz) against float64,
