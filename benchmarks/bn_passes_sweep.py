@@ -6,12 +6,13 @@ backward apply) moves a known number of bytes: the table gives each config's GB/
 and the sum of the four passes' times per shape, with the default config's first; every
 config's outputs are compared with the default's, norm-wise (element-wise, the ReLU masks of
 the backward flip where the bf16 output rounds to zero, as in torch). Usage (GPU):
-    PYTHONPATH=src python3 benchmarks/bn_passes_sweep.py
+    PYTHONPATH=src python3 benchmarks/bn_passes_sweep.py [--default-only]
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 
 import torch
 import triton
@@ -60,7 +61,8 @@ def main() -> None:
                  "bwd_sums": 3 * t, "bwd_apply": t * (5 if has_res else 4)}
         print(f"\nshape {n}x{c}x{h}x{w} residual={has_res}: GB/s per pass, total ms")
         ref = None
-        for cfg in [default] + [k for k in CONFIGS if k != default]:
+        others = [] if "--default-only" in sys.argv else [k for k in CONFIGS if k != default]
+        for cfg in [default] + others:
             bnstats.BLOCK_R, bnstats.BLOCK_C, bnstats.NUM_WARPS = cfg
             outs, calls = passes(y, res, dz)
             if ref is None:

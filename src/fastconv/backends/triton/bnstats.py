@@ -96,6 +96,8 @@ def _stats_partials_kernel(y_ptr, mean_ptr, m2_ptr, R, C, S, s_n, s_c, s_s, TILE
     # reduction inside the loop), combined over the tile's rows once at the end (Chan)
     t = tl.program_id(0)
     c0 = tl.program_id(1) * BLOCK_C
+    cols = c0 + tl.arange(0, BLOCK_C)  # (defined before the loop: Triton's scoping)
+    cmask = cols < C
     cnt = tl.zeros([BLOCK_R, BLOCK_C], ACC)
     mu = tl.zeros([BLOCK_R, BLOCK_C], ACC)
     m2 = tl.zeros([BLOCK_R, BLOCK_C], ACC)
