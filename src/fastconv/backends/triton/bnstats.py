@@ -5,9 +5,9 @@ rank 1 alike); rows are the ``N·S`` positions of one channel. Every kernel walk
 ``BLOCK_R`` rows by ``BLOCK_C`` channels, so each pass reads ``y`` once:
 
 * forward: per-program (mean, M2) partials, each over ``TILES`` consecutive row tiles
-  (element-wise Welford, reduced once) -> a finalize that combines the programs' partials
-  in a fixed order (Chan's formula: deterministic, no atomics, no E[x²]−E[x]²
-  cancellation) and updates the running statistics -> ``z = act(y·scale + shift (+ residual))``;
+  combined in order -> a finalize that combines the programs' partials in a fixed order
+  (Chan's formula: deterministic, no atomics, no E[x²]−E[x]² cancellation) and updates the
+  running statistics -> ``z = act(y·scale + shift (+ residual))``;
 * backward: per-program sums of ``du`` and ``du·x̂`` (``du = act'·dz``, recomputed from
   ``z`` or from the pre-activation) -> one reduction over programs -> ``dy`` (and ``du``
   for a residual).
@@ -91,29 +91,30 @@ def _tile(r0, c0, R, C, S, s_n, s_c, s_s, BLOCK_R: tl.constexpr, BLOCK_C: tl.con
 @triton.jit
 def _stats_partials_kernel(y_ptr, mean_ptr, m2_ptr, R, C, S, s_n, s_c, s_s, TILES,
                            ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    # (mean, M2) of rows [t·TILES·BLOCK_R, (t+1)·TILES·BLOCK_R): each element of the tile
-    # keeps its own running (count, mean, M2) over the tiles (Welford, element-wise: no
-    # reduction inside the loop), combined over the tile's rows once at the end (Chan)
+    # (mean, M2) of rows [t·TILES·BLOCK_R, (t+1)·TILES·BLOCK_R): each tile's, combined into
+    # the running pair in order by Chan's formula
     t = tl.program_id(0)
     c0 = tl.program_id(1) * BLOCK_C
-    cols = c0 + tl.arange(0, BLOCK_C)  # (defined before the loop: Triton's scoping)
+    cols = c0 + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    cnt = tl.zeros([BLOCK_R, BLOCK_C], ACC)
-    mu = tl.zeros([BLOCK_R, BLOCK_C], ACC)
-    m2 = tl.zeros([BLOCK_R, BLOCK_C], ACC)
+    n = tl.zeros([BLOCK_C], ACC)
+    mean = tl.zeros([BLOCK_C], ACC)
+    m2 = tl.zeros([BLOCK_C], ACC)
     for i in range(TILES):
-        offs, mask, cols, cmask = _tile((t * TILES + i) * BLOCK_R, c0, R, C, S, s_n, s_c,
-                                        s_s, BLOCK_R, BLOCK_C)
+        r0 = (t * TILES + i) * BLOCK_R
+        offs, mask, cols, cmask = _tile(r0, c0, R, C, S, s_n, s_c, s_s, BLOCK_R, BLOCK_C)
         y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC)
-        cnt += mask.to(ACC)
-        delta = tl.where(mask, y - mu, 0.0)
-        mu += delta / tl.maximum(cnt, 1.0)
-        m2 += delta * (y - mu)
-    n = tl.sum(cnt, axis=0)
-    mean = tl.sum(cnt * mu, axis=0) / tl.maximum(n, 1.0)
-    d = mu - mean[None, :]
+        count = tl.maximum(tl.minimum(R - r0, BLOCK_R), 0).to(ACC)
+        tmean = tl.sum(y, axis=0) / tl.maximum(count, 1.0)
+        d = tl.where(mask, y - tmean[None, :], 0.0)
+        total = n + count
+        delta = tmean - mean
+        share = count / tl.maximum(total, 1.0)
+        mean += delta * share
+        m2 += tl.sum(d * d, axis=0) + delta * delta * n * share
+        n = total
     tl.store(mean_ptr + t * C + cols, mean, mask=cmask)
-    tl.store(m2_ptr + t * C + cols, tl.sum(m2 + cnt * d * d, axis=0), mask=cmask)
+    tl.store(m2_ptr + t * C + cols, m2, mask=cmask)
 
 
 @triton.jit
@@ -234,8 +235,8 @@ def _backward_partials_kernel(dz_ptr, z_ptr, y_ptr, res_ptr, mean_ptr, invstd_pt
     shift = tl.load(shift_ptr + cols, mask=cmask, other=0.0)
     mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
     invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
-    sum_du = tl.zeros([BLOCK_R, BLOCK_C], ACC)  # (reduced once, after the loop)
-    sum_du_xhat = tl.zeros([BLOCK_R, BLOCK_C], ACC)
+    sum_du = tl.zeros([BLOCK_C], ACC)
+    sum_du_xhat = tl.zeros([BLOCK_C], ACC)
     for i in range(TILES):
         offs, mask, cols, cmask = _tile((t * TILES + i) * BLOCK_R, c0, R, C, S, s_n, s_c,
                                         s_s, BLOCK_R, BLOCK_C)
@@ -246,10 +247,10 @@ def _backward_partials_kernel(dz_ptr, z_ptr, y_ptr, res_ptr, mean_ptr, invstd_pt
         du = tl.where(mask, du, 0.0)
         xhat = (tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) - mean[None, :]) \
             * invstd[None, :]
-        sum_du += du
-        sum_du_xhat += tl.where(mask, du * xhat, 0.0)
-    tl.store(sums_ptr + t * C + cols, tl.sum(sum_du, axis=0), mask=cmask)
-    tl.store(sums_ptr + (T + t) * C + cols, tl.sum(sum_du_xhat, axis=0), mask=cmask)
+        sum_du += tl.sum(du, axis=0)
+        sum_du_xhat += tl.sum(du * xhat, axis=0)
+    tl.store(sums_ptr + t * C + cols, sum_du, mask=cmask)
+    tl.store(sums_ptr + (T + t) * C + cols, sum_du_xhat, mask=cmask)
 
 
 @triton.jit
