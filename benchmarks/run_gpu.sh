@@ -63,7 +63,7 @@ for step in $steps; do
            [ -d "$OUT/results" ] && tar czf "$OUT/results-$(date +%H%M%S).tgz" -C "$OUT" results \
              && rm -rf "$OUT/results" ;;
     launch) python3 benchmarks/launch_overhead.py 2>&1 | tee "$OUT/launch.log" | tail -80 || status=1 ;;
-    sweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep_fprop.py ${SWEEP_ARGS:-} ${SWEEP_SUITE:+--suite $SWEEP_SUITE} $(echo ${CASES:-} | tr , " ") 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
+    sweep) timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/sweep.py ${SWEEP_ARGS:-} ${SWEEP_SUITE:+--suite $SWEEP_SUITE} $(echo ${CASES:-} | tr , " ") 2>&1 | tee "$OUT/sweep.log" | tail -40 || status=1 ;;
   esac
 done
 exit $status

@@ -382,3 +382,69 @@ def test_convert_resnet18_outputs_and_gradients():
     y.square().sum().backward()
     for (name, p), q in zip(model.named_parameters(), ours.parameters()):
         assert relative_error(q.grad, p.grad) < 1e-4, name
+
+
+class _EmulatedPrepared:
+    """launch.Prepared's contract in the interpreter (where ``launch.prepare`` has none):
+    the same kernel, grid and trailing arguments, new leading tensors."""
+
+    def __init__(self, kernel, grid, rest, meta, calls):
+        self.kernel, self.grid, self.rest, self.meta, self.calls = kernel, grid, rest, meta, calls
+
+    def __call__(self, *tensors):
+        self.calls.append(self.kernel)
+        self.kernel[self.grid](*tensors, *self.rest, **self.meta)
+        return True
+
+
+def test_backward_launches_are_prepared_once_per_plan_and_layout(monkeypatch):
+    """A plan's data, weight and transposed launches are prepared at its first call and
+    reused by the next ones; an operand of other strides (a gradient in the other memory
+    layout: the data gradient then follows it) is launched afresh, not through the launch
+    prepared for the first layout. Every result against float64, into poisoned outputs."""
+    from fastconv.backends.triton import dgrad, wgrad
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.backends.triton.configs import TileConfig
+
+    reused = []
+
+    def emulated(kernel, grid, ntensors, *args, **meta):
+        kernel[grid](*args, **meta)
+        return _EmulatedPrepared(kernel, grid, args[ntensors:], meta, reused)
+    monkeypatch.setattr(dgrad, "prepare", emulated)
+    monkeypatch.setattr(wgrad, "prepare", emulated)
+    x, w = _f64(2, 6, 7, 5, requires_grad=False), _f64(4, 3, 3, 2, requires_grad=False)
+    args = ((2, 1), (1, 0), (1, 1), 2)
+    problem = ConvProblem.from_tensors(x, w, None, *args, rank=2)
+    config = TileConfig(16, 16, 16, 4, 1, False, 1)
+    run_dgrad = TritonBackend.bind(problem, config, "dgrad")
+    run_wgrad = TritonBackend.bind(problem, config, "wgrad")
+    for i, channels_last in enumerate((False, False, True, True, False)):
+        xi = torch.randn_like(x)
+        xi.requires_grad_()
+        y = F.conv2d(xi, w.requires_grad_(), None, *args)
+        g = torch.randn_like(y)
+        if channels_last:
+            g, xi_in = g.to(memory_format=torch.channels_last), \
+                xi.detach().to(memory_format=torch.channels_last)
+        else:
+            xi_in = xi.detach()
+        want_dx, want_dw = torch.autograd.grad(y, (xi, w), g)
+        before = len(reused)
+        dx = run_dgrad(g, w.detach(), None)
+        dw = run_wgrad(g, xi_in, torch.full_like(w, float("nan")))
+        assert relative_error(dx, want_dx) < 1e-12 and relative_error(dw, want_dw) < 1e-12
+        # calls 2 and 4 reuse the launches the call before prepared; 1, 3 and 5 (a new
+        # layout) prepare them
+        assert len(reused) - before == (2 if i in (1, 3) else 0), i
+    xt = torch.randn(2, 4, 4, 5, dtype=torch.float64)
+    transposed = ConvProblem.from_tensors(xt, w, None, (2, 1), (1, 0), (1, 1), 2, rank=2,
+                                          transposed=True)
+    run_t = TritonBackend.bind(transposed, config)
+    before = len(reused)
+    for _ in range(2):
+        xt = torch.randn_like(xt)
+        out = run_t(xt, w.detach(), None, None, None, None, None)
+        want = F.conv_transpose2d(xt, w.detach(), None, (2, 1), (1, 0), 0, 2, (1, 1))
+        assert relative_error(out, want) < 1e-12
+    assert reused[before:] == [dgrad._conv_dgrad_kernel]

@@ -87,3 +87,28 @@ def test_one_token_steps_in_bf16_within_the_contract(width, state_len):
     others = torch.ones(rows, dtype=torch.bool, device="cuda")
     others[index.long()] = False
     assert torch.equal(pool[others], before[others])
+
+
+@pytest.mark.parametrize("width", [2, 4, 16, 256])
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+def test_packed_sequences_bf16_within_the_contract(width, layout):
+    """The packed kernel (no autograd) on a GPU: bf16 against float64 (the differentiable
+    torch route in float64, which the same call takes with autograd), final states exact."""
+    from fastconv.tools.bench.seqconv import packed_ids
+
+    batch, dim, seqlen = 3, 520, 1031
+    x = torch.randn(batch, dim, seqlen, device="cuda")
+    if layout == "dim":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    w = torch.randn(dim, width, device="cuda") / width ** 0.5
+    b = torch.randn(dim, device="cuda")
+    s = torch.randn(batch, dim, width - 1, device="cuda")
+    ids = packed_ids(batch, seqlen, torch.Generator().manual_seed(width)).cuda()
+    xd, wd, bd, sd = (t.double().requires_grad_() for t in (x, w, b, s))
+    ref, ref_final = fastconv.causal_conv1d(xd, wd, bd, ids, sd, True, "silu")
+    with torch.no_grad():
+        out, final = fastconv.causal_conv1d(x.bfloat16(), w.bfloat16(), b.bfloat16(), ids,
+                                            s.bfloat16(), True, "silu")
+    assert out.dtype == torch.bfloat16 and out.isfinite().all()
+    assert relative_error(out, ref) <= TOLERANCE[Precision.BF16]
+    assert torch.equal(final, ref_final.detach().bfloat16())

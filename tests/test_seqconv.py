@@ -121,6 +121,36 @@ def test_packed_sequences_never_mix(width):
             start += n
 
 
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+@pytest.mark.parametrize("width,seqlen", [(3, 70), (5, 3), (2, 33)])
+def test_packed_kernel_into_poisoned_output(width, seqlen, layout, monkeypatch):
+    """Without autograd the packed route is one kernel (interpreted here): every output
+    element written (the output starts as NaN), both layouts, more positions than a tile,
+    a row shorter than the state (its final states from the initial ones), sequences of one
+    position, against the float64 reference; the final states exactly."""
+    from fastconv.backends.triton import packed
+
+    empty_like, runs = torch.empty_like, []
+
+    def poisoned(t, *args, **kwargs):
+        runs.append(1)
+        return empty_like(t, *args, **kwargs).fill_(float("nan"))
+    monkeypatch.setattr(packed.torch, "empty_like", poisoned)
+    x, w, b, s = _inputs(2, 37, seqlen, width, layout=layout, seed=seqlen)
+    cuts = sorted({1, seqlen // 3, seqlen // 3 + 1, seqlen - 1} - {0, seqlen})
+    seq_idx = torch.stack([
+        torch.tensor([sum(t >= c for c in cuts) for t in range(seqlen)], dtype=torch.int32),
+        torch.zeros(seqlen, dtype=torch.int32)])
+    for states, silu in ((None, False), (s, True)):
+        out, final = fastconv.causal_conv1d(x, w, b if silu else None, seq_idx, states,
+                                            return_final_states=True,
+                                            activation="silu" if silu else None)
+        ref, ref_final = _reference(x, w, b if silu else None, seq_idx, states, silu=silu)
+        assert _rel(out, ref) < 1e-6 and torch.equal(final.double(), ref_final)
+        assert out.stride() == x.stride()
+    assert len(runs) == 2, "the kernel route did not run"
+
+
 def test_gradients_in_float64():
     x, w, b, s = _inputs(2, 3, 8, 4, dtype=torch.float64, seed=5)
     seq_idx = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0] * 8], dtype=torch.int32)

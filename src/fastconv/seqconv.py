@@ -159,10 +159,29 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool, act: str):
     """The packed-sequence route: tap k of position t reads position t − (width − 1) + k
-    only where it has t's ``seq_idx`` (positions before 0 have position 0's)."""
+    only where it has t's ``seq_idx`` (positions before 0 have position 0's). Without
+    autograd, on a device Triton's kernels run on and outside torch.compile's tracing, the
+    output is one kernel (backends/triton/packed.py); else one masked pass per tap."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     pad = width - 1
+    if x.device.type == _kernel_device() and not torch.compiler.is_compiling() \
+            and not (torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (x, weight, bias, initial_states))):
+        from .backends.triton.packed import packed_forward
+
+        out = packed_forward(x, seq_idx, initial_states, weight, bias, act == "silu")
+        if not return_final_states:
+            return out
+        tail = x[..., max(0, seqlen - pad):]
+        if tail.shape[-1] < pad:  # a row shorter than the state: the start fills the rest
+            start = x.new_zeros(batch, dim, pad) if initial_states is None \
+                else initial_states
+            tail = torch.cat([start, tail], dim=-1)[..., -pad:]
+            ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)[:, -pad:]
+        else:
+            ids = seq_idx[:, -pad:]
+        return out, torch.where((ids == seq_idx[:, -1:]).unsqueeze(1), tail, 0)
     start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
     full = torch.cat([start, x], dim=-1)
     ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)

@@ -269,10 +269,11 @@ class _Geometry:
         return run
 
     def bind_transposed(self, config):
-        from .dgrad import launch_dgrad
+        from .dgrad import prepare_dgrad
 
         problem = self.problem
         act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
+        kept = _Kept()
 
         def run(input, weight, bias, scale, shift, residual, out):
             if out is None:
@@ -280,17 +281,23 @@ class _Geometry:
             if self.on_gpu:
                 input, weight = channels_last(input), packed_weight(weight, dim=0)
             x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
-            launch_dgrad(x4, w4, o4, _contig(scale), _contig(shift), r4, stride=self.stride,
-                         pad=self.pad, dilation=self.dilation, groups=problem.groups,
-                         act_code=act, negative_slope=slope, precision=self.precision,
-                         config=config, int64=self.needs_int64(x4, w4, o4, r4))
+            scale, shift = _contig(scale), _contig(shift)
+            tensors = (x4, w4, o4, o4 if scale is None else scale,
+                       o4 if shift is None else shift, o4 if r4 is None else r4)
+            if not kept(tensors):
+                kept.keep(tensors, prepare_dgrad(
+                    x4, w4, o4, scale, shift, r4, stride=self.stride, pad=self.pad,
+                    dilation=self.dilation, groups=problem.groups, act_code=act,
+                    negative_slope=slope, precision=self.precision, config=config,
+                    int64=self.needs_int64(x4, w4, o4, r4)))
             return out
         return run
 
     def bind_dgrad(self, config):
-        from .dgrad import launch_dgrad
+        from .dgrad import prepare_dgrad
 
         problem = self.problem
+        kept = _Kept()
 
         def run(grad_out, weight, out):
             if out is None:
@@ -299,17 +306,21 @@ class _Geometry:
             if self.on_gpu:
                 grad_out, weight = channels_last(grad_out), packed_weight(weight, dim=0)
             d4, w4, o4 = self.four_d(grad_out, weight, out)
-            launch_dgrad(d4, w4, o4, None, None, None, stride=self.stride, pad=self.pad,
-                         dilation=self.dilation, groups=problem.groups, act_code=0,
-                         negative_slope=0.0, precision=self.precision, config=config,
-                         int64=self.needs_int64(d4, w4, o4))
+            tensors = (d4, w4, o4, o4, o4, o4)
+            if not kept(tensors):
+                kept.keep(tensors, prepare_dgrad(
+                    d4, w4, o4, None, None, None, stride=self.stride, pad=self.pad,
+                    dilation=self.dilation, groups=problem.groups, act_code=0,
+                    negative_slope=0.0, precision=self.precision, config=config,
+                    int64=self.needs_int64(d4, w4, o4)))
             return out
         return run
 
     def bind_wgrad(self, config):
-        from .wgrad import launch_wgrad
+        from .wgrad import prepare_wgrad
 
         problem = self.problem
+        kept = _Kept()
 
         def run(grad_out, input, out):
             if out is None:
@@ -323,11 +334,35 @@ class _Geometry:
                 grad_out = (channels_last(grad_out) if layout_of(input) == "nhwc"
                             else grad_out.contiguous())
             d4, x4, o4 = self.four_d(grad_out, input, out)
-            launch_wgrad(d4, x4, o4, stride=self.stride, pad=self.pad, dilation=self.dilation,
-                         groups=problem.groups, precision=self.precision, config=config,
-                         int64=self.needs_int64(d4, x4, o4))
+            if not kept((d4, x4, o4)):
+                kept.keep((d4, x4, o4), prepare_wgrad(
+                    d4, x4, o4, stride=self.stride, pad=self.pad, dilation=self.dilation,
+                    groups=problem.groups, precision=self.precision, config=config,
+                    int64=self.needs_int64(d4, x4, o4)))
             return out
         return run
+
+
+class _Kept:
+    """A plan's prepared launch (``launch.Prepared``) with the strides of the operands it was
+    made for: ``kept(tensors)`` launches it and returns True where the operands have those
+    strides (a plan fixes their shapes and dtypes, not their layout: a gradient may come in
+    either), else returns False, launching nothing; ``keep(tensors, prepared)`` after a full
+    launch (``prepared`` None: the interpreter, split-K)."""
+
+    __slots__ = ("strides", "prepared")
+
+    def __init__(self):
+        self.strides = self.prepared = None
+
+    def __call__(self, tensors: tuple) -> bool:
+        return self.prepared is not None \
+            and tuple(t.stride() for t in tensors) == self.strides \
+            and self.prepared(*tensors)
+
+    def keep(self, tensors: tuple, prepared) -> None:
+        self.strides = tuple(t.stride() for t in tensors)
+        self.prepared = prepared
 
 
 def _contig(t: torch.Tensor | None) -> torch.Tensor | None:

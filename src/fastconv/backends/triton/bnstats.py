@@ -34,10 +34,10 @@ from .common import activation, serialized
 from .launch import INTERPRETED, cdiv, launch
 
 BLOCK_R = 64
-BLOCK_C = 64  # (32 before: 1.2-1.7x slower passes on ResNet-50 b256, bn_passes_sweep.py)
+BLOCK_C = 64  # (32 before: 1.2-1.7x slower passes on ResNet-50 b256, sweep.py --bn)
 BLOCK_T = 64  # partial-statistics tiles combined at once by the finalize
 PARTIALS = 512  # row programs per channel block of the partial passes, at most
-NUM_WARPS = 4  # of every pass (benchmarks/bn_passes_sweep.py times the alternatives)
+NUM_WARPS = 4  # of every pass (benchmarks/sweep.py --bn times the alternatives)
 
 
 def usable(y: torch.Tensor) -> bool:

@@ -155,7 +155,7 @@ def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
 
 
 # Row-tile shapes (block_m, block_n, block_k, warps, stages) from the seed002_conv1d sweep on
-# the H100 (sweep_fprop.py --rows-grid; benchmarks/NOTES.md): the winners of the grouped and
+# the H100 (sweep.py --rows-grid; benchmarks/NOTES.md): the winners of the grouped and
 # narrow cases, most often first. 64-column blocks split a 448-column row without padding.
 _ROWS_HALF = [(64, 128, 32, 4, 4), (64, 256, 32, 4, 4), (128, 256, 64, 8, 3),
               (128, 128, 32, 4, 4), (64, 64, 32, 4, 4), (128, 64, 32, 4, 5)]

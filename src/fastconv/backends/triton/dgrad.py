@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .common import acc_type, mma, strides
 from .fprop import store_tile, tile_of
-from .launch import INTERPRETED, cdiv, launch
+from .launch import INTERPRETED, cdiv, launch, prepare
 
 
 @triton.jit
@@ -135,6 +135,28 @@ def launch_dgrad(dy4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gr
     """``out4 = act(scale·dgrad(dy4, w4) + shift + res4)`` on 4-D ``(N, C, H, W)``-indexed
     views of any strides. ``w4`` is the convolution's weight ``(K, C/groups, R, S)``; ``pad``
     is the convolution's padding before each dimension; ``out4``'s size is the input size."""
+    grid, args, meta = _dgrad_launch(dy4, w4, out4, scale, shift, res4, stride, pad, dilation,
+                                     groups, act_code, negative_slope, precision, config,
+                                     int64)
+    launch(_conv_dgrad_kernel, grid, *args, **meta)
+    return out4
+
+
+def prepare_dgrad(dy4, w4, out4, scale, shift, res4, *, stride, pad, dilation, groups,
+                  act_code, negative_slope, precision, config, int64):
+    """:func:`launch_dgrad`, returning the launch for later calls with operands of the same
+    shapes, strides and dtypes (``launch.Prepared``, called with ``dy4, w4, out4`` and the
+    scale, shift and residual tensors, ``out4`` in place of each one absent), or None (the
+    interpreter)."""
+    grid, args, meta = _dgrad_launch(dy4, w4, out4, scale, shift, res4, stride, pad, dilation,
+                                     groups, act_code, negative_slope, precision, config,
+                                     int64)
+    return prepare(_conv_dgrad_kernel, grid, 6, *args, **meta)
+
+
+def _dgrad_launch(dy4, w4, out4, scale, shift, res4, stride, pad, dilation, groups, act_code,
+                  negative_slope, precision, config, int64):
+    """(grid, arguments, constexprs) of the dgrad kernel."""
     n, k, p, q = dy4.shape
     _, c_g, r, s = w4.shape
     _, c, h, w = out4.shape
@@ -144,15 +166,15 @@ def launch_dgrad(dy4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gr
             groups, stride[0] * stride[1])
     dummy = out4
     res_strides = strides(res4) if res4 is not None else (0, 0, 0, 0)
-    launch(_conv_dgrad_kernel, grid,
-        dy4, w4, out4, scale if scale is not None else dummy,
-        shift if shift is not None else dummy, res4 if res4 is not None else dummy,
-        n, h, w, c_g, p, q, k_g, r, s,
-        stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
-        stride[0] // math.gcd(stride[0], dilation[0]),
-        stride[1] // math.gcd(stride[1], dilation[1]),
-        *strides(dy4), *strides(w4), *strides(out4), *res_strides,
-        float(negative_slope),
+    args = (dy4, w4, out4, scale if scale is not None else dummy,
+            shift if shift is not None else dummy, res4 if res4 is not None else dummy,
+            n, h, w, c_g, p, q, k_g, r, s,
+            stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
+            stride[0] // math.gcd(stride[0], dilation[0]),
+            stride[1] // math.gcd(stride[1], dilation[1]),
+            *strides(dy4), *strides(w4), *strides(out4), *res_strides,
+            float(negative_slope))
+    meta = dict(
         HAS_SCALE=scale is not None, HAS_SHIFT=shift is not None, HAS_RES=res4 is not None,
         ACT=act_code, PRECISION=precision, INT64=int64,
         DOT_FP32=INTERPRETED and dy4.dtype == torch.bfloat16,  # see launch_fprop
@@ -162,4 +184,4 @@ def launch_dgrad(dy4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gr
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=8,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return out4
+    return grid, args, meta

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ...precision import accumulate_dtype
 from .common import acc_type, mma, strides
-from .launch import INTERPRETED, cdiv, launch
+from .launch import INTERPRETED, cdiv, launch, prepare
 
 
 @triton.jit
@@ -123,6 +123,17 @@ def _wgrad_reduce(ws_ptr, out_ptr, numel, C_G, R, S,
 def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, config, int64):
     """``out4 = wgrad(dy4, x4)``: the gradient of the weight ``(K, C/groups, R, S)`` of a
     convolution of ``x4`` whose output gradient is ``dy4`` (4-D views, any strides)."""
+    prepare_wgrad(dy4, x4, out4, stride=stride, pad=pad, dilation=dilation, groups=groups,
+                  precision=precision, config=config, int64=int64, keep=False)
+    return out4
+
+
+def prepare_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, config, int64,
+                  keep=True):
+    """:func:`launch_wgrad`, returning (where ``keep``) the launch for later calls with
+    operands of the same shapes, strides and dtypes (``launch.Prepared``, called with
+    ``dy4, x4, out4``), or None where there is none to reuse (split-K: two launches and a
+    buffer; the interpreter)."""
     n, k, p, q = dy4.shape
     _, c, h, w = x4.shape
     _, c_g, r, s = out4.shape
@@ -137,10 +148,10 @@ def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, con
     else:
         target = out4
         out_strides = (*strides(out4), 0)
-    launch(_conv_wgrad_kernel, grid,
-        dy4, x4, target, n, h, w, c_g, p, q, k_g, r, s,
-        stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
-        *strides(dy4), *strides(x4), *out_strides,
+    args = (dy4, x4, target, n, h, w, c_g, p, q, k_g, r, s,
+            stride[0], stride[1], pad[0], pad[1], dilation[0], dilation[1],
+            *strides(dy4), *strides(x4), *out_strides)
+    meta = dict(
         PRECISION=precision, INT64=int64,
         DOT_FP32=INTERPRETED and dy4.dtype == torch.bfloat16,  # see launch_fprop
         ROUND_TF32=precision == "tf32" and dy4.dtype == torch.float32,
@@ -150,10 +161,13 @@ def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, con
         EVEN_N=c_g % config.block_n == 0, num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    if split > 1:
-        numel = k * c_g * r * s
-        block = 1024
-        launch(_wgrad_reduce, (cdiv(numel, block),),
-            target, out4, numel, c_g, r, s, *out4.stride(), SPLIT_K=split, BLOCK=block,
-            num_warps=4)
-    return out4
+    if split > 1 or not keep:
+        launch(_conv_wgrad_kernel, grid, *args, **meta)
+        if split > 1:
+            numel = k * c_g * r * s
+            block = 1024
+            launch(_wgrad_reduce, (cdiv(numel, block),),
+                target, out4, numel, c_g, r, s, *out4.stride(), SPLIT_K=split, BLOCK=block,
+                num_warps=4)
+        return None
+    return prepare(_conv_wgrad_kernel, grid, 3, *args, **meta)

@@ -5,7 +5,9 @@ Cases: causal conv1d (``fastconv.causal_conv1d`` against ``F.conv1d`` with ``wid
 padding, a slice and SiLU) at Mamba-like shapes, modes ``fwd`` and ``train`` (forward +
 backward); decode steps (``causal_conv1d_update`` against the same step written in torch:
 concatenate, convolve, shift the state) at batch 1 to 256, mode ``fwd``; long convolutions
-(``long_conv1d`` against a torch.fft implementation padded to a power of two) at 1K-64K.
+(``long_conv1d`` against a torch.fft implementation padded to a power of two) at 1K-64K;
+packed sequences (``causal_conv1d`` with ``seq_idx``, sequences of 37-300 positions, against
+the same masked sum written in torch, one pass per tap), mode ``fwd``.
 Providers: ``fastconv`` and ``torch``. ``min_bytes`` is what a pass must read and write
 (inputs, outputs, weights; gradients too in ``train``), so ``hbm_pct`` is the floor's
 time (``min_bytes`` at the measured copy bandwidth) over the median.
@@ -26,7 +28,7 @@ MODES = ("fwd", "train")
 @dataclasses.dataclass(frozen=True)
 class SeqCase:
     name: str
-    kind: str  # "causal", "decode" or "long"
+    kind: str  # "causal", "decode", "long" or "packed"
     batch: int
     dim: int
     seqlen: int  # decode: tokens per step
@@ -39,6 +41,7 @@ CASES = [SeqCase(f"causal_b{b}_d{d}_l{n}_w{w}", "causal", b, d, n, w)
 CASES += [SeqCase(f"decode_b{b}_d4096_w4", "decode", b, 4096, 1, 4) for b in (1, 16, 256)]
 CASES += [SeqCase(f"long_b4_d768_l{n}", "long", 4, 768, n, n) for n in (1024, 4096, 16384,
                                                                       65536)]
+CASES += [SeqCase(f"packed_b8_d4096_l2048_w{w}", "packed", 8, 4096, 2048, w) for w in (4, 16)]
 
 
 def shrink(case: SeqCase) -> SeqCase:
@@ -57,6 +60,31 @@ def _torch_update(x, state, w, b):
     window = torch.cat([state, x.unsqueeze(-1)], -1)
     state.copy_(window[..., 1:])
     return F.silu(F.conv1d(window, w.unsqueeze(1), b, groups=x.shape[1])[..., -1])
+
+
+def _torch_packed(x, w, b, seq_idx):
+    """The packed causal conv1d in torch: tap k of position t counted where position
+    t − (width − 1) + k has t's ``seq_idx`` (one masked pass per tap), then SiLU."""
+    width = w.shape[1]
+    full = F.pad(x, (width - 1, 0))
+    ids = torch.cat([seq_idx[:, :1].expand(-1, width - 1), seq_idx], -1)
+    acc = b.float()[None, :, None].expand(x.shape).clone()
+    for k in range(width):
+        same = (ids[:, k:k + x.shape[-1]] == seq_idx).unsqueeze(1)
+        acc += torch.where(same, full[..., k:k + x.shape[-1]], 0).float() * w[:, k:k + 1].float()
+    return F.silu(acc).to(x.dtype)
+
+
+def packed_ids(batch: int, seqlen: int, generator) -> torch.Tensor:
+    """(batch, seqlen) int32 ids of packed sequences of 37-300 positions."""
+    rows = []
+    for _ in range(batch):
+        ids, n = [], 0
+        while len(ids) < seqlen:
+            ids += [n] * int(torch.randint(37, 301, (1,), generator=generator))
+            n += 1
+        rows.append(ids[:seqlen])
+    return torch.tensor(rows, dtype=torch.int32)
 
 
 def _torch_fft(x, w, b):
@@ -89,7 +117,13 @@ def _calls(case: SeqCase, dtype, device, train: bool):
                  "torch": lambda: _torch_update(token, states["torch"], w, b)}
         moved = size * case.batch * case.dim * (2 + 2 * (case.width - 1))
         return calls, ref, moved
-    if case.kind == "long":
+    if case.kind == "packed":
+        ids = packed_ids(case.batch, case.seqlen, g).to(device)
+        fns = {"fastconv": lambda x, w, b: fastconv.causal_conv1d(x, w, b, ids,
+                                                                  activation="silu"),
+               "torch": lambda x, w, b: _torch_packed(x, w, b, ids)}
+        ref = _torch_packed(x.double(), w.double(), b.double(), ids)
+    elif case.kind == "long":
         fns = {"fastconv": lambda x, w, b: fastconv.long_conv1d(x, w, b), "torch": _torch_fft}
         xd, wd = x.double(), w.double()  # the definition, directly
         ref = F.conv1d(F.pad(xd, (case.width - 1, 0)), wd.flip(-1).unsqueeze(1), b.double(),
@@ -99,6 +133,8 @@ def _calls(case: SeqCase, dtype, device, train: bool):
                "torch": _torch_causal}
         ref = _torch_causal(x.double(), w.double(), b.double())
     moved = size * (2 * x.numel() + w.numel())
+    if case.kind == "packed":
+        moved += 4 * case.batch * case.seqlen  # the ids
     if not train:
         return {p: (lambda f=f: f(x, w, b)) for p, f in fns.items()}, ref, moved
     xg, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
@@ -121,8 +157,8 @@ def run_case(case: SeqCase, providers: list[str], precision: Precision, mode: st
     and ``hbm_pct`` where the copy bandwidth ``hbm_gbps`` was measured."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: the seqconv suite runs {', '.join(MODES)}")
-    if case.kind == "decode" and mode != "fwd":
-        return []  # a decode step has no backward
+    if case.kind in ("decode", "packed") and mode != "fwd":
+        return []  # a decode step has no backward; packed: forward only for now
     dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
         precision, torch.float32)
     calls, ref, moved = _calls(case, dtype, device, mode == "train")

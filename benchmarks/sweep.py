@@ -1,5 +1,6 @@
-"""Time every Triton fprop candidate on ResNet-50 layers, or on the cases of the suite named
-by ``--suite`` (GPU; CUDA-graph timing).
+"""Tile sweeps on the GPU: every Triton fprop candidate on ResNet-50 layers, or on the cases
+of the suite named by ``--suite`` (CUDA-graph timing); with ``--bn``, the tile sizes and
+warps of the training BatchNorm passes.
 
 For each case and dtype: cuDNN's time (torch, cudnn.benchmark) and each candidate
 configuration's time, through TritonBackend.bind, so the launch (and any layout copy) is the
@@ -8,9 +9,17 @@ itself reaches, without layout copies); rank-1 tensors are NCL, as conv1d users 
 (torch has no channels-last 3-D tensors). Prints one line per case: best configuration, its
 time, cuDNN's, the ratio, the runners-up.
 
-Usage: python3 benchmarks/sweep_fprop.py [--rows-grid] [--suite NAME] [case names...]
+Usage: python3 benchmarks/sweep.py [--rows-grid] [--suite NAME] [case names...]
 --rows-grid adds row tiles (TileConfig.rows) of a grid of shapes beyond dispatch's list, and
 flat-reduction variants of its row tiles, for the rank-1 cases: a search for better entries.
+
+``python3 benchmarks/sweep.py --bn [--default-only]``: the four passes of the fused training
+BatchNorm (backends/triton/bnstats.py: statistics, normalise + ReLU (+ residual), backward
+sums, backward apply) on ResNet-50 b256 activations (bf16, channels-last), each config's
+GB/s per pass against the pass's least traffic and the four passes' total time per shape,
+the default config first; every config's outputs compared with the default's, norm-wise
+(element-wise, the backward's ReLU masks flip where the bf16 output rounds to zero, as in
+torch).
 """
 
 import dataclasses
@@ -20,9 +29,10 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from fastconv import ConvProblem
-from fastconv.backends.triton import TritonBackend
+from fastconv.backends.triton import TritonBackend, bnstats
 from fastconv.backends.triton.configs import TileConfig
 from fastconv.precision import relative_error
 from fastconv.tools.bench.report import geomean
@@ -63,7 +73,69 @@ def rows_grid(problem, listed):
     return [t for t in grid + flat if t not in listed]
 
 
+BN_SHAPES = [  # (N, C, H, W, residual): layer1 conv3 (+ shortcut), layer1 conv2, layer3, layer4
+    (256, 256, 56, 56, True), (256, 64, 56, 56, False), (256, 1024, 14, 14, True),
+    (256, 512, 7, 7, False)]
+BN_CONFIGS = [(r, c, w) for r, c, w in itertools.product((64, 128, 256), (32, 64, 128), (4, 8))
+              if r * c <= 16384]  # (BLOCK_R, BLOCK_C, NUM_WARPS)
+
+
+def bn_passes(y, res, dz):
+    """The four passes run once (their outputs) and as calls to time."""
+    mean, var, invstd, scale, shift = bnstats.forward_stats(y, torch.float32, None, None,
+                                                            1e-5, None, None, 0.1)
+    z = bnstats.apply(y, res, scale, shift, "relu", 0.0)
+    sums = bnstats.backward_sums(dz, z, y, res, mean, invstd, scale, shift, "relu", 0.0)
+    dy, dres = bnstats.backward_apply(dz, z, y, res, mean, invstd, scale, shift, sums,
+                                      y.numel() // y.shape[1], "relu", 0.0)
+    calls = {
+        "stats": lambda: bnstats.forward_stats(y, torch.float32, None, None, 1e-5, None,
+                                               None, 0.1),
+        "apply": lambda: bnstats.apply(y, res, scale, shift, "relu", 0.0),
+        "bwd_sums": lambda: bnstats.backward_sums(dz, z, y, res, mean, invstd, scale, shift,
+                                                  "relu", 0.0),
+        "bwd_apply": lambda: bnstats.backward_apply(dz, z, y, res, mean, invstd, scale, shift,
+                                                    sums, y.numel() // y.shape[1], "relu",
+                                                    0.0),
+    }
+    return (mean, var, z, sums, dy), calls
+
+
+def bn_main(default_only: bool) -> None:
+    """``--bn``: see the module docstring."""
+    default = (bnstats.BLOCK_R, bnstats.BLOCK_C, bnstats.NUM_WARPS)
+    print(torch.cuda.get_device_name(), "triton", triton.__version__)
+    for n, c, h, w, has_res in BN_SHAPES:
+        torch.manual_seed(0)
+        fmt = torch.channels_last
+        y = (torch.randn(n, c, h, w, device="cuda") * 2 + 0.5).to(torch.bfloat16) \
+            .contiguous(memory_format=fmt)
+        res = torch.randn_like(y) if has_res else None
+        dz = torch.randn_like(y)
+        t = y.numel() * 2  # bytes of one activation
+        moved = {"stats": t, "apply": t * (3 if has_res else 2),
+                 "bwd_sums": 3 * t, "bwd_apply": t * (5 if has_res else 4)}
+        print(f"\nshape {n}x{c}x{h}x{w} residual={has_res}: GB/s per pass, total ms")
+        ref = None
+        others = [] if default_only else [k for k in BN_CONFIGS if k != default]
+        for cfg in [default] + others:
+            bnstats.BLOCK_R, bnstats.BLOCK_C, bnstats.NUM_WARPS = cfg
+            outs, calls = bn_passes(y, res, dz)
+            if ref is None:
+                ref = outs
+            err = max(float((a.float() - b.float()).norm() / b.float().norm())
+                      for a, b in zip(outs, ref))
+            ms = {k: triton.testing.do_bench(f, warmup=10, rep=40) for k, f in calls.items()}
+            print(f"  R{cfg[0]:<4}C{cfg[1]:<4}w{cfg[2]}  " +
+                  "  ".join(f"{k} {moved[k] / v / 1e6:6.0f}" for k, v in ms.items()) +
+                  f"  total {sum(ms.values()):.3f} ms  rel.diff {err:.1e}", flush=True)
+    bnstats.BLOCK_R, bnstats.BLOCK_C, bnstats.NUM_WARPS = default
+
+
 def main(args):
+    if args[:1] == ["--bn"]:
+        bn_main("--default-only" in args)
+        return
     grid = args[:1] == ["--rows-grid"]
     args = args[1:] if grid else args
     suite = args[1] if args[:1] == ["--suite"] else None
