@@ -14,15 +14,19 @@ from fastconv.precision import TOLERANCE, Precision, relative_error
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("width", [2, 4, 16, 256])
-@pytest.mark.parametrize("layout", ["seqlen", "dim"])
-def test_causal_conv1d_bf16_within_the_contract(width, layout):
-    batch, dim, seqlen = 3, 520, 1031
+def _inputs(width: int, layout: str, batch: int = 3, dim: int = 520, seqlen: int = 1031):
+    """x (batch, dim, seqlen) in the layout named, weight (dim, width), bias (dim,)."""
     x = torch.randn(batch, dim, seqlen, device="cuda")
     if layout == "dim":
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
-    w = torch.randn(dim, width, device="cuda") / width ** 0.5
-    b = torch.randn(dim, device="cuda")
+    return x, torch.randn(dim, width, device="cuda") / width ** 0.5, \
+        torch.randn(dim, device="cuda")
+
+
+@pytest.mark.parametrize("width", [2, 4, 16, 256])
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+def test_causal_conv1d_bf16_within_the_contract(width, layout):
+    x, w, b = _inputs(width, layout)
     ref = fastconv.causal_conv1d(x.double(), w.double(), b.double(), activation="silu")
     out = fastconv.causal_conv1d(x.bfloat16(), w.bfloat16(), b.bfloat16(), activation="silu")
     assert out.dtype == torch.bfloat16 and out.isfinite().all()
@@ -96,12 +100,8 @@ def test_packed_sequences_bf16_within_the_contract(width, layout):
     torch route in float64, which the same call takes with autograd), final states exact."""
     from fastconv.tools.bench.seqconv import packed_ids
 
-    batch, dim, seqlen = 3, 520, 1031
-    x = torch.randn(batch, dim, seqlen, device="cuda")
-    if layout == "dim":
-        x = x.transpose(1, 2).contiguous().transpose(1, 2)
-    w = torch.randn(dim, width, device="cuda") / width ** 0.5
-    b = torch.randn(dim, device="cuda")
+    x, w, b = _inputs(width, layout)
+    batch, dim, seqlen = x.shape
     s = torch.randn(batch, dim, width - 1, device="cuda")
     ids = packed_ids(batch, seqlen, torch.Generator().manual_seed(width)).cuda()
     xd, wd, bd, sd = (t.double().requires_grad_() for t in (x, w, b, s))
