@@ -17,7 +17,8 @@ flat-reduction variants of its row tiles, for the rank-1 cases: a search for bet
 BatchNorm (backends/triton/bnstats.py: statistics, normalise + ReLU (+ residual), backward
 sums, backward apply) on ResNet-50 b256 activations (bf16, channels-last), each config's
 GB/s per pass against the pass's least traffic and the four passes' total time per shape,
-the default config first; every config's outputs compared with the default's, norm-wise
+the default tiles (each pass its own, ``bnstats.PASS_TILES``) first, then each config for
+every pass; every config's outputs compared with the default's, norm-wise
 (element-wise, the backward's ReLU masks flip where the bf16 output rounds to zero, as in
 torch).
 """
@@ -103,7 +104,7 @@ def bn_passes(y, res, dz):
 
 def bn_main(default_only: bool) -> None:
     """``--bn``: see the module docstring."""
-    default = (bnstats.BLOCK_R, bnstats.BLOCK_C, bnstats.NUM_WARPS)
+    default = dict(bnstats.PASS_TILES)  # each pass its own tile
     print(torch.cuda.get_device_name(), "triton", triton.__version__)
     for n, c, h, w, has_res in BN_SHAPES:
         torch.manual_seed(0)
@@ -117,19 +118,21 @@ def bn_main(default_only: bool) -> None:
                  "bwd_sums": 3 * t, "bwd_apply": t * (5 if has_res else 4)}
         print(f"\nshape {n}x{c}x{h}x{w} residual={has_res}: GB/s per pass, total ms")
         ref = None
-        others = [] if default_only else [k for k in BN_CONFIGS if k != default]
-        for cfg in [default] + others:
-            bnstats.BLOCK_R, bnstats.BLOCK_C, bnstats.NUM_WARPS = cfg
+        others = [] if default_only else BN_CONFIGS
+        for cfg in [None] + others:  # None: the default tiles
+            bnstats.PASS_TILES.update(default if cfg is None else
+                                      {k: bnstats.Tile(*cfg) for k in default})
             outs, calls = bn_passes(y, res, dz)
             if ref is None:
                 ref = outs
             err = max(float((a.float() - b.float()).norm() / b.float().norm())
                       for a, b in zip(outs, ref))
             ms = {k: triton.testing.do_bench(f, warmup=10, rep=40) for k, f in calls.items()}
-            print(f"  R{cfg[0]:<4}C{cfg[1]:<4}w{cfg[2]}  " +
+            name = "default    " if cfg is None else f"R{cfg[0]:<4}C{cfg[1]:<4}w{cfg[2]}"
+            print(f"  {name}  " +
                   "  ".join(f"{k} {moved[k] / v / 1e6:6.0f}" for k, v in ms.items()) +
                   f"  total {sum(ms.values()):.3f} ms  rel.diff {err:.1e}", flush=True)
-    bnstats.BLOCK_R, bnstats.BLOCK_C, bnstats.NUM_WARPS = default
+    bnstats.PASS_TILES.update(default)
 
 
 def main(args):

@@ -358,6 +358,7 @@ def test_statistics_kernels_over_many_tiles(programs, monkeypatch):
     from fastconv.backends.triton import bnstats
 
     monkeypatch.setattr(bnstats, "PARTIALS", programs)
+    monkeypatch.setitem(bnstats.PASS_TILES, "stats", bnstats.Tile(64, 32, 4))
     assert bnstats.partials(77) == {512: (77, 1), 4: (4, 20), 1: (1, 77)}[programs]
     y = (torch.randn(3, 5, 40, 41) * 0.01 + 100).contiguous(memory_format=torch.channels_last)
     rm, rv = torch.randn(5), torch.rand(5) + 0.5

@@ -2,7 +2,8 @@
 
 A convolution output ``y`` is viewed as ``(N, C, S)`` with its own strides (NCHW, NHWC or
 rank 1 alike); rows are the ``N·S`` positions of one channel. Every kernel walks tiles of
-``BLOCK_R`` rows by ``BLOCK_C`` channels, so each pass reads ``y`` once:
+``BLOCK_R`` rows by ``BLOCK_C`` channels (each pass its own: ``PASS_TILES``), so each pass
+reads ``y`` once:
 
 * forward: per-program (mean, M2) partials, each over ``TILES`` consecutive row tiles
   combined in order -> a finalize that combines the programs' partials in a fixed order
@@ -24,6 +25,7 @@ The activation codes are epilogue.ACTIVATIONS', as in the convolution kernels.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -33,11 +35,22 @@ from ...epilogue import ACTIVATIONS
 from .common import activation, serialized
 from .launch import INTERPRETED, cdiv, launch
 
-BLOCK_R = 64
-BLOCK_C = 64  # (32 before: 1.2-1.7x slower passes on ResNet-50 b256, sweep.py --bn)
 BLOCK_T = 64  # partial-statistics tiles combined at once by the finalize
 PARTIALS = 512  # row programs per channel block of the partial passes, at most
-NUM_WARPS = 4  # of every pass (benchmarks/sweep.py --bn times the alternatives)
+
+
+class Tile(NamedTuple):
+    block_r: int  # rows (positions) of a tile
+    block_c: int  # channels of a tile
+    num_warps: int
+
+
+#: each pass's tile, the fastest per pass in ``benchmarks/sweep.py --bn`` (H200, bf16
+#: channels-last ResNet-50 b256 activations, results/kernels/bnstats/2026-11-27/): against
+#: one 64x64 4-warp tile for every pass, statistics 1.45-1.67x faster on the three large
+#: shapes (equal on 256x512x7x7), the backward apply 1.05-1.20x; the others best at 64x64
+PASS_TILES = {"stats": Tile(256, 32, 4), "apply": Tile(64, 64, 4),
+              "backward_sums": Tile(64, 64, 4), "backward_apply": Tile(64, 64, 8)}
 
 
 def usable(y: torch.Tensor) -> bool:
@@ -282,10 +295,10 @@ def _or(t: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
     return dummy if t is None else t
 
 
-def _grid(y: torch.Tensor) -> tuple[int, int, tuple]:
+def _grid(y: torch.Tensor, tile: Tile) -> tuple[int, int, tuple]:
     n, c, s, *strides = _view(y)
     r = n * s
-    return cdiv(r, BLOCK_R), cdiv(c, BLOCK_C), (r, c, s, *strides)
+    return cdiv(r, tile.block_r), cdiv(c, tile.block_c), (r, c, s, *strides)
 
 
 def partials(tiles: int) -> tuple[int, int]:
@@ -299,20 +312,22 @@ def partials(tiles: int) -> tuple[int, int]:
 def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum):
     """(mean, biased var, invstd, scale, shift) per channel, float ``acc``; updates the
     running statistics in place when given (unbiased variance, ``momentum`` weight)."""
-    tiles, cb, (r, c, s, s_n, s_c, s_s) = _grid(y)
+    tile = PASS_TILES["stats"]
+    tiles, cb, (r, c, s, s_n, s_c, s_s) = _grid(y, tile)
     t, each = partials(tiles)
     pmean = torch.empty((t, c), device=y.device, dtype=acc)
     pm2 = torch.empty((t, c), device=y.device, dtype=acc)
     launch(_stats_partials_kernel, (t, cb), y, pmean, pm2, r, c, s, s_n, s_c, s_s, each,
-           ACC=_acc(acc), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+           ACC=_acc(acc), BLOCK_R=tile.block_r, BLOCK_C=tile.block_c,
+           num_warps=tile.num_warps)
     out = torch.empty((5, c), device=y.device, dtype=acc)
     has_running = running_mean is not None
     dummy = pmean  # never read: the matching HAS_* flag is False
     launch(_stats_finalize_kernel, (cb,),
-        pmean, pm2, t, r, each * BLOCK_R, float(r), c, _or(gamma, dummy), _or(beta, dummy),
-        float(eps), *out, _or(running_mean, dummy), _or(running_var, dummy), float(momentum),
-        HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None, HAS_RUNNING=has_running,
-        ACC=_acc(acc), BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
+        pmean, pm2, t, r, each * tile.block_r, float(r), c, _or(gamma, dummy),
+        _or(beta, dummy), float(eps), *out, _or(running_mean, dummy), _or(running_var, dummy),
+        float(momentum), HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
+        HAS_RUNNING=has_running, ACC=_acc(acc), BLOCK_T=BLOCK_T, BLOCK_C=tile.block_c)
     return tuple(out)
 
 
@@ -320,11 +335,12 @@ def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum)
 def apply(y, residual, scale, shift, activation, negative_slope):
     """``act(y·scale + shift (+ residual))`` in ``y``'s dtype and layout."""
     z = torch.empty_like(y)
-    t, cb, geo = _grid(y)
+    tile = PASS_TILES["apply"]
+    t, cb, geo = _grid(y, tile)
     launch(_apply_kernel, (t, cb), y, _or(residual, y), z, scale, shift, *geo,
            float(negative_slope), HAS_RES=residual is not None,
-           ACT=ACTIVATIONS.index(activation), ACC=_acc(scale.dtype), BLOCK_R=BLOCK_R,
-           BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+           ACT=ACTIVATIONS.index(activation), ACC=_acc(scale.dtype), BLOCK_R=tile.block_r,
+           BLOCK_C=tile.block_c, num_warps=tile.num_warps)
     return z
 
 
@@ -332,14 +348,15 @@ def apply(y, residual, scale, shift, activation, negative_slope):
 def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
                   negative_slope) -> torch.Tensor:
     """``[Σ du, Σ du·x̂]`` per channel on this rank, shape (2, C)."""
-    tiles, cb, geo = _grid(y)
+    tile = PASS_TILES["backward_sums"]
+    tiles, cb, geo = _grid(y, tile)
     t, each = partials(tiles)
     part = torch.empty((2, t, y.shape[1]), device=y.device, dtype=mean.dtype)
     launch(_backward_partials_kernel, (t, cb),
         dz, z, y, _or(residual, y), mean, invstd, scale, shift, part, t, *geo,
         float(negative_slope), each, HAS_RES=residual is not None,
-        ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=BLOCK_R,
-        BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+        ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=tile.block_r,
+        BLOCK_C=tile.block_c, num_warps=tile.num_warps)
     return part.sum(1)
 
 
@@ -349,10 +366,11 @@ def backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums, count, 
     """(dy, d residual or None) given the channel sums over every rank."""
     dy = torch.empty_like(y)
     dres = torch.empty_like(residual) if residual is not None else None
-    t, cb, geo = _grid(y)
+    tile = PASS_TILES["backward_apply"]
+    t, cb, geo = _grid(y, tile)
     launch(_backward_apply_kernel, (t, cb),
         dz, z, y, _or(residual, y), mean, invstd, scale, shift, sums, dy, _or(dres, dy),
         *geo, float(count), float(negative_slope), HAS_RES=residual is not None,
-        ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=BLOCK_R,
-        BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+        ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=tile.block_r,
+        BLOCK_C=tile.block_c, num_warps=tile.num_warps)
     return dy, dres
