@@ -4,6 +4,8 @@ inputs with odd sizes."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -149,6 +151,27 @@ def test_packed_kernel_into_poisoned_output(width, seqlen, layout, monkeypatch):
         assert _rel(out, ref) < 1e-6 and torch.equal(final.double(), ref_final)
         assert out.stride() == x.stride()
     assert len(runs) == 2, "the kernel route did not run"
+
+
+def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
+    """A packed kernel that fails (not yet compiled on a GPU of this kind, say) is said once
+    in a warning, and this and every later call takes the torch route: same result."""
+    from fastconv import seqconv
+    from fastconv.backends.triton import packed
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such kernel")
+    monkeypatch.setattr(packed, "packed_forward", broken)
+    monkeypatch.setattr(seqconv, "_PACKED_KERNEL_FAILED", [])
+    x, w, b, _ = _inputs(2, 3, 11, 4, seed=3)
+    seq_idx = torch.tensor([[0] * 4 + [1] * 7, [0] * 11], dtype=torch.int32)
+    with pytest.warns(RuntimeWarning, match="packed-sequence kernel failed .*no such kernel"):
+        out = fastconv.causal_conv1d(x, w, b, seq_idx, activation="silu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = fastconv.causal_conv1d(x, w, b, seq_idx, activation="silu")
+    ref, _ = _reference(x, w, b, seq_idx, silu=True)
+    assert _rel(out, ref) < 1e-6 and torch.equal(out, again)
 
 
 def test_gradients_in_float64():

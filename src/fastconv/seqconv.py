@@ -21,6 +21,7 @@ says otherwise for an operation it reports.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -165,12 +166,8 @@ def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     pad = width - 1
-    if x.device.type == _kernel_device() and not torch.compiler.is_compiling() \
-            and not (torch.is_grad_enabled() and any(
-                t is not None and t.requires_grad for t in (x, weight, bias, initial_states))):
-        from .backends.triton.packed import packed_forward
-
-        out = packed_forward(x, seq_idx, initial_states, weight, bias, act == "silu")
+    out = _packed_kernel(x, weight, bias, seq_idx, initial_states, act)
+    if out is not None:
         if not return_final_states:
             return out
         tail = x[..., max(0, seqlen - pad):]
@@ -198,6 +195,31 @@ def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
         return out
     last = (ids[:, -pad:] == seq_idx[:, -1:]).unsqueeze(1)
     return out, torch.where(last, full[..., -pad:], 0)
+
+
+#: why the packed kernel failed in this process (then the torch route runs), or None
+_PACKED_KERNEL_FAILED: list[str] = []
+
+
+def _packed_kernel(x, weight, bias, seq_idx, initial_states, act: str):
+    """The packed output by backends/triton/packed.py's kernel, or None where it does not
+    run: autograd, torch.compile's tracing, a device Triton's kernels do not run on, or a
+    kernel that failed here before (said once in a warning; the torch route's result is
+    the same)."""
+    if x.device.type != _kernel_device() or torch.compiler.is_compiling() \
+            or _PACKED_KERNEL_FAILED or (torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (x, weight, bias, initial_states))):
+        return None
+    from .backends.triton.packed import packed_forward
+
+    try:
+        return packed_forward(x, seq_idx, initial_states, weight, bias, act == "silu")
+    except Exception as exc:  # (not a user error: the arguments were checked)
+        _PACKED_KERNEL_FAILED.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+        warnings.warn(f"fastconv: the packed-sequence kernel failed ({_PACKED_KERNEL_FAILED[0]});"
+                      f" causal_conv1d with seq_idx runs torch operations in this process",
+                      RuntimeWarning, stacklevel=3)
+        return None
 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,

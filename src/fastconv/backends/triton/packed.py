@@ -25,9 +25,10 @@ def _packed_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen,
                    WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
                    HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
                    ACC: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
+    # (positions on grid axis 0: the only one not limited to 65,535 programs)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
+    b = tl.program_id(2).to(tl.int64)
     dmask = d < dim
     tmask = t < seqlen
     first = tl.load(ids_ptr + b * si_b)  # the id of position 0, and of those before it
@@ -68,7 +69,7 @@ def packed_forward(x: torch.Tensor, seq_idx: torch.Tensor, initial_states, weigh
     # a tile along the contiguous dimension of x
     block_t, block_d = (64, 32) if x.stride(2) == 1 else (32, 64)
     init = initial_states if initial_states is not None else x
-    launch(_packed_kernel, (batch, cdiv(dim, block_d), cdiv(seqlen, block_t)),
+    launch(_packed_kernel, (cdiv(seqlen, block_t), cdiv(dim, block_d), batch),
            x, seq_idx, init, weight, x if bias is None else bias, out, dim, seqlen,
            *x.stride(), *seq_idx.stride(), *init.stride(), *weight.stride(), *out.stride(),
            WIDTH=width, BLOCK_D=block_d, BLOCK_T=block_t,
