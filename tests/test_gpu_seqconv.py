@@ -112,3 +112,23 @@ def test_packed_sequences_bf16_within_the_contract(width, layout):
     assert out.dtype == torch.bfloat16 and out.isfinite().all()
     assert relative_error(out, ref) <= TOLERANCE[Precision.BF16]
     assert torch.equal(final, ref_final.detach().bfloat16())
+
+
+@pytest.mark.parametrize("width", [4, 64])
+def test_packed_sequence_gradients_bf16_within_the_contract(width):
+    """The packed kernels' backward on a GPU: bf16 gradients of x, weight, bias and the
+    initial states against the float64 ones (float64 runs the same kernels)."""
+    from fastconv.tools.bench.seqconv import packed_ids
+
+    x, w, b = _inputs(width, "dim", seqlen=2100)
+    s = torch.randn(x.shape[0], x.shape[1], width - 1, device="cuda")
+    ids = packed_ids(x.shape[0], x.shape[2], torch.Generator().manual_seed(width)).cuda()
+    g = torch.randn_like(x)
+    grads = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        args = [t.to(dtype).requires_grad_() for t in (x, w, b, s)]
+        out = fastconv.causal_conv1d(*args[:3], ids, args[3], activation="silu")
+        grads[dtype] = torch.autograd.grad(out, args, g.to(dtype))
+    for got, want in zip(grads[torch.bfloat16], grads[torch.float64]):
+        assert got.dtype == torch.bfloat16 and got.isfinite().all()
+        assert relative_error(got, want) <= TOLERANCE[Precision.BF16]

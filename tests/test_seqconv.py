@@ -165,7 +165,7 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
     monkeypatch.setattr(seqconv, "_PACKED_KERNEL_FAILED", [])
     x, w, b, _ = _inputs(2, 3, 11, 4, seed=3)
     seq_idx = torch.tensor([[0] * 4 + [1] * 7, [0] * 11], dtype=torch.int32)
-    with pytest.warns(RuntimeWarning, match="packed-sequence kernel failed .*no such kernel"):
+    with pytest.warns(RuntimeWarning, match="packed-sequence kernels failed .*no such kernel"):
         out = fastconv.causal_conv1d(x, w, b, seq_idx, activation="silu")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -175,6 +175,7 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
 
 
 def test_gradients_in_float64():
+    """gradcheck of every input (packed: through the kernels' backward, interpreted)."""
     x, w, b, s = _inputs(2, 3, 8, 4, dtype=torch.float64, seed=5)
     seq_idx = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2], [0] * 8], dtype=torch.int32)
     for packed in (None, seq_idx):
@@ -183,7 +184,31 @@ def test_gradients_in_float64():
         def f(x, w, b, s, packed=packed):
             out, final = fastconv.causal_conv1d(x, w, b, packed, s, True, "silu")
             return out, final
-        assert torch.autograd.gradcheck(f, args)
+        assert torch.autograd.gradcheck(f, args, fast_mode=packed is not None)
+
+
+@pytest.mark.parametrize("width,seqlen", [pytest.param(4, 1100, marks=pytest.mark.slow),
+                                          (7, 5), (3, 70)])
+def test_packed_kernel_gradients_match_the_torch_route(width, seqlen, monkeypatch):
+    """The packed kernels' gradients (x in the dim-contiguous layout, more positions than
+    one weight-gradient chunk of 1,024, or fewer than the state) against the torch route's
+    autograd, in float64; deterministic (two backward passes, the same bits)."""
+    from fastconv import seqconv
+
+    x, w, b, s = _inputs(2, 5, seqlen, width, layout="dim", dtype=torch.float64, seed=width)
+    seq_idx = torch.tensor([[min(t // 300, 2) for t in range(seqlen)],
+                            [int(t >= seqlen - 2) for t in range(seqlen)]], dtype=torch.int32)
+    g = torch.randn(2, 5, seqlen, dtype=torch.float64)
+    grads = []
+    for kernels in (True, True, False):
+        args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+        if not kernels:
+            monkeypatch.setattr(seqconv, "_kernel_device", lambda: None)
+        out = fastconv.causal_conv1d(*args[:3], seq_idx, args[3], activation="silu")
+        grads.append(torch.autograd.grad(out, args, g))
+    for got, want in zip(grads[0], grads[2]):
+        assert _rel(got, want) < 1e-12
+    assert all(torch.equal(a, b) for a, b in zip(grads[0], grads[1]))
 
 
 def test_update_decodes_token_by_token_as_the_whole_sequence():

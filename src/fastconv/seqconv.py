@@ -166,7 +166,7 @@ def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     pad = width - 1
-    out = _packed_kernel(x, weight, bias, seq_idx, initial_states, act)
+    out = _packed_kernel(x, weight, bias, seq_idx, initial_states, act == "silu")
     if out is not None:
         if not return_final_states:
             return out
@@ -201,25 +201,62 @@ def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
 _PACKED_KERNEL_FAILED: list[str] = []
 
 
-def _packed_kernel(x, weight, bias, seq_idx, initial_states, act: str):
-    """The packed output by backends/triton/packed.py's kernel, or None where it does not
-    run: autograd, torch.compile's tracing, a device Triton's kernels do not run on, or a
-    kernel that failed here before (said once in a warning; the torch route's result is
-    the same)."""
+def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
+    """The packed output by backends/triton/packed.py's kernels (with autograd: their
+    backward), or None where they do not run: torch.compile's tracing, a device Triton's
+    kernels do not run on, or kernels that failed here before (said once in a warning; the
+    torch route's result is the same)."""
     if x.device.type != _kernel_device() or torch.compiler.is_compiling() \
-            or _PACKED_KERNEL_FAILED or (torch.is_grad_enabled() and any(
-                t is not None and t.requires_grad for t in (x, weight, bias, initial_states))):
+            or _PACKED_KERNEL_FAILED:
         return None
-    from .backends.triton.packed import packed_forward
-
     try:
-        return packed_forward(x, seq_idx, initial_states, weight, bias, act == "silu")
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (x, weight, bias, initial_states)):
+            return _PackedFunction.apply(x, weight, bias, initial_states, seq_idx, silu)
+        from .backends.triton.packed import packed_forward
+
+        return packed_forward(x, seq_idx, initial_states, weight, bias, silu)
     except Exception as exc:  # (not a user error: the arguments were checked)
-        _PACKED_KERNEL_FAILED.append(f"{type(exc).__name__}: {str(exc)[:200]}")
-        warnings.warn(f"fastconv: the packed-sequence kernel failed ({_PACKED_KERNEL_FAILED[0]});"
-                      f" causal_conv1d with seq_idx runs torch operations in this process",
-                      RuntimeWarning, stacklevel=3)
+        _packed_kernel_failed(exc)
         return None
+
+
+def _packed_kernel_failed(exc: Exception) -> None:
+    _PACKED_KERNEL_FAILED.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+    warnings.warn(f"fastconv: the packed-sequence kernels failed ({_PACKED_KERNEL_FAILED[0]}); "
+                  f"causal_conv1d with seq_idx runs torch operations in this process",
+                  RuntimeWarning, stacklevel=4)
+
+
+class _PackedFunction(torch.autograd.Function):
+    """The packed kernels with their backward: the forward saves its inputs (no output),
+    the backward recomputes the pre-activation where SiLU needs it (float32), then one
+    pass for the input gradients and one for the weight's."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, initial_states, seq_idx, silu):
+        from .backends.triton.packed import packed_forward
+
+        ctx.save_for_backward(x, weight, bias, initial_states, seq_idx)
+        ctx.silu = silu
+        return packed_forward(x, seq_idx, initial_states, weight, bias, silu)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        from .backends.triton.packed import packed_backward, packed_forward
+
+        x, weight, bias, initial_states, seq_idx = ctx.saved_tensors
+        acc = _acc(x.dtype)
+        g = dy.to(acc)
+        if ctx.silu:
+            pre = packed_forward(x, seq_idx, initial_states, weight, bias, False, acc)
+            sig = torch.sigmoid(pre)
+            g = g * sig * (1 + pre * (1 - sig))
+        needs = ctx.needs_input_grad
+        dx, dh, dw = packed_backward(g, x, seq_idx, initial_states, weight, needs[3])
+        db = g.sum((0, 2)).to(bias.dtype) if bias is not None and needs[2] else None
+        return (dx if needs[0] else None, dw if needs[1] else None, db, dh, None, None)
 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,

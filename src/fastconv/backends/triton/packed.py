@@ -1,12 +1,18 @@
 """The causal depthwise conv1d of packed sequences (``seqconv.causal_conv1d`` with
-``seq_idx``) in one pass: each program computes a (channels × positions) tile of one batch
-row, tap by tap, a tap's input counted only where its position has the output position's
-``seq_idx``; positions before 0 read ``initial_states`` and have position 0's ``seq_idx``.
-float32 accumulation (float64 for float64), bias and SiLU in the same pass.
+``seq_idx``) and its backward.
 
-torch's form of it (seqconv._packed) is one masked multiply-add pass over the whole tensor
-per tap; this reads x once from memory (the taps' overlapping windows come from the cache)
-and writes the output once.
+Forward, one pass: each program computes a (channels × positions) tile of one batch row,
+tap by tap, a tap's input counted only where its position has the output position's
+``seq_idx``; positions before 0 read ``initial_states`` and have position 0's ``seq_idx``.
+float32 accumulation (float64 for float64), bias and SiLU in the same pass. torch's form of
+it (seqconv._packed) is one masked multiply-add pass over the whole tensor per tap; this
+reads x once from memory (the taps' overlapping windows come from the cache) and writes the
+output once.
+
+Backward (:func:`packed_backward`, given the gradient of the pre-activation output): the
+input gradient (and the initial states') in one pass, the same masked sum run the other
+way; the weight gradient as per-chunk partial sums (1,024 positions of a row each), added
+in a fixed order: deterministic.
 """
 
 from __future__ import annotations
@@ -60,12 +66,12 @@ def _packed_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen,
 
 
 def packed_forward(x: torch.Tensor, seq_idx: torch.Tensor, initial_states, weight: torch.Tensor,
-                   bias, silu: bool) -> torch.Tensor:
-    """The output (x's shape, dtype and layout) of ``seqconv.causal_conv1d`` with
-    ``seq_idx`` (see the module docstring)."""
+                   bias, silu: bool, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The output (x's shape and layout; x's dtype or ``dtype``) of
+    ``seqconv.causal_conv1d`` with ``seq_idx`` (see the module docstring)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    out = torch.empty_like(x)
+    out = torch.empty_like(x, dtype=dtype)
     # a tile along the contiguous dimension of x
     block_t, block_d = (64, 32) if x.stride(2) == 1 else (32, 64)
     init = initial_states if initial_states is not None else x
@@ -76,3 +82,106 @@ def packed_forward(x: torch.Tensor, seq_idx: torch.Tensor, initial_states, weigh
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
            ACC=tl.float64 if x.dtype == torch.float64 else tl.float32, num_warps=4)
     return out
+
+
+@triton.jit
+def _packed_dx_kernel(g_ptr, ids_ptr, w_ptr, dx_ptr, dh_ptr, dim, seqlen, s0,
+                      sg_b, sg_d, sg_t, si_b, si_t, sw_d, sw_k, sx_b, sx_d, sx_t,
+                      sh_b, sh_d, sh_k,
+                      WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                      ACC: tl.constexpr):
+    # the input gradient at positions s = s0 + e: dx[s] = Σ_k w[k]·g[s + WIDTH − 1 − k],
+    # counted where that output position has s's seq_idx (positions before 0 have position
+    # 0's: the initial states' gradient, written to dh)
+    e = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    b = tl.program_id(2).to(tl.int64)
+    s = s0 + e
+    dmask = d < dim
+    smask = s < seqlen
+    first = tl.load(ids_ptr + b * si_b)
+    ids_s = tl.load(ids_ptr + b * si_b + s * si_t, mask=smask & (s >= 0), other=0)
+    ids_s = tl.where(s >= 0, ids_s, first)
+    rows = g_ptr + b * sg_b + d[:, None].to(tl.int64) * sg_d
+    acc = tl.zeros([BLOCK_D, BLOCK_T], ACC)
+    for k in range(WIDTH):
+        t = s + (WIDTH - 1) - k
+        valid = smask & (t >= 0) & (t < seqlen)
+        ids_t = tl.load(ids_ptr + b * si_b + t * si_t, mask=valid, other=0)
+        same = valid & (ids_t == ids_s)
+        gv = tl.load(rows + t[None, :].to(tl.int64) * sg_t, mask=dmask[:, None] & same[None, :],
+                     other=0.0)
+        wv = tl.load(w_ptr + d * sw_d + k * sw_k, mask=dmask, other=0.0)
+        acc += gv.to(ACC) * wv.to(ACC)[:, None]
+    inside = dmask[:, None] & (smask & (s >= 0))[None, :]
+    tl.store(dx_ptr + b * sx_b + d[:, None].to(tl.int64) * sx_d
+             + s[None, :].to(tl.int64) * sx_t, acc.to(dx_ptr.dtype.element_ty), mask=inside)
+    before = dmask[:, None] & (s < 0)[None, :]
+    tl.store(dh_ptr + b * sh_b + d[:, None] * sh_d + (WIDTH - 1 + s)[None, :] * sh_k,
+             acc.to(dh_ptr.dtype.element_ty), mask=before)
+
+
+@triton.jit
+def _packed_dw_kernel(g_ptr, x_ptr, ids_ptr, init_ptr, part_ptr, dim, seqlen, chunk,
+                      sg_b, sg_d, sg_t, sx_b, sx_d, sx_t, si_b, si_t, sh_b, sh_d, sh_k,
+                      WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                      HAS_INIT: tl.constexpr, ACC: tl.constexpr):
+    # partial weight gradient of positions [c·chunk, (c+1)·chunk) of row b:
+    # part[b, c, d, k] = Σ_t g[t]·x[t − (WIDTH − 1) + k], where that input has t's seq_idx
+    c = tl.program_id(0)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    b = tl.program_id(2).to(tl.int64)
+    dmask = d < dim
+    first = tl.load(ids_ptr + b * si_b)
+    g_rows = g_ptr + b * sg_b + d[:, None].to(tl.int64) * sg_d
+    x_rows = x_ptr + b * sx_b + d[:, None].to(tl.int64) * sx_d
+    out = part_ptr + ((b * tl.num_programs(0) + c) * dim + d) * WIDTH
+    for k in range(WIDTH):
+        acc = tl.zeros([BLOCK_D], ACC)
+        for t0 in range(c * chunk, tl.minimum((c + 1) * chunk, seqlen), BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            tmask = t < tl.minimum((c + 1) * chunk, seqlen)
+            src = t - (WIDTH - 1) + k
+            ids_t = tl.load(ids_ptr + b * si_b + t * si_t, mask=tmask, other=0)
+            ids_src = tl.load(ids_ptr + b * si_b + src * si_t, mask=tmask & (src >= 0),
+                              other=0)
+            ids_src = tl.where(src >= 0, ids_src, first)
+            same = tmask & (ids_src == ids_t)
+            gv = tl.load(g_rows + t[None, :].to(tl.int64) * sg_t,
+                         mask=dmask[:, None] & same[None, :], other=0.0)
+            xv = tl.load(x_rows + src[None, :].to(tl.int64) * sx_t,
+                         mask=dmask[:, None] & (same & (src >= 0))[None, :], other=0.0)
+            if HAS_INIT:
+                xv += tl.load(init_ptr + b * sh_b + d[:, None] * sh_d
+                              + (WIDTH - 1 + src)[None, :] * sh_k,
+                              mask=dmask[:, None] & (same & (src < 0))[None, :], other=0.0)
+            acc += tl.sum(gv.to(ACC) * xv.to(ACC), axis=1)
+        tl.store(out + k, acc, mask=dmask)
+
+
+def packed_backward(g: torch.Tensor, x: torch.Tensor, seq_idx: torch.Tensor, initial_states,
+                    weight: torch.Tensor, init_grad: bool):
+    """(dx, d initial_states or None, d weight) of :func:`packed_forward` without its
+    activation and bias, given the gradient ``g`` of its pre-activation output (float32)."""
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    acc = tl.float64 if g.dtype == torch.float64 else tl.float32
+    dx = torch.empty_like(x)
+    dh = torch.empty((batch, dim, width - 1), device=x.device, dtype=x.dtype) \
+        if init_grad else dx
+    s0 = -(width - 1) if init_grad else 0
+    block_t, block_d = (64, 32) if g.stride(2) == 1 else (32, 64)
+    launch(_packed_dx_kernel, (cdiv(seqlen - s0, block_t), cdiv(dim, block_d), batch),
+           g, seq_idx, weight, dx, dh, dim, seqlen, s0, *g.stride(), *seq_idx.stride(),
+           *weight.stride(), *dx.stride(), *dh.stride(),
+           WIDTH=width, BLOCK_D=block_d, BLOCK_T=block_t, ACC=acc, num_warps=4)
+    chunk = 1024
+    chunks = cdiv(seqlen, chunk)
+    part = torch.empty((batch, chunks, dim, width), device=x.device, dtype=g.dtype)
+    init = initial_states if initial_states is not None else x
+    launch(_packed_dw_kernel, (chunks, cdiv(dim, block_d), batch),
+           g, x, seq_idx, init, part, dim, seqlen, chunk, *g.stride(), *x.stride(),
+           *seq_idx.stride(), *init.stride(),
+           WIDTH=width, BLOCK_D=block_d, BLOCK_T=block_t,
+           HAS_INIT=initial_states is not None, ACC=acc, num_warps=4)
+    return dx, (dh if init_grad else None), part.sum((0, 1)).to(weight.dtype)

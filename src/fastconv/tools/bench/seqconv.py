@@ -7,7 +7,7 @@ backward); decode steps (``causal_conv1d_update`` against the same step written 
 concatenate, convolve, shift the state) at batch 1 to 256, mode ``fwd``; long convolutions
 (``long_conv1d`` against a torch.fft implementation padded to a power of two) at 1K-64K;
 packed sequences (``causal_conv1d`` with ``seq_idx``, sequences of 37-300 positions, against
-the same masked sum written in torch, one pass per tap), mode ``fwd``.
+the same masked sum written in torch, one pass per tap).
 Providers: ``fastconv`` and ``torch``. ``min_bytes`` is what a pass must read and write
 (inputs, outputs, weights; gradients too in ``train``), so ``hbm_pct`` is the floor's
 time (``min_bytes`` at the measured copy bandwidth) over the median.
@@ -157,8 +157,8 @@ def run_case(case: SeqCase, providers: list[str], precision: Precision, mode: st
     and ``hbm_pct`` where the copy bandwidth ``hbm_gbps`` was measured."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: the seqconv suite runs {', '.join(MODES)}")
-    if case.kind in ("decode", "packed") and mode != "fwd":
-        return []  # a decode step has no backward; packed: forward only for now
+    if case.kind == "decode" and mode != "fwd":
+        return []  # a decode step has no backward
     dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(
         precision, torch.float32)
     calls, ref, moved = _calls(case, dtype, device, mode == "train")
