@@ -174,6 +174,30 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
     assert _rel(out, ref) < 1e-6 and torch.equal(out, again)
 
 
+def test_packed_backward_kernel_failure_falls_back_to_torch(monkeypatch):
+    """A backward kernel that fails is said in a warning and the gradients come from the
+    torch route (the inputs that need none get none)."""
+    from fastconv import seqconv
+    from fastconv.backends.triton import packed
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such kernel")
+    monkeypatch.setattr(packed, "packed_backward", broken)
+    monkeypatch.setattr(seqconv, "_PACKED_KERNEL_FAILED", [])
+    x, w, b, s = _inputs(2, 3, 11, 4, dtype=torch.float64, seed=4)
+    seq_idx = torch.tensor([[0] * 4 + [1] * 7, [0] * 11], dtype=torch.int32)
+    g = torch.randn(2, 3, 11, dtype=torch.float64)
+    x.requires_grad_()
+    w.requires_grad_()
+    out = fastconv.causal_conv1d(x, w, b, seq_idx, s, activation="silu")
+    with pytest.warns(RuntimeWarning, match="packed-sequence kernels failed"):
+        got = torch.autograd.grad(out, (x, w), g)
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    want = torch.autograd.grad(seqconv._packed_torch(xr, wr, b, seq_idx, s, False, "silu"),
+                               (xr, wr), g)
+    assert all(_rel(a, c) < 1e-12 for a, c in zip(got, want))
+
+
 def test_gradients_in_float64():
     """gradcheck of every input (packed: through the kernels' backward, interpreted)."""
     x, w, b, s = _inputs(2, 3, 8, 4, dtype=torch.float64, seed=5)

@@ -9,13 +9,14 @@ multiplies the current position).
 
 Routes: a causal conv1d without ``seq_idx`` runs through :func:`fastconv.conv1d` (dispatch
 picks the Triton depthwise kernel or torch's; initial states are prepended to the input);
-with ``seq_idx`` each tap is masked where it would reach into another sequence (torch
-operations, one pass per tap). The decode step of one token is one Triton kernel on a GPU
-(``backends/triton/decode.py``), torch operations otherwise (several tokens, a circular
-state, autograd, torch.compile's tracing); neither synchronises the host: both capture in
-a CUDA graph. Everything has autograd through torch's or
-fastconv's differentiable operations, deterministic unless torch's deterministic setting
-says otherwise for an operation it reports.
+with ``seq_idx`` each tap is masked where it would reach into another sequence (Triton
+kernels on a GPU, forward and backward: ``backends/triton/packed.py``; torch operations,
+one pass per tap, under torch.compile's tracing and where Triton does not run). The decode
+step of one token is one Triton kernel on a GPU (``backends/triton/decode.py``), torch
+operations otherwise (several tokens, a circular state, autograd, torch.compile's
+tracing); neither synchronises the host: both capture in a CUDA graph. Everything has
+autograd through torch's or fastconv's differentiable operations, deterministic unless
+torch's deterministic setting says otherwise for an operation it reports.
 """
 
 from __future__ import annotations
@@ -160,25 +161,32 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool, act: str):
     """The packed-sequence route: tap k of position t reads position t − (width − 1) + k
-    only where it has t's ``seq_idx`` (positions before 0 have position 0's). Without
-    autograd, on a device Triton's kernels run on and outside torch.compile's tracing, the
-    output is one kernel (backends/triton/packed.py); else one masked pass per tap."""
+    only where it has t's ``seq_idx`` (positions before 0 have position 0's): the kernels
+    (:func:`_packed_kernel`) where they run, else :func:`_packed_torch`."""
+    out = _packed_kernel(x, weight, bias, seq_idx, initial_states, act == "silu")
+    if out is None:
+        return _packed_torch(x, weight, bias, seq_idx, initial_states, return_final_states,
+                             act)
+    if not return_final_states:
+        return out
+    batch, dim, seqlen = x.shape
+    pad = weight.shape[1] - 1
+    tail = x[..., max(0, seqlen - pad):]
+    if tail.shape[-1] < pad:  # a row shorter than the state: the start fills the rest
+        start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
+        tail = torch.cat([start, tail], dim=-1)[..., -pad:]
+        ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)[:, -pad:]
+    else:
+        ids = seq_idx[:, -pad:]
+    return out, torch.where((ids == seq_idx[:, -1:]).unsqueeze(1), tail, 0)
+
+
+def _packed_torch(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
+                  act: str):
+    """:func:`_packed` in torch operations, one masked multiply-add pass per tap."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     pad = width - 1
-    out = _packed_kernel(x, weight, bias, seq_idx, initial_states, act == "silu")
-    if out is not None:
-        if not return_final_states:
-            return out
-        tail = x[..., max(0, seqlen - pad):]
-        if tail.shape[-1] < pad:  # a row shorter than the state: the start fills the rest
-            start = x.new_zeros(batch, dim, pad) if initial_states is None \
-                else initial_states
-            tail = torch.cat([start, tail], dim=-1)[..., -pad:]
-            ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)[:, -pad:]
-        else:
-            ids = seq_idx[:, -pad:]
-        return out, torch.where((ids == seq_idx[:, -1:]).unsqueeze(1), tail, 0)
     start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
     full = torch.cat([start, x], dim=-1)
     ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)
@@ -197,7 +205,7 @@ def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
     return out, torch.where(last, full[..., -pad:], 0)
 
 
-#: why the packed kernel failed in this process (then the torch route runs), or None
+#: why the packed kernels failed in this process (then the torch route runs); empty
 _PACKED_KERNEL_FAILED: list[str] = []
 
 
@@ -247,16 +255,30 @@ class _PackedFunction(torch.autograd.Function):
         from .backends.triton.packed import packed_backward, packed_forward
 
         x, weight, bias, initial_states, seq_idx = ctx.saved_tensors
-        acc = _acc(x.dtype)
-        g = dy.to(acc)
-        if ctx.silu:
-            pre = packed_forward(x, seq_idx, initial_states, weight, bias, False, acc)
-            sig = torch.sigmoid(pre)
-            g = g * sig * (1 + pre * (1 - sig))
         needs = ctx.needs_input_grad
-        dx, dh, dw = packed_backward(g, x, seq_idx, initial_states, weight, needs[3])
-        db = g.sum((0, 2)).to(bias.dtype) if bias is not None and needs[2] else None
-        return (dx if needs[0] else None, dw if needs[1] else None, db, dh, None, None)
+        try:
+            acc = _acc(x.dtype)
+            g = dy.to(acc)
+            if ctx.silu:
+                pre = packed_forward(x, seq_idx, initial_states, weight, bias, False, acc)
+                sig = torch.sigmoid(pre)
+                g = g * sig * (1 + pre * (1 - sig))
+            dx, dh, dw = packed_backward(g, x, seq_idx, initial_states, weight, needs[3])
+            db = g.sum((0, 2)).to(bias.dtype) if bias is not None and needs[2] else None
+            grads = [dx, dw, db, dh]
+        except Exception as exc:  # the torch route's gradients (see _packed_kernel)
+            _packed_kernel_failed(exc)
+            inputs = [t.detach().requires_grad_() if t is not None and need else None
+                      for t, need in zip((x, weight, bias, initial_states), needs)]
+            given = [t if t is not None else s for t, s in
+                     zip(inputs, (x, weight, bias, initial_states))]
+            with torch.enable_grad():
+                out = _packed_torch(*given[:3], seq_idx, given[3], False,
+                                    "silu" if ctx.silu else "none")
+            wanted = [t for t in inputs if t is not None]
+            found = iter(torch.autograd.grad(out, wanted, dy))
+            grads = [next(found) if t is not None else None for t in inputs]
+        return (*[g if need else None for g, need in zip(grads, needs)], None, None)
 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
