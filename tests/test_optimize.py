@@ -129,6 +129,24 @@ def test_untraceable_model_fuses_sequential_chains_and_says_so():
         assert relative_error(opt(x), model(x)) < 1e-5
 
 
+def test_a_failed_training_capture_is_said_when_it_happens(monkeypatch):
+    """A training step whose CUDA-graph capture fails runs eagerly: a RuntimeWarning says so
+    at that call (not only the report, read after the fact), and the buffers the warm-up
+    touched are restored."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    opt = optimize(model, "training", precision="ieee", cuda_graph=True)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("capture refused\nsecond line")
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", refuse)
+    before = [b.clone() for b in opt.model.buffers()]
+    with pytest.warns(RuntimeWarning, match=r"training capture failed .*\(2, 3, 7, 7\).*"
+                                            r"capture refused\); running eagerly"):
+        assert opt._train_graph((torch.randn(2, 3, 7, 7),)) is None
+    assert opt.report.notes[-1].startswith("cuda_graph: training capture failed")
+    assert all(torch.equal(a, b) for a, b in zip(opt.model.buffers(), before))
+
+
 def test_a_model_holding_fastconv_modules_is_traced_with_them_as_leaves():
     """Traced into, ConvBNAct2d's forward met the tracer's proxies: the trace failed after
     the layer had counted a training step on the copy."""

@@ -4,6 +4,7 @@ training step), CUDA-graph replays, and the original model's names."""
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import torch
 from torch import nn
@@ -161,10 +162,13 @@ class OptimizedModel(nn.Module):
                     _Step(self), tuple(a.detach().clone().requires_grad_(a.requires_grad)
                                        for a in args))
         except Exception as exc:  # reported; the model runs eagerly for this signature
-            self.report.notes.append(
-                f"cuda_graph: training capture failed for input shapes "
-                f"{[tuple(a.shape) for a in args]} ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:160]}); running eagerly")
+            note = (f"cuda_graph: training capture failed for input shapes "
+                    f"{[tuple(a.shape) for a in args]} ({type(exc).__name__}: "
+                    f"{(str(exc).splitlines() or [''])[0][:160]}); running eagerly")
+            self.report.notes.append(note)
+            # (said as it happens too: a step that silently runs eagerly is several times
+            # slower at small batch, and the report is read after the fact if at all)
+            warnings.warn(f"fastconv: {note}", RuntimeWarning, stacklevel=4)
         finally:
             with torch.no_grad():  # the warm-up steps must not count as training steps
                 for b, v in zip(buffers, saved):
