@@ -35,6 +35,7 @@ import collections
 import contextlib
 import copy
 import json
+import math
 import re
 
 import torch
@@ -147,10 +148,10 @@ def floor(layer: dict, precision: Precision, train: bool, ceilings: dict) -> dic
         pad = m.padding
     out = [(i + 2 * p - d * (k - 1) - 1) // s + 1 for i, p, d, k, s in
            zip(size, pad, m.dilation, m.kernel_size, m.stride)]
-    positions = n * _prod(out)
-    flop = 2 * positions * m.out_channels * (c // m.groups) * _prod(m.kernel_size)
+    positions = n * math.prod(out)
+    flop = 2 * positions * m.out_channels * (c // m.groups) * math.prod(m.kernel_size)
     item = 4 if precision in (Precision.IEEE, Precision.TF32) else 2
-    x, z, w = n * c * _prod(size), positions * m.out_channels, m.weight.numel()
+    x, z, w = n * c * math.prod(size), positions * m.out_channels, m.weight.numel()
     r = 0 if layer["residual"] is None else z
     elems = x + w + z + r
     if train:  # dy, z, x, w read; dx (when the input needs it), dw (and dr) written
@@ -163,13 +164,6 @@ def floor(layer: dict, precision: Precision, train: bool, ceilings: dict) -> dic
     if rate and ceilings.get("hbm_gbps"):
         ms = max(flop / rate / 1e9, bytes_ / ceilings["hbm_gbps"] / 1e6)
     return dict(gflop=flop / 1e9, floor_mb=bytes_ / 1e6, floor_ms=ms)
-
-
-def _prod(xs) -> int:
-    p = 1
-    for v in xs:
-        p *= v
-    return p
 
 
 def layer_calls(layer: dict, precision: Precision, train: bool, providers) -> dict:
