@@ -169,8 +169,13 @@ def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
                              act)
     if not return_final_states:
         return out
+    return out, _packed_final_states(x, seq_idx, initial_states, weight.shape[1] - 1)
+
+
+def _packed_final_states(x, seq_idx, initial_states, pad: int) -> torch.Tensor:
+    """The last ``pad`` inputs of each row (the initial states fill a row shorter than
+    that), zero where they are not in the row's last sequence."""
     batch, dim, seqlen = x.shape
-    pad = weight.shape[1] - 1
     tail = x[..., max(0, seqlen - pad):]
     if tail.shape[-1] < pad:  # a row shorter than the state: the start fills the rest
         start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
@@ -178,7 +183,7 @@ def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
         ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)[:, -pad:]
     else:
         ids = seq_idx[:, -pad:]
-    return out, torch.where((ids == seq_idx[:, -1:]).unsqueeze(1), tail, 0)
+    return torch.where((ids == seq_idx[:, -1:]).unsqueeze(1), tail, 0)
 
 
 def _packed_torch(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
@@ -201,8 +206,7 @@ def _packed_torch(x, weight, bias, seq_idx, initial_states, return_final_states:
     out = (F.silu(acc) if act == "silu" else acc).to(x.dtype)
     if not return_final_states:
         return out
-    last = (ids[:, -pad:] == seq_idx[:, -1:]).unsqueeze(1)
-    return out, torch.where(last, full[..., -pad:], 0)
+    return out, _packed_final_states(x, seq_idx, initial_states, pad)
 
 
 #: why the packed kernels failed in this process (then the torch route runs); empty
