@@ -211,12 +211,14 @@ def test_gradients_in_float64():
         assert torch.autograd.gradcheck(f, args, fast_mode=packed is not None)
 
 
-@pytest.mark.parametrize("width,seqlen", [pytest.param(4, 1100, marks=pytest.mark.slow),
-                                          (7, 5), (3, 70)])
-def test_packed_kernel_gradients_match_the_torch_route(width, seqlen, monkeypatch):
+@pytest.mark.parametrize("width,seqlen,activation", [
+    pytest.param(4, 1100, "silu", marks=pytest.mark.slow), (7, 5, "silu"), (3, 70, None),
+    (40, 45, "silu")])
+def test_packed_kernel_gradients_match_the_torch_route(width, seqlen, activation, monkeypatch):
     """The packed kernels' gradients (x in the dim-contiguous layout, more positions than
-    one weight-gradient chunk of 1,024, or fewer than the state) against the torch route's
-    autograd, in float64; deterministic (two backward passes, the same bits)."""
+    one weight-gradient chunk of 1,024, or fewer than the state, more taps than one
+    weight-gradient program's 32) against the torch route's autograd, in float64;
+    deterministic (two backward passes, the same bits)."""
     from fastconv import seqconv
 
     x, w, b, s = _inputs(2, 5, seqlen, width, layout="dim", dtype=torch.float64, seed=width)
@@ -228,11 +230,40 @@ def test_packed_kernel_gradients_match_the_torch_route(width, seqlen, monkeypatc
         args = [t.clone().requires_grad_() for t in (x, w, b, s)]
         if not kernels:
             monkeypatch.setattr(seqconv, "_kernel_device", lambda: None)
-        out = fastconv.causal_conv1d(*args[:3], seq_idx, args[3], activation="silu")
+        out = fastconv.causal_conv1d(*args[:3], seq_idx, args[3], activation=activation)
         grads.append(torch.autograd.grad(out, args, g))
     for got, want in zip(grads[0], grads[2]):
         assert _rel(got, want) < 1e-12
     assert all(torch.equal(a, b) for a, b in zip(grads[0], grads[1]))
+
+
+@pytest.mark.parametrize("layout,states", [("seqlen", True), ("dim", False)])
+def test_training_without_seq_idx_runs_the_kernels(layout, states, monkeypatch):
+    """Where it will be differentiated, causal_conv1d without seq_idx runs the packed
+    kernels (interpreted here; fastconv.conv1d made to fail, so no other route can answer):
+    output, final states and every gradient as the float64 definition's."""
+    from fastconv import seqconv
+
+    x, w, b, s = _inputs(2, 5, 23, 4, layout, dtype=torch.float64, seed=11)
+    g = torch.randn(2, 5, 23, dtype=torch.float64)
+    gf = torch.randn(2, 5, 3, dtype=torch.float64)
+    want_args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+    start = want_args[3] if states else torch.zeros(2, 5, 3, dtype=torch.float64)
+    full = torch.cat([start, want_args[0]], dim=-1)
+    want = F.silu(F.conv1d(full, want_args[1].unsqueeze(1), want_args[2], groups=5))
+    want_grads = torch.autograd.grad((want * g).sum() + (full[..., -3:] * gf).sum(),
+                                     want_args if states else want_args[:3])
+
+    def refused(*args, **kwargs):
+        raise AssertionError("fastconv.conv1d ran")
+    monkeypatch.setattr(seqconv, "conv1d", refused)
+    args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+    out, final = fastconv.causal_conv1d(*args[:3], initial_states=args[3] if states else None,
+                                        return_final_states=True, activation="silu")
+    got = torch.autograd.grad((out * g).sum() + (final * gf).sum(),
+                              args if states else args[:3])
+    assert _rel(out, want) < 1e-12 and _rel(final, full[..., -3:]) < 1e-12
+    assert all(_rel(a, c) < 1e-12 for a, c in zip(got, want_grads))
 
 
 def test_update_decodes_token_by_token_as_the_whole_sequence():

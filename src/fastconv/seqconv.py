@@ -8,10 +8,12 @@ multiplies the current position), so that a model switches by changing an import
 multiplies the current position).
 
 Routes: a causal conv1d without ``seq_idx`` runs through :func:`fastconv.conv1d` (dispatch
-picks the Triton depthwise kernel or torch's; initial states are prepended to the input);
-with ``seq_idx`` each tap is masked where it would reach into another sequence (Triton
-kernels on a GPU, forward and backward: ``backends/triton/packed.py``; torch operations,
-one pass per tap, under torch.compile's tracing and where Triton does not run). The decode
+picks the Triton depthwise kernel or torch's; initial states are prepended to the input),
+except where it will be differentiated: then the kernels of ``backends/triton/packed.py``
+run it, forward and backward, where they run (their backward is 2-7x faster than the
+convolution's; measured in benchmarks/NOTES.md); with ``seq_idx`` each tap is masked where
+it would reach into another sequence (those kernels on a GPU; torch operations, one pass
+per tap, under torch.compile's tracing and where Triton does not run). The decode
 step of one token is one Triton kernel on a GPU (``backends/triton/decode.py``), torch
 operations otherwise (several tokens, a circular state, autograd, torch.compile's
 tracing); neither synchronises the host: both capture in a CUDA graph. Everything has
@@ -145,18 +147,33 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if seq_idx is not None:
         _check_seq_idx(seq_idx, x)
         return _packed(x, weight, bias, seq_idx, initial_states, return_final_states, act)
+    if _requires_grad(x, weight, bias, initial_states):  # training: the kernels' backward
+        out = _packed_kernel(x, weight, bias, None, initial_states, act == "silu")
+        if out is not None:
+            return (out, _final_states(x, initial_states, width - 1)) if return_final_states \
+                else out
     taps = weight.unsqueeze(1)
     if initial_states is None:
         out = conv1d(x, taps, bias, padding=((width - 1, 0),), groups=dim, activation=act)
-        full = None
     else:
-        full = torch.cat([initial_states, x], dim=-1)
-        out = conv1d(full, taps, bias, groups=dim, activation=act)
+        out = conv1d(torch.cat([initial_states, x], dim=-1), taps, bias, groups=dim,
+                     activation=act)
     if not return_final_states:
         return out
-    if full is None:
-        full = F.pad(x, (width - 1, 0))
-    return out, full[..., full.shape[-1] - (width - 1):].contiguous()
+    return out, _final_states(x, initial_states, width - 1)
+
+
+def _requires_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _final_states(x, initial_states, pad: int) -> torch.Tensor:
+    """The last ``pad`` inputs of each row, the initial states (zeros without them) before
+    position 0."""
+    if x.shape[-1] >= pad:
+        return x[..., x.shape[-1] - pad:].contiguous()
+    start = x.new_zeros(*x.shape[:2], pad) if initial_states is None else initial_states
+    return torch.cat([start, x], dim=-1)[..., -pad:].contiguous()
 
 
 def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool, act: str):
@@ -214,16 +231,15 @@ _PACKED_KERNEL_FAILED: list[str] = []
 
 
 def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
-    """The packed output by backends/triton/packed.py's kernels (with autograd: their
-    backward), or None where they do not run: torch.compile's tracing, a device Triton's
-    kernels do not run on, or kernels that failed here before (said once in a warning; the
-    torch route's result is the same)."""
+    """The output by backends/triton/packed.py's kernels (with autograd: their backward;
+    ``seq_idx`` may be None), or None where they do not run: torch.compile's tracing, a
+    device Triton's kernels do not run on, or kernels that failed here before (said once in
+    a warning; the other routes' result is the same)."""
     if x.device.type != _kernel_device() or torch.compiler.is_compiling() \
             or _PACKED_KERNEL_FAILED:
         return None
     try:
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in (x, weight, bias, initial_states)):
+        if _requires_grad(x, weight, bias, initial_states):
             return _PackedFunction.apply(x, weight, bias, initial_states, seq_idx, silu)
         from .backends.triton.packed import packed_forward
 
@@ -236,14 +252,15 @@ def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
 def _packed_kernel_failed(exc: Exception) -> None:
     _PACKED_KERNEL_FAILED.append(f"{type(exc).__name__}: {str(exc)[:200]}")
     warnings.warn(f"fastconv: the packed-sequence kernels failed ({_PACKED_KERNEL_FAILED[0]}); "
-                  f"causal_conv1d with seq_idx runs torch operations in this process",
-                  RuntimeWarning, stacklevel=4)
+                  f"causal_conv1d runs torch operations with seq_idx, and fastconv.conv1d "
+                  f"for training without it, in this process", RuntimeWarning, stacklevel=4)
 
 
 class _PackedFunction(torch.autograd.Function):
-    """The packed kernels with their backward: the forward saves its inputs (no output),
-    the backward recomputes the pre-activation where SiLU needs it (float32), then one
-    pass for the input gradients and one for the weight's."""
+    """The packed kernels with their backward: the forward saves its inputs (no output);
+    the backward is one pass for the pre-activation's gradient where SiLU was applied (the
+    pre-activation recomputed in it, float32), one for the input gradients and one for the
+    weight's."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, initial_states, seq_idx, silu):
@@ -256,19 +273,15 @@ class _PackedFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        from .backends.triton.packed import packed_backward, packed_forward
+        from .backends.triton.packed import packed_backward, silu_grad
 
         x, weight, bias, initial_states, seq_idx = ctx.saved_tensors
         needs = ctx.needs_input_grad
         try:
-            acc = _acc(x.dtype)
-            g = dy.to(acc)
-            if ctx.silu:
-                pre = packed_forward(x, seq_idx, initial_states, weight, bias, False, acc)
-                sig = torch.sigmoid(pre)
-                g = g * sig * (1 + pre * (1 - sig))
+            g = silu_grad(dy, x, seq_idx, initial_states, weight, bias) if ctx.silu else dy
             dx, dh, dw = packed_backward(g, x, seq_idx, initial_states, weight, needs[3])
-            db = g.sum((0, 2)).to(bias.dtype) if bias is not None and needs[2] else None
+            db = g.sum((0, 2), dtype=_acc(x.dtype)).to(bias.dtype) \
+                if bias is not None and needs[2] else None
             grads = [dx, dw, db, dh]
         except Exception as exc:  # the torch route's gradients (see _packed_kernel)
             _packed_kernel_failed(exc)
@@ -276,6 +289,8 @@ class _PackedFunction(torch.autograd.Function):
                       for t, need in zip((x, weight, bias, initial_states), needs)]
             given = [t if t is not None else s for t, s in
                      zip(inputs, (x, weight, bias, initial_states))]
+            if seq_idx is None:  # (no packing: one sequence per row)
+                seq_idx = x.new_zeros(x.shape[0], x.shape[2], dtype=torch.int32)
             with torch.enable_grad():
                 out = _packed_torch(*given[:3], seq_idx, given[3], False,
                                     "silu" if ctx.silu else "none")
