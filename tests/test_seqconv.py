@@ -239,10 +239,13 @@ def test_packed_kernel_gradients_match_the_torch_route(width, seqlen, activation
 
 @pytest.mark.parametrize("layout,states", [("seqlen", True), ("dim", False)])
 def test_training_without_seq_idx_runs_the_kernels(layout, states, monkeypatch):
-    """Where it will be differentiated, causal_conv1d without seq_idx runs the packed
-    kernels (interpreted here; fastconv.conv1d made to fail, so no other route can answer):
-    output, final states and every gradient as the float64 definition's."""
+    """Where it will be differentiated (and is large: the size rule lowered to any size
+    here), causal_conv1d without seq_idx runs the packed kernels (interpreted here;
+    fastconv.conv1d made to fail, so no other route can answer): output, final states and
+    every gradient as the float64 definition's."""
     from fastconv import seqconv
+
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
 
     x, w, b, s = _inputs(2, 5, 23, 4, layout, dtype=torch.float64, seed=11)
     g = torch.randn(2, 5, 23, dtype=torch.float64)

@@ -9,16 +9,16 @@ multiplies the current position).
 
 Routes: a causal conv1d without ``seq_idx`` runs through :func:`fastconv.conv1d` (dispatch
 picks the Triton depthwise kernel or torch's; initial states are prepended to the input),
-except where it will be differentiated: then the kernels of ``backends/triton/packed.py``
-run it, forward and backward, where they run (their backward is 2-7x faster than the
-convolution's; measured in benchmarks/NOTES.md); with ``seq_idx`` each tap is masked where
-it would reach into another sequence (those kernels on a GPU; torch operations, one pass
-per tap, under torch.compile's tracing and where Triton does not run). The decode
-step of one token is one Triton kernel on a GPU (``backends/triton/decode.py``), torch
-operations otherwise (several tokens, a circular state, autograd, torch.compile's
-tracing); neither synchronises the host: both capture in a CUDA graph. Everything has
-autograd through torch's or fastconv's differentiable operations, deterministic unless
-torch's deterministic setting says otherwise for an operation it reports.
+except where it will be differentiated and is large (``_TRAIN_KERNELS_MIN_NUMEL``): then the
+kernels of ``backends/triton/packed.py`` run it, forward and backward, where they run; with
+``seq_idx`` each tap is masked where it would reach into another sequence (those kernels on
+a GPU; torch operations, one pass per tap, under torch.compile's tracing and where Triton
+does not run). The decode step of one token is one Triton kernel on a GPU
+(``backends/triton/decode.py``), torch operations otherwise (several tokens, a circular
+state, autograd, torch.compile's tracing); neither synchronises the host: both capture in a
+CUDA graph. Everything has autograd through torch's or fastconv's differentiable operations,
+deterministic unless torch's deterministic setting says otherwise for an operation it
+reports.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ from .functional import conv1d
 
 #: widths ``causal_conv1d`` accepts
 MIN_WIDTH, MAX_WIDTH = 2, 256
+#: where a causal conv1d without seq_idx that will be differentiated runs the packed kernels
+#: (not fastconv.conv1d): measured on an H200 in bf16 (benchmarks/NOTES.md, "Sequence
+#: convolutions"), forward and backward 1.6-2.7x faster from 2^25 elements and width 4 to 16
+#: (1.2x at width 32, none at 64); below 2^24 elements their fixed ~0.5 ms per step loses
+_TRAIN_KERNELS_MIN_NUMEL, _TRAIN_KERNELS_MAX_WIDTH = 1 << 25, 32
 _ACTIVATIONS = (None, "silu", "swish")
 
 
@@ -147,7 +152,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if seq_idx is not None:
         _check_seq_idx(seq_idx, x)
         return _packed(x, weight, bias, seq_idx, initial_states, return_final_states, act)
-    if _requires_grad(x, weight, bias, initial_states):  # training: the kernels' backward
+    if x.numel() >= _TRAIN_KERNELS_MIN_NUMEL and width <= _TRAIN_KERNELS_MAX_WIDTH \
+            and _requires_grad(x, weight, bias, initial_states):
         out = _packed_kernel(x, weight, bias, None, initial_states, act == "silu")
         if out is not None:
             return (out, _final_states(x, initial_states, width - 1)) if return_final_states \
