@@ -23,7 +23,7 @@ def _inputs(width: int, layout: str, batch: int = 3, dim: int = 520, seqlen: int
         torch.randn(dim, device="cuda")
 
 
-@pytest.mark.parametrize("width", [2, 4, 16, 256])
+@pytest.mark.parametrize("width", [2, 4, 16, 33, 64, 256])
 @pytest.mark.parametrize("layout", ["seqlen", "dim"])
 def test_causal_conv1d_bf16_within_the_contract(width, layout):
     x, w, b = _inputs(width, layout)

@@ -165,7 +165,8 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
     monkeypatch.setattr(seqconv, "_PACKED_KERNEL_FAILED", [])
     x, w, b, _ = _inputs(2, 3, 11, 4, seed=3)
     seq_idx = torch.tensor([[0] * 4 + [1] * 7, [0] * 11], dtype=torch.int32)
-    with pytest.warns(RuntimeWarning, match="packed-sequence kernels failed .*no such kernel"):
+    with pytest.warns(RuntimeWarning,
+                      match="sequence-convolution kernels failed .*no such kernel"):
         out = fastconv.causal_conv1d(x, w, b, seq_idx, activation="silu")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -190,7 +191,7 @@ def test_packed_backward_kernel_failure_falls_back_to_torch(monkeypatch):
     x.requires_grad_()
     w.requires_grad_()
     out = fastconv.causal_conv1d(x, w, b, seq_idx, s, activation="silu")
-    with pytest.warns(RuntimeWarning, match="packed-sequence kernels failed"):
+    with pytest.warns(RuntimeWarning, match="sequence-convolution kernels failed"):
         got = torch.autograd.grad(out, (x, w), g)
     xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
     want = torch.autograd.grad(seqconv._packed_torch(xr, wr, b, seq_idx, s, False, "silu"),
@@ -267,6 +268,33 @@ def test_training_without_seq_idx_runs_the_kernels(layout, states, monkeypatch):
                               args if states else args[:3])
     assert _rel(out, want) < 1e-12 and _rel(final, full[..., -3:]) < 1e-12
     assert all(_rel(a, c) < 1e-12 for a, c in zip(got, want_grads))
+
+
+@pytest.mark.parametrize("width,seqlen,states", [(32, 7, True), (64, 4100, True),
+                                                  (65, 300, False), (256, 129, True)])
+def test_wide_filters_run_the_tensor_core_kernel(width, seqlen, states, monkeypatch):
+    """Without autograd, widths from 32 run the Toeplitz kernel (interpreted here, in
+    float64; fastconv.conv1d made to fail, the output poisoned): output and final states as
+    the float64 definition's, every element written."""
+    from fastconv import seqconv
+    from fastconv.backends.triton import toeplitz
+
+    x, w, b, s = _inputs(2, 3, seqlen, width, dtype=torch.float64, seed=width)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("fastconv.conv1d ran")
+
+    def poisoned(t, **kwargs):
+        return torch.full_like(t, float("nan"), **kwargs)
+    monkeypatch.setattr(seqconv, "conv1d", refused)
+    monkeypatch.setattr(toeplitz.torch, "empty_like", poisoned)
+    start = s if states else torch.zeros_like(s)
+    full = torch.cat([start, x], dim=-1)
+    want = F.silu(F.conv1d(full, w.unsqueeze(1), b, groups=3))
+    out, final = fastconv.causal_conv1d(x, w, b, initial_states=s if states else None,
+                                        return_final_states=True, activation="silu")
+    assert not out.isnan().any()
+    assert _rel(out, want) < 1e-12 and torch.equal(final, full[..., -(width - 1):])
 
 
 def test_update_decodes_token_by_token_as_the_whole_sequence():

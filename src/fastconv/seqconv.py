@@ -39,6 +39,9 @@ MIN_WIDTH, MAX_WIDTH = 2, 256
 #: convolutions"), forward and backward 1.6-2.7x faster from 2^25 elements and width 4 to 16
 #: (1.2x at width 32, none at 64); below 2^24 elements their fixed ~0.5 ms per step loses
 _TRAIN_KERNELS_MIN_NUMEL, _TRAIN_KERNELS_MAX_WIDTH = 1 << 25, 32
+#: from this width, a causal conv1d without seq_idx that will not be differentiated runs the
+#: tensor-core (Toeplitz) kernel
+_WIDE_MIN_WIDTH = 32
 _ACTIVATIONS = (None, "silu", "swish")
 
 
@@ -152,12 +155,16 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if seq_idx is not None:
         _check_seq_idx(seq_idx, x)
         return _packed(x, weight, bias, seq_idx, initial_states, return_final_states, act)
-    if x.numel() >= _TRAIN_KERNELS_MIN_NUMEL and width <= _TRAIN_KERNELS_MAX_WIDTH \
-            and _requires_grad(x, weight, bias, initial_states):
+    grad = _requires_grad(x, weight, bias, initial_states)
+    if grad and x.numel() >= _TRAIN_KERNELS_MIN_NUMEL and width <= _TRAIN_KERNELS_MAX_WIDTH:
         out = _packed_kernel(x, weight, bias, None, initial_states, act == "silu")
-        if out is not None:
-            return (out, _final_states(x, initial_states, width - 1)) if return_final_states \
-                else out
+    elif not grad and width >= _WIDE_MIN_WIDTH:
+        out = _wide_kernel(x, weight, bias, initial_states, act == "silu")
+    else:
+        out = None
+    if out is not None:
+        return (out, _final_states(x, initial_states, width - 1)) if return_final_states \
+            else out
     taps = weight.unsqueeze(1)
     if initial_states is None:
         out = conv1d(x, taps, bias, padding=((width - 1, 0),), groups=dim, activation=act)
@@ -255,11 +262,30 @@ def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
         return None
 
 
+def _wide_kernel(x, weight, bias, initial_states, silu: bool):
+    """The output by backends/triton/toeplitz.py's kernel (forward only), or None where it
+    does not run: torch.compile's tracing, a device Triton's kernels do not run on, data
+    other than 16-bit floats on a GPU, x not seqlen-contiguous, more than 65,535 channels
+    or rows, or a kernel that failed here before."""
+    if x.device.type != _kernel_device() or torch.compiler.is_compiling() \
+            or _PACKED_KERNEL_FAILED or x.stride(2) != 1 or max(x.shape[:2]) > 65535 \
+            or (x.dtype not in (torch.float16, torch.bfloat16) and x.device.type != "cpu"):
+        return None
+    try:
+        from .backends.triton.toeplitz import toeplitz_forward
+
+        return toeplitz_forward(x, weight, bias, initial_states, silu)
+    except Exception as exc:  # (not a user error: the arguments were checked)
+        _packed_kernel_failed(exc)
+        return None
+
+
 def _packed_kernel_failed(exc: Exception) -> None:
     _PACKED_KERNEL_FAILED.append(f"{type(exc).__name__}: {str(exc)[:200]}")
-    warnings.warn(f"fastconv: the packed-sequence kernels failed ({_PACKED_KERNEL_FAILED[0]}); "
-                  f"causal_conv1d runs torch operations with seq_idx, and fastconv.conv1d "
-                  f"for training without it, in this process", RuntimeWarning, stacklevel=4)
+    warnings.warn(f"fastconv: the sequence-convolution kernels failed "
+                  f"({_PACKED_KERNEL_FAILED[0]}); causal_conv1d runs torch operations with "
+                  f"seq_idx, and fastconv.conv1d without it, in this process",
+                  RuntimeWarning, stacklevel=4)
 
 
 class _PackedFunction(torch.autograd.Function):
