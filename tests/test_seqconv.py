@@ -297,6 +297,36 @@ def test_wide_filters_run_the_tensor_core_kernel(width, seqlen, states, monkeypa
     assert _rel(out, want) < 1e-12 and torch.equal(final, full[..., -(width - 1):])
 
 
+@pytest.mark.parametrize("route", ["conv1d", "training kernels", "wide", "packed"])
+def test_every_route_gives_x_s_dtype_or_autocast_s(route, monkeypatch):
+    """float32 weight and bias with bfloat16 x give a bfloat16 output, and float32 operands
+    under bfloat16 autocast too, whichever route runs (the conv1d route refused mixed
+    dtypes and the others ignored autocast); values within bfloat16's rounding of the
+    float64 definition."""
+    from fastconv import seqconv
+
+    width = 40 if route == "wide" else 4
+    x, w, b, _ = _inputs(2, 5, 21, width, seed=3)
+    seq_idx = torch.tensor([[0] * 10 + [1] * 11, [0] * 21], dtype=torch.int32) \
+        if route == "packed" else None
+    if route == "training kernels":
+        monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    if route in ("training kernels", "wide", "packed"):
+        monkeypatch.setattr(seqconv, "conv1d", None)  # (another route would fail)
+    xd, wd, bd = (t.double() for t in (x.bfloat16(), w.bfloat16(), b.bfloat16()))
+    want = seqconv._packed_torch(xd, wd, bd, seq_idx, None, False, "silu") \
+        if route == "packed" else F.silu(F.conv1d(F.pad(xd, (width - 1, 0)), wd.unsqueeze(1),
+                                                  bd, groups=5))
+    xg = x.bfloat16().requires_grad_(route == "training kernels")
+    with torch.set_grad_enabled(route == "training kernels"):
+        mixed = fastconv.causal_conv1d(xg, w, b, seq_idx, activation="silu")
+        with torch.autocast("cpu", torch.bfloat16):
+            cast = fastconv.causal_conv1d(x.requires_grad_(route == "training kernels"), w, b,
+                                          seq_idx, activation="silu")
+    for out in (mixed, cast):
+        assert out.dtype == torch.bfloat16 and _rel(out, want) < 1e-2
+
+
 def test_update_decodes_token_by_token_as_the_whole_sequence():
     x, w, b, _ = _inputs(3, 5, 13, 4, seed=7)
     whole = fastconv.causal_conv1d(x, w, b, activation="silu")

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConvError, ConvTypeError
-from .functional import conv1d
+from .functional import autocast_casts, conv1d
 
 #: widths ``causal_conv1d`` accepts
 MIN_WIDTH, MAX_WIDTH = 2, 256
@@ -71,6 +71,8 @@ def _check_weight(weight: torch.Tensor, dim: int, x: torch.Tensor) -> int:
     width = weight.shape[1]
     if not MIN_WIDTH <= width <= MAX_WIDTH:
         raise ConvError(f"weight: width {width}; allowed: {MIN_WIDTH} to {MAX_WIDTH}")
+    if not weight.is_floating_point():
+        raise ConvError(f"weight: got dtype {weight.dtype}; expected a floating-point tensor")
     if weight.device != x.device:
         raise ConvError(f"weight: on {weight.device}, x on {x.device}; expected one device")
     return width
@@ -87,9 +89,25 @@ def _check_x(x: torch.Tensor, name: str = "x") -> None:
 
 def _check_bias(bias, dim: int, x: torch.Tensor) -> None:
     if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (dim,)
-                             or bias.device != x.device):
-        raise ConvError(f"bias: got {_described(bias)}; expected None or a tensor ({dim},) "
-                        f"on {x.device}")
+                             or bias.device != x.device or not bias.is_floating_point()):
+        raise ConvError(f"bias: got {_described(bias)}; expected None or a floating-point "
+                        f"tensor ({dim},) on {x.device}")
+
+
+def _in_dtypes(x, weight, bias, initial_states) -> tuple:
+    """The operands in the dtypes every route computes in: autocast's casts where it is on
+    for x's device (torch's rule for a convolution: floating tensors other than float64 to
+    its dtype), then weight and bias in x's dtype (as causal-conv1d, they may come in
+    another), so that the output has x's dtype, or autocast's, whichever route runs."""
+    if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight, bias, initial_states = (t.to(dtype) if autocast_casts(t, dtype) else t
+                                           for t in (x, weight, bias, initial_states))
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    return x, weight, bias, initial_states
 
 
 def _readable(x: torch.Tensor, name: str = "x") -> torch.Tensor:
@@ -131,18 +149,21 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
     Args:
         x: ``(batch, dim, seqlen)``, seqlen-contiguous or dim-contiguous.
-        weight: ``(dim, width)``, width 2 to 256.
-        bias: optional ``(dim,)``.
+        weight: ``(dim, width)``, width 2 to 256; any floating dtype (used in x's).
+        bias: optional ``(dim,)``; any floating dtype (used in x's).
         seq_idx: optional ``(batch, seqlen)`` int32: packed sequences. A position never reads
             one with another ``seq_idx``; the sequence at position 0 of a row starts from
             ``initial_states`` (zeros without them), every later one from zeros.
-        initial_states: optional ``(batch, dim, width − 1)``: the inputs before position 0.
+        initial_states: optional ``(batch, dim, width − 1)``, x's dtype: the inputs before
+            position 0.
         return_final_states: also return the ``(batch, dim, width − 1)`` inputs a next chunk
             of the row's last sequence reads (zeros where they belong to another sequence).
         activation: None, ``"silu"`` or ``"swish"`` (the same).
 
     Returns ``out`` (x's shape and dtype), or ``(out, final_states)``. Differentiable in x,
-    weight, bias and initial_states.
+    weight, bias and initial_states. Under autocast, x, weight, bias and initial_states are
+    cast first as for torch's convolutions (floating tensors other than float64 to
+    autocast's dtype), so the output then has autocast's dtype.
     """
     _check_x(x)
     x = _readable(x)
@@ -150,6 +171,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     width = _check_weight(weight, dim, x)
     _check_bias(bias, dim, x)
     act = _activation(activation)
+    x, weight, bias, initial_states = _in_dtypes(x, weight, bias, initial_states)
     if initial_states is not None:
         _check_states(initial_states, x, width, "initial_states")
     if seq_idx is not None:
