@@ -367,7 +367,9 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     tokens are written from index ``cache_seqlens % state_len``. ``conv_state_indices``
     (``(batch,)`` int32): the rows of a larger state pool ``(pool, dim, state_len)`` that
     hold this batch's states (continuous batching; the indices are not checked on the host,
-    so that the step captures in a CUDA graph). Returns the output, x's shape and dtype.
+    so that the step captures in a CUDA graph). Returns the output, x's shape and dtype:
+    autocast casts nothing here (the state is updated in place, in its own dtype; weight and
+    bias may have another floating dtype), as in causal-conv1d's update.
     """
     if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
         raise ConvError(f"x: got {_described(x)}; expected (batch, dim) or "
