@@ -484,15 +484,24 @@ class _MambaMixer(torch.nn.Module):
         return self.out_proj((x * F.silu(z[..., :seqlen - self.cut])).transpose(1, 2))
 
 
-@pytest.mark.parametrize("mode", ["inference", "training"])
-def test_a_mamba_block_through_optimize_fuses_the_causal_conv(mode):
+@pytest.mark.parametrize("mode,route", [("inference", "conv1d"), ("training", "conv1d"),
+                                        ("training", "kernels")])
+def test_a_mamba_block_through_optimize_fuses_the_causal_conv(mode, route, monkeypatch):
+    """The fused block runs causal_conv1d: through conv1d at this size, or (the size rule
+    lowered, conv1d refused) through the training kernels (interpreted here)."""
+    from fastconv import seqconv
+
     torch.manual_seed(0)
     model = _MambaMixer().double().train(mode == "training")
     h = torch.randn(2, 13, 12, dtype=torch.float64)
+    if route == "kernels":
+        monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+        monkeypatch.setattr(seqconv, "conv1d", None)  # (the conv1d route would fail)
     fast = fastconv.optimize(model, mode, "ieee")
     assert fast.report.fused == [("conv1d", "causal conv1d -> slice -> silu")]
     assert sorted(fast.state_dict()) == sorted(model.state_dict())
-    out, ref = fast(h), model(h)
+    with torch.set_grad_enabled(mode == "training"):
+        out, ref = fast(h), model(h)
     assert _rel(out, ref) < 1e-12
     if mode == "training":
         out.square().sum().backward()

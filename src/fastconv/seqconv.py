@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from .errors import ConvError, ConvTypeError
 from .functional import autocast_casts, conv1d
+from .precision import parse
 
 #: widths ``causal_conv1d`` accepts
 MIN_WIDTH, MAX_WIDTH = 2, 256
@@ -142,7 +143,8 @@ def _check_seq_idx(seq_idx, x: torch.Tensor) -> None:
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   seq_idx: torch.Tensor | None = None,
                   initial_states: torch.Tensor | None = None,
-                  return_final_states: bool = False, activation: str | None = None):
+                  return_final_states: bool = False, activation: str | None = None, *,
+                  precision: str | None = None):
     """Causal depthwise 1-D convolution: ``out[:, d, t] = act(bias[d] + Σ_k weight[d, k] ·
     x[:, d, t − (width − 1) + k])``, positions before the start reading ``initial_states``
     (zeros without them).
@@ -159,6 +161,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return_final_states: also return the ``(batch, dim, width − 1)`` inputs a next chunk
             of the row's last sequence reads (zeros where they belong to another sequence).
         activation: None, ``"silu"`` or ``"swish"`` (the same).
+        precision: as :func:`fastconv.conv1d`'s, for the route through it (float32 data; the
+            kernels' routes multiply-add in float32 whatever it says).
 
     Returns ``out`` (x's shape and dtype), or ``(out, final_states)``. Differentiable in x,
     weight, bias and initial_states. Under autocast, x, weight, bias and initial_states are
@@ -171,6 +175,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     width = _check_weight(weight, dim, x)
     _check_bias(bias, dim, x)
     act = _activation(activation)
+    if precision is not None:
+        parse(precision)
     x, weight, bias, initial_states = _in_dtypes(x, weight, bias, initial_states)
     if initial_states is not None:
         _check_states(initial_states, x, width, "initial_states")
@@ -189,10 +195,11 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             else out
     taps = weight.unsqueeze(1)
     if initial_states is None:
-        out = conv1d(x, taps, bias, padding=((width - 1, 0),), groups=dim, activation=act)
+        out = conv1d(x, taps, bias, padding=((width - 1, 0),), groups=dim, activation=act,
+                     precision=precision)
     else:
         out = conv1d(torch.cat([initial_states, x], dim=-1), taps, bias, groups=dim,
-                     activation=act)
+                     activation=act, precision=precision)
     if not return_final_states:
         return out
     return out, _final_states(x, initial_states, width - 1)

@@ -2,7 +2,8 @@
 ``act(conv(x)[..., :seqlen])`` where ``conv`` is ``nn.Conv1d(d, d, k, groups=d,
 padding=k - 1)``. The padded convolution computes ``k - 1`` outputs that the slice throws
 away; fused, one causal convolution with the activation in its epilogue computes only the
-kept ones (``fastconv.conv1d`` with the padding on the left)."""
+kept ones (``fastconv.causal_conv1d``, whose routes include kernels for training and for
+wide filters; ``fastconv.conv1d`` with the padding on the left for other layouts)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch import nn
 
 from ..functional import conv1d
 from ..nn.conv import Conv1d
+from ..seqconv import causal_conv1d
 from ..tracing import has_hooks
 from .report import Report
 
@@ -33,6 +35,10 @@ class CausalConv1dSliced(nn.Module):
         conv = self.conv  # (its attributes read at each call: one set later is seen)
         if x.dim() == 3 and end == x.shape[-1] and _causal_depthwise(conv) \
                 and not has_hooks(conv):
+            if x.stride(2) == 1 or x.stride(1) == 1:  # (the layouts causal_conv1d reads)
+                return causal_conv1d(x, conv.weight.squeeze(1), conv.bias,
+                                     activation=None if self.activation == "none" else "silu",
+                                     precision=self.precision)
             return conv1d(x, conv.weight, conv.bias, padding=((conv.kernel_size[0] - 1, 0),),
                           groups=conv.groups, activation=self.activation,
                           precision=self.precision)
