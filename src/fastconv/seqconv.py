@@ -86,6 +86,9 @@ def _check_x(x: torch.Tensor, name: str = "x") -> None:
         raise ConvError(f"{name}: got shape {tuple(x.shape)}; expected (batch, dim, seqlen)")
     if not x.is_floating_point():
         raise ConvError(f"{name}: got dtype {x.dtype}; expected a floating-point tensor")
+    if x.shape[1] == 0 or x.shape[2] == 0:
+        raise ConvError(f"{name}: got shape {tuple(x.shape)}; dim and seqlen must be positive "
+                        f"(an empty batch is allowed)")
 
 
 def _check_bias(bias, dim: int, x: torch.Tensor) -> None:
