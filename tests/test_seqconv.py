@@ -573,3 +573,21 @@ def test_a_one_token_step_runs_one_kernel_and_matches_torch_s_step(dtype, monkey
     y = fastconv.causal_conv1d_update(x.float(), state, wg, None)
     y.sum().backward()
     assert not ran and wg.grad is not None
+
+
+def test_check_rows_fail_on_a_wrong_route_and_on_a_failed_kernel(monkeypatch):
+    """``fastconv check``'s sequence rows (interpreted here) are within the contract, fail
+    where a route is 1 % off, and a kernel failure gives a failing row, not fewer rows."""
+    from fastconv import seqconv
+    from fastconv.tools.check import seqconv_rows
+
+    rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
+    assert len(rows) == 10 and all(r.ok for r in rows), [(r.case, r.rel_err) for r in rows]
+    real = seqconv._wide_kernel
+    monkeypatch.setattr(seqconv, "_wide_kernel", lambda *args: real(*args) * 1.01)
+    rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
+    assert {r.case for r in rows if not r.ok} == {"causal_conv1d w40 forward, tensor cores"}
+    monkeypatch.setattr(seqconv, "_wide_kernel", real)
+    monkeypatch.setattr(seqconv, "_PACKED_KERNEL_FAILED", ["RuntimeError: no such kernel"])
+    rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
+    assert any(not r.ok and "FAILED: RuntimeError" in r.case for r in rows)

@@ -1,13 +1,15 @@
 """``fastconv check``: the numerical contract (DESIGN.md §4) on this machine.
 
 Runs the seed's six convolution cases and ``count`` random problems per available backend
-and precision against float64 references, every run into a poisoned output buffer. On a
-CPU-only machine the Triton kernels run in the interpreter on small sizes.
+and precision against float64 references, every run into a poisoned output buffer, then
+every route of the sequence convolutions (:func:`seqconv_rows`). On a CPU-only machine the
+Triton kernels run in the interpreter on small sizes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import torch
@@ -95,7 +97,128 @@ def run_check(count: int = 50, seed: int = 0, verbose: bool = False,
             rows.append(worst)
             if emit:
                 emit(worst)
+    for row in seqconv_rows(device, gen):
+        rows.append(row)
+        if emit:
+            emit(row)
+        if progress:
+            progress()
     return rows
+
+
+def seqconv_rows(device: str, gen: torch.Generator) -> list[CheckRow]:
+    """``causal_conv1d``'s routes in float32 (the ieee bound) and bfloat16 against float64:
+    the public call (conv1d's route at this size), the wide-filter tensor-core kernel, the
+    training kernels (output and every gradient) without and with packed sequences, and a
+    decode step (output and state). A route that does not run here (no Triton; the wide
+    kernel on float32 data on a GPU) has no row; a kernel that failed has a failing one. The
+    public calls' rows say "auto" (whatever route they take), the kernels' "triton"."""
+    from .. import seqconv
+
+    batch, dim, seqlen = (2, 64, 301) if device == "cuda" else (2, 5, 37)
+    ids = torch.tensor([[i * 3 // seqlen for i in range(seqlen)], [0] * seqlen],
+                       dtype=torch.int32, device=device)
+    rows = []
+    for prec, dtype in ((Precision.IEEE, torch.float32), (Precision.BF16, torch.bfloat16)):
+        def data(*shape, scale=1.0, dtype=dtype):
+            return (torch.randn(shape, generator=gen) * scale).to(device, dtype)
+        routes = (  # (width, label, the call of (x, w, b, initial states, ids))
+            (4, "forward", functools.partial(_public, precision=prec.value)),
+            (4, "fwd+bwd, kernels", _kernels),
+            (4, "packed, fwd+bwd", _kernels),
+            (40, "forward, tensor cores", _wide_kernel))
+        for width, label, call in routes:
+            x, w, b = data(batch, dim, seqlen), data(dim, width, scale=width ** -0.5), data(dim)
+            init = data(batch, dim, width - 1)
+            err = _seq_error(call, x, w, b, init, ids if "packed" in label else None,
+                             "bwd" in label, gen)
+            if err is not None:
+                rows.append(CheckRow(f"causal_conv1d w{width} {label}",
+                                     "auto" if label == "forward" else "triton", prec.value,
+                                     err, TOLERANCE[prec]))
+        x, w, b = data(batch, dim), data(dim, 4, scale=0.5), data(dim)
+        state = data(batch, dim, 3)
+        want = _causal_ref(torch.cat([state.double(), x.double()[..., None]], -1), w.double(),
+                           b.double(), 0)[..., -1]
+        want_state = torch.cat([state.double()[..., 1:], x.double()[..., None]], -1)
+        got = seqconv.causal_conv1d_update(x, state, w, b, "silu")
+        rows.append(CheckRow("causal_conv1d_update w4, one token", "auto", prec.value,
+                             max(_rel(got, want), _rel(state, want_state)), TOLERANCE[prec]))
+    if seqconv._PACKED_KERNEL_FAILED:  # (its routes gave no rows: torch's ran instead)
+        rows.append(CheckRow(f"causal_conv1d kernels FAILED: {seqconv._PACKED_KERNEL_FAILED[0]}",
+                             "triton", "-", float("inf"), 0.0))
+    return rows
+
+
+def _public(x, w, b, init, ids, precision):
+    from ..seqconv import causal_conv1d
+
+    return causal_conv1d(x, w, b, ids, init, activation="silu", precision=precision)
+
+
+def _kernels(x, w, b, init, ids):
+    """The training route's kernels (packed where ``ids`` is given), or None."""
+    from ..seqconv import _packed_kernel
+
+    return _packed_kernel(x, w, b, ids, init, True)
+
+
+def _wide_kernel(x, w, b, init, ids):
+    """The wide-filter kernel, or None where it does not run."""
+    from ..seqconv import _wide_kernel
+
+    return _wide_kernel(x, w, b, init, True)
+
+
+def _causal_ref(full: torch.Tensor, w: torch.Tensor, b: torch.Tensor, pad: int,
+                ids: torch.Tensor | None = None) -> torch.Tensor:
+    """SiLU of the causal conv1d of ``full`` (the inputs before position 0 included),
+    float64; with ``ids`` (its padding columns given position 0's id), each tap only where
+    its input has the output's id."""
+    width, seqlen = w.shape[1], full.shape[-1] - (w.shape[1] - 1) + pad
+    acc = b[None, :, None].expand(full.shape[0], -1, seqlen).clone()
+    for k in range(width):
+        tap = full[..., k:k + seqlen] * w[None, :, k:k + 1]
+        if ids is not None:
+            tap = tap * (ids[:, None, k:k + seqlen] == ids[:, None, width - 1:]).to(tap.dtype)
+        acc = acc + tap
+    return torch.nn.functional.silu(acc)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _seq_error(call, x, w, b, init, ids, backward: bool, gen) -> float | None:
+    """The largest relative error of ``call()``'s output (and, with ``backward``, of the
+    gradients of x, weight, bias and the initial states) against float64; None where the
+    route does not run here."""
+    operands = (x, w, b, init)
+    if backward:
+        for t in operands:
+            t.requires_grad_(True)
+    try:
+        with torch.set_grad_enabled(backward):
+            out = call(x, w, b, init, ids)
+        if out is None:
+            return None
+        ref_in = [t.detach().double().requires_grad_(backward) for t in operands]
+        full = torch.cat([ref_in[3], ref_in[0]], -1)
+        pad_ids = None if ids is None else torch.cat(
+            [ids[:, :1].expand(-1, w.shape[1] - 1), ids], -1)
+        with torch.set_grad_enabled(backward):
+            want = _causal_ref(full, ref_in[1], ref_in[2], 0, pad_ids)
+        errors = [_rel(out, want)]
+        if backward:
+            g = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
+            got = torch.autograd.grad(out, operands, g)
+            wanted = torch.autograd.grad(want, ref_in, g.double())
+            errors += [_rel(a, c) for a, c in zip(got, wanted)]
+        return max(errors)
+    finally:
+        for t in operands:
+            t.requires_grad_(False)
 
 
 HEADER = f"{'case':<44} {'backend':<8} {'prec':<5} {'rel err':>9} {'bound':>7}  ok"
