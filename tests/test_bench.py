@@ -315,6 +315,21 @@ def test_model_comparisons_turn_dropout_and_stochastic_depth_off():
         assert not torch.equal(net(x), net(x))  # (on: the test can fail)
 
 
+@pytest.mark.slow  # (~45 s: Mamba-1.4B's widths)
+def test_the_mamba_block_case_runs_on_sequences_with_its_conv_fused():
+    """The models suite's Mamba case (shrunk: batch 2, 64 positions) takes a (batch, seqlen,
+    d_model) input, every provider's training-step row is within float32's error of
+    float64, and optimize fuses its causal convolution."""
+    from fastconv.precision import Precision
+    from fastconv.tools.bench import models
+
+    case = models.shrink(next(c for c in models.CASES if c.model == "mamba_conv"))
+    rows = models.run_case(case, ["torch", "fastconv"], Precision.IEEE, "train", "cpu")
+    assert all("error" not in r for r in rows), [r.get("error") for r in rows]
+    assert all(r["rel_err"] < 1e-5 and "mask_agreement" not in r for r in rows)
+    assert rows[1]["choice"].startswith("1 fused")
+
+
 def test_choice_label_names_a_gradients_graph_choice(monkeypatch):
     """A gradient whose CUDA-graph choice differs from its eager one shows both."""
     from fastconv import ConvProblem, dispatch

@@ -30,7 +30,8 @@ from ..precision import Precision, parse
 def tune_model(model: torch.nn.Module | str, batch: int = 32, size: int = 224,
                precision: str = "bf16", train: bool = False, progress: bool = False) -> dict:
     """Tune every convolution of ``model`` (a module, or a name :func:`build` knows) as
-    ``fastconv.optimize`` runs it on a ``(batch, 3, size, size)`` input in ``precision``
+    ``fastconv.optimize`` runs it on a ``(batch, 3, size, size)`` input (``(batch, size,
+    d_model)`` for a sequence model of the bench's) in ``precision``
     (channels-last for 16-bit), for inference, or with ``train`` for a training step.
     ``progress``: a bar on stderr, a step per convolution layer. Returns what was done."""
     from ..optimize import optimize
@@ -41,8 +42,13 @@ def tune_model(model: torch.nn.Module | str, batch: int = 32, size: int = 224,
         raise ConvError(f"model: expected a torch.nn.Module or a model name, got "
                         f"{type(model).__name__}")
     half = prec in (Precision.BF16, Precision.FP16)
-    x = torch.randn(batch, 3, size, size, device="cuda")
-    if half:
+    from .bench.models import SEQUENCE_MODELS
+
+    if isinstance(model, str) and model in SEQUENCE_MODELS:  # (batch, size = seqlen, d_model)
+        x = torch.randn(batch, size, SEQUENCE_MODELS[model], device="cuda")
+    else:
+        x = torch.randn(batch, 3, size, size, device="cuda")
+    if half and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     net = net.cuda().train(train)
     opt = optimize(net, "training" if train else "inference", prec.value, channels_last=half)

@@ -230,12 +230,12 @@ def run_case(case, providers, precision: Precision, mode: str, device: str,
              ceilings: dict, echo: bool = False) -> list[dict]:
     """The step rows (``table="step"``) and the layer rows (``table="layers"``); ``echo``
     prints each row as a JSON line once measured (a run cut short keeps them in its log)."""
-    from .models import BUILDERS, no_dropout, provider_call
+    from .models import BUILDERS, model_input, no_dropout, provider_call
 
     train = mode == "train"
     torch.manual_seed(0)
     model = BUILDERS[case.model]().to(device).train(train)
-    x = torch.randn(case.batch, 3, case.size, case.size, device=device)
+    x = model_input(case, device)
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
     torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
     torch.backends.cudnn.benchmark = True

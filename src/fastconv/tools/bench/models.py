@@ -2,7 +2,8 @@
 fastconv.optimize.
 
 Cases are named by model and batch (``deeplabv3_r50_b8``: DeepLabV3-ResNet50, batch 8,
-512x512). Modes: ``eval`` (inference under no_grad) and ``train`` (forward, backward and an
+512x512; ``mamba_conv_b8_l2048``: the convolution part of a Mamba block, batch 8, 2,048
+positions). Modes: ``eval`` (inference under no_grad) and ``train`` (forward, backward and an
 SGD step). Providers: ``torch`` (eager; bf16/fp16 run channels-last under autocast, as users
 run mixed precision), ``torch_compile`` and ``torch_compile_ro`` (mode="reduce-overhead"),
 ``fastconv`` (``optimize`` of the model in the same precision), ``fastconv_cuda_graph`` (the
@@ -44,7 +45,7 @@ class ModelCase:
     name: str
     model: str  # a key of BUILDERS
     batch: int
-    size: int
+    size: int  # an image's side, or a sequence's length (SEQUENCE_MODELS)
 
 
 def _deeplab():
@@ -76,7 +77,31 @@ def _timm(name: str):
     return build
 
 
-BUILDERS = {"deeplabv3_r50": _deeplab, "resnet50": _resnet50}
+class MambaConvBlock(torch.nn.Module):
+    """The convolution part of a Mamba block (Mamba-1.4B's widths), in plain torch as
+    Mamba's reference code writes it: LayerNorm, in_proj, the causal depthwise conv1d as
+    ``nn.Conv1d(padding=width - 1)`` and a slice, SiLU, the gate, out_proj and the residual.
+    The selective scan is left out: it is not a convolution, and plain torch's is sequential."""
+
+    def __init__(self, d_model: int = 2048, expand: int = 2, width: int = 4):
+        super().__init__()
+        inner = expand * d_model
+        self.norm = torch.nn.LayerNorm(d_model)
+        self.in_proj = torch.nn.Linear(d_model, 2 * inner, bias=False)
+        self.conv1d = torch.nn.Conv1d(inner, inner, width, groups=inner, padding=width - 1)
+        self.act = torch.nn.SiLU()
+        self.out_proj = torch.nn.Linear(inner, d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (batch, seqlen, d_model)
+        seqlen = h.shape[1]
+        x, z = self.in_proj(self.norm(h)).transpose(1, 2).chunk(2, dim=1)
+        x = self.act(self.conv1d(x)[..., :seqlen])
+        return h + self.out_proj((x * torch.nn.functional.silu(z)).transpose(1, 2))
+
+
+BUILDERS = {"deeplabv3_r50": _deeplab, "resnet50": _resnet50, "mamba_conv": MambaConvBlock}
+#: models whose input is (batch, size = seqlen, d_model), not an image
+SEQUENCE_MODELS = {"mamba_conv": 2048}
 BUILDERS.update({f"tv_{n}": _torchvision(n) for n in (
     "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf")})
 BUILDERS.update({f"timm_{n}": _timm(n) for n in (
@@ -87,15 +112,25 @@ CASES = [ModelCase("deeplabv3_r50_b8", "deeplabv3_r50", 8, 512),
          ModelCase("resnet50_b64", "resnet50", 64, 224),
          # where the GPU is the limit (issue 55): torchvision's and timm's ResNet-50
          ModelCase("resnet50_b256", "resnet50", 256, 224),
-         ModelCase("timm_resnet50_b256", "timm_resnet50", 256, 224)]
+         ModelCase("timm_resnet50_b256", "timm_resnet50", 256, 224),
+         # issue 56: a Mamba block's convolution part against torch.compile
+         ModelCase("mamba_conv_b8_l2048", "mamba_conv", 8, 2048)]
 # the zoo of issue 22 at batch 32, 224x224
 CASES += [ModelCase(f"{key}_b32", key, 32, 224) for key in BUILDERS
           if key.startswith(("tv_", "timm_"))]
 
 
 def shrink(case: ModelCase) -> ModelCase:
-    """The CPU version: batch 2 (BatchNorm in training needs 2), 64x64."""
+    """The CPU version: batch 2 (BatchNorm in training needs 2), 64x64 (64 positions)."""
     return dataclasses.replace(case, batch=2, size=64)
+
+
+def model_input(case: ModelCase, device) -> torch.Tensor:
+    """A random batch: images (batch, 3, size, size), or (batch, size, d_model) for a
+    sequence model."""
+    if case.model in SEQUENCE_MODELS:
+        return torch.randn(case.batch, case.size, SEQUENCE_MODELS[case.model], device=device)
+    return torch.randn(case.batch, 3, case.size, case.size, device=device)
 
 
 def output(y) -> torch.Tensor:
@@ -156,8 +191,9 @@ def provider_call(provider: str, model, x, precision: Precision, mode: str):
     else:
         net = copy.deepcopy(model)
         if half is not None:
-            net = net.to(memory_format=torch.channels_last)
-            x = x.contiguous(memory_format=torch.channels_last)
+            net = net.to(memory_format=torch.channels_last)  # (its 4-D parameters)
+            if x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
         if provider.startswith("torch_compile"):
             net = torch.compile(net, mode=cmode)
 
@@ -200,7 +236,7 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
         return [dict(case=case.name, provider=p, precision=precision.value, mode=mode,
                      error=f"{type(exc).__name__}: {exc} (pip install timm)")
                 for p in providers]
-    x = torch.randn(case.batch, 3, case.size, case.size, device=device)
+    x = model_input(case, device)
     truth = float64_truth(model, x)
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
     torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
@@ -233,7 +269,9 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                     dispatch.finish_builds(upgrades=True)
                     row["builds_left_s"] = time.perf_counter() - start
                 row["rel_err"] = relative_error(y, truth)
-                row["mask_agreement"] = float((y.argmax(1) == truth.argmax(1)).float().mean())
+                if y.dim() == 4:  # a segmentation's or classifier's classes
+                    row["mask_agreement"] = float(
+                        (y.argmax(1) == truth.argmax(1)).float().mean())
                 if provider.startswith("fastconv"):
                     row["choice"] = (f"{len(net.report.fused)} fused, "
                                      f"{len(net.report.left)} left")
