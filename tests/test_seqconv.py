@@ -162,11 +162,11 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no such kernel")
     monkeypatch.setattr(packed, "packed_forward", broken)
-    monkeypatch.setattr(seqconv, "_PACKED_KERNEL_FAILED", [])
+    monkeypatch.setattr(seqconv, "_KERNEL_FAILED", {})
     x, w, b, _ = _inputs(2, 3, 11, 4, seed=3)
     seq_idx = torch.tensor([[0] * 4 + [1] * 7, [0] * 11], dtype=torch.int32)
     with pytest.warns(RuntimeWarning,
-                      match="sequence-convolution kernels failed .*no such kernel"):
+                      match=r"kernels \(packed\) failed .*no such kernel"):
         out = fastconv.causal_conv1d(x, w, b, seq_idx, activation="silu")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -184,14 +184,14 @@ def test_packed_backward_kernel_failure_falls_back_to_torch(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no such kernel")
     monkeypatch.setattr(packed, "packed_backward", broken)
-    monkeypatch.setattr(seqconv, "_PACKED_KERNEL_FAILED", [])
+    monkeypatch.setattr(seqconv, "_KERNEL_FAILED", {})
     x, w, b, s = _inputs(2, 3, 11, 4, dtype=torch.float64, seed=4)
     seq_idx = torch.tensor([[0] * 4 + [1] * 7, [0] * 11], dtype=torch.int32)
     g = torch.randn(2, 3, 11, dtype=torch.float64)
     x.requires_grad_()
     w.requires_grad_()
     out = fastconv.causal_conv1d(x, w, b, seq_idx, s, activation="silu")
-    with pytest.warns(RuntimeWarning, match="sequence-convolution kernels failed"):
+    with pytest.warns(RuntimeWarning, match=r"kernels \(packed\) failed"):
         got = torch.autograd.grad(out, (x, w), g)
     xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
     want = torch.autograd.grad(seqconv._packed_torch(xr, wr, b, seq_idx, s, False, "silu"),
@@ -588,6 +588,8 @@ def test_check_rows_fail_on_a_wrong_route_and_on_a_failed_kernel(monkeypatch):
     rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
     assert {r.case for r in rows if not r.ok} == {"causal_conv1d w40 forward, tensor cores"}
     monkeypatch.setattr(seqconv, "_wide_kernel", real)
-    monkeypatch.setattr(seqconv, "_PACKED_KERNEL_FAILED", ["RuntimeError: no such kernel"])
+    monkeypatch.setattr(seqconv, "_KERNEL_FAILED", {"wide": "RuntimeError: no such kernel"})
     rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
-    assert any(not r.ok and "FAILED: RuntimeError" in r.case for r in rows)
+    assert [r.case for r in rows if not r.ok] == [
+        "causal_conv1d wide kernels FAILED: RuntimeError: no such kernel"]
+    assert len(rows) == 9  # (the wide rows gone; the packed kernels' still run)

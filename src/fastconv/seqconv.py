@@ -271,8 +271,13 @@ def _packed_torch(x, weight, bias, seq_idx, initial_states, return_final_states:
     return out, _packed_final_states(x, seq_idx, initial_states, pad)
 
 
-#: why the packed kernels failed in this process (then the torch route runs); empty
-_PACKED_KERNEL_FAILED: list[str] = []
+#: kernel family ("packed": packed.py's, "wide": toeplitz.py's) -> why it failed in this
+#: process (then the other routes run: one family's failure leaves the other's in use)
+_KERNEL_FAILED: dict[str, str] = {}
+#: what runs instead of a family that failed
+_INSTEAD = {"packed": "torch operations with seq_idx, and fastconv.conv1d for training "
+                      "without it",
+            "wide": "fastconv.conv1d for widths from 32"}
 
 
 def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
@@ -281,7 +286,7 @@ def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
     device Triton's kernels do not run on, or kernels that failed here before (said once in
     a warning; the other routes' result is the same)."""
     if x.device.type != _kernel_device() or torch.compiler.is_compiling() \
-            or _PACKED_KERNEL_FAILED:
+            or "packed" in _KERNEL_FAILED:
         return None
     try:
         if _requires_grad(x, weight, bias, initial_states):
@@ -290,7 +295,7 @@ def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
 
         return packed_forward(x, seq_idx, initial_states, weight, bias, silu)
     except Exception as exc:  # (not a user error: the arguments were checked)
-        _packed_kernel_failed(exc)
+        _kernel_failed("packed", exc)
         return None
 
 
@@ -300,7 +305,7 @@ def _wide_kernel(x, weight, bias, initial_states, silu: bool):
     other than 16-bit floats on a GPU, x not seqlen-contiguous, more than 65,535 channels
     or rows, or a kernel that failed here before."""
     if x.device.type != _kernel_device() or torch.compiler.is_compiling() \
-            or _PACKED_KERNEL_FAILED or x.stride(2) != 1 or max(x.shape[:2]) > 65535 \
+            or "wide" in _KERNEL_FAILED or x.stride(2) != 1 or max(x.shape[:2]) > 65535 \
             or (x.dtype not in (torch.float16, torch.bfloat16) and x.device.type != "cpu"):
         return None
     try:
@@ -308,16 +313,15 @@ def _wide_kernel(x, weight, bias, initial_states, silu: bool):
 
         return toeplitz_forward(x, weight, bias, initial_states, silu)
     except Exception as exc:  # (not a user error: the arguments were checked)
-        _packed_kernel_failed(exc)
+        _kernel_failed("wide", exc)
         return None
 
 
-def _packed_kernel_failed(exc: Exception) -> None:
-    _PACKED_KERNEL_FAILED.append(f"{type(exc).__name__}: {str(exc)[:200]}")
-    warnings.warn(f"fastconv: the sequence-convolution kernels failed "
-                  f"({_PACKED_KERNEL_FAILED[0]}); causal_conv1d runs torch operations with "
-                  f"seq_idx, and fastconv.conv1d without it, in this process",
-                  RuntimeWarning, stacklevel=4)
+def _kernel_failed(family: str, exc: Exception) -> None:
+    _KERNEL_FAILED[family] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    warnings.warn(f"fastconv: the sequence-convolution kernels ({family}) failed "
+                  f"({_KERNEL_FAILED[family]}); causal_conv1d runs {_INSTEAD[family]} in "
+                  f"this process", RuntimeWarning, stacklevel=4)
 
 
 class _PackedFunction(torch.autograd.Function):
@@ -348,7 +352,7 @@ class _PackedFunction(torch.autograd.Function):
                 if bias is not None and needs[2] else None
             grads = [dx, dw, db, dh]
         except Exception as exc:  # the torch route's gradients (see _packed_kernel)
-            _packed_kernel_failed(exc)
+            _kernel_failed("packed", exc)
             inputs = [t.detach().requires_grad_() if t is not None and need else None
                       for t, need in zip((x, weight, bias, initial_states), needs)]
             given = [t if t is not None else s for t, s in
