@@ -21,6 +21,11 @@ the default tiles (each pass its own, ``bnstats.PASS_TILES``) first, then each c
 every pass; every config's outputs compared with the default's, norm-wise
 (element-wise, the backward's ReLU masks flip where the bf16 output rounds to zero, as in
 torch).
+
+``python3 benchmarks/sweep.py --toeplitz``: the wide-filter kernel's tiles
+(``toeplitz.TILE``: block, block rows per program, warps) on causal conv1d shapes (bf16,
+seqlen-contiguous, SiLU) at widths 32-256, each tile's time (CUDA-graph replays), its
+percentage of the HBM floor and its error against float64.
 """
 
 import dataclasses
@@ -33,7 +38,7 @@ import torch.nn.functional as F
 import triton
 
 from fastconv import ConvProblem
-from fastconv.backends.triton import TritonBackend, bnstats
+from fastconv.backends.triton import TritonBackend, bnstats, toeplitz
 from fastconv.backends.triton.configs import TileConfig
 from fastconv.precision import relative_error
 from fastconv.tools.bench.report import geomean
@@ -135,9 +140,52 @@ def bn_main(default_only: bool) -> None:
     bnstats.PASS_TILES.update(default)
 
 
+#: (batch, dim, seqlen) of the --toeplitz sweep, and its widths and tiles
+TOEPLITZ_SHAPES = ((8, 4096, 2048), (1, 8192, 16384), (16, 1024, 256))
+TOEPLITZ_WIDTHS = (32, 64, 128, 256)
+TOEPLITZ_TILES = [(b, r, w) for b in (32, 64) for r in (16, 32, 64, 128) for w in (4, 8)]
+
+
+def toeplitz_main() -> None:
+    """``--toeplitz``: see the module docstring."""
+    default = toeplitz.TILE
+    print(torch.cuda.get_device_name(), "triton", triton.__version__, "default", default)
+    for (batch, dim, seqlen), width in itertools.product(TOEPLITZ_SHAPES, TOEPLITZ_WIDTHS):
+        torch.manual_seed(0)
+        x = torch.randn(batch, dim, seqlen, device="cuda").bfloat16()
+        w = (torch.randn(dim, width, device="cuda") / width ** 0.5).bfloat16()
+        b = torch.randn(dim, device="cuda").bfloat16()
+        ref = F.silu(F.conv1d(F.pad(x.double(), (width - 1, 0)), w.double().unsqueeze(1),
+                              b.double(), groups=dim))
+        floor_ms = 2 * x.numel() * 2 / 4.2e12 * 1e3  # x read and out written at ~4.2 TB/s
+        results = []
+        for tile in [default] + [t for t in TOEPLITZ_TILES if t != default]:
+            toeplitz.TILE = tile
+            try:
+                out = toeplitz.toeplitz_forward(x, w, b, None, True)
+                err = relative_error(out, ref)
+                ms = statistics.median(time_graph(
+                    [lambda: toeplitz.toeplitz_forward(x, w, b, None, True)], reps=10, calls=8))
+            except Exception as exc:  # e.g. out of registers or shared memory
+                print(f"  {tile}: {type(exc).__name__}: {exc}"[:200])
+                continue
+            results.append((ms, tile, err))
+        toeplitz.TILE = default
+        results.sort()
+        line = ", ".join(f"{t} {ms:.3f} ({floor_ms / ms * 100:.0f}%, err {e:.1e})"
+                         for ms, t, e in results[:4])
+        mine = next(r for r in results if r[1] == default) if any(
+            r[1] == default for r in results) else None
+        print(f"b{batch} d{dim} l{seqlen} w{width}: default "
+              f"{mine[0] if mine else float('nan'):.3f} ms; best {line}", flush=True)
+
+
 def main(args):
     if args[:1] == ["--bn"]:
         bn_main("--default-only" in args)
+        return
+    if args[:1] == ["--toeplitz"]:
+        toeplitz_main()
         return
     grid = args[:1] == ["--rows-grid"]
     args = args[1:] if grid else args

@@ -24,8 +24,9 @@ import triton.language as tl
 from .common import mma
 from .launch import INTERPRETED, cdiv, launch
 
-#: positions per block (the products' K and N) and block rows per program (their M)
-BLOCK, ROWS = 64, 64
+#: (positions per block: the products' K and N; block rows per program: their M; warps)
+#: (benchmarks/sweep.py --toeplitz times others)
+TILE = (64, 64, 4)
 
 
 @triton.jit
@@ -68,14 +69,15 @@ def toeplitz_forward(x: torch.Tensor, weight: torch.Tensor, bias, initial_states
     ``seq_idx`` (see the module docstring). float16 and bfloat16 on a GPU (float32 and
     float64 exactly under the interpreter, for the tests)."""
     batch, dim, seqlen = x.shape
+    block, rows, warps = TILE
     out = torch.empty_like(x)
     init = initial_states if initial_states is not None else x
-    launch(_toeplitz_kernel, (cdiv(seqlen, BLOCK * ROWS), dim, batch),
+    launch(_toeplitz_kernel, (cdiv(seqlen, block * rows), dim, batch),
            x, weight, x if bias is None else bias, init, out, seqlen,
            *x.stride(), *weight.stride(), *init.stride(), *out.stride(),
-           WIDTH=weight.shape[1], BLOCK=BLOCK, ROWS=ROWS,
+           WIDTH=weight.shape[1], BLOCK=block, ROWS=rows,
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
            DOT_FP32=INTERPRETED and x.dtype == torch.bfloat16,
            PRECISION="ieee", ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,
-           num_warps=4)
+           num_warps=warps)
     return out
