@@ -37,7 +37,7 @@ from .precision import parse
 MIN_WIDTH, MAX_WIDTH = 2, 256
 #: where a causal conv1d without seq_idx that will be differentiated runs the packed kernels
 #: (not fastconv.conv1d): measured on an H200 in bf16 (benchmarks/NOTES.md, "Sequence
-#: convolutions"), forward and backward 1.6-2.7x faster from 2^25 elements and width 4 to 16
+#: convolutions"), forward and backward 1.5-3.1x faster from 2^25 elements at widths 2-16
 #: (1.2x at width 32, none at 64); below 2^24 elements their fixed ~0.5 ms per step loses
 _TRAIN_KERNELS_MIN_NUMEL, _TRAIN_KERNELS_MAX_WIDTH = 1 << 25, 32
 #: from this width, a causal conv1d without seq_idx that will not be differentiated runs the
