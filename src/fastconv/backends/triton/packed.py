@@ -187,7 +187,8 @@ def _packed_dw_kernel(g_ptr, x_ptr, ids_ptr, si_b, si_t, init_ptr, part_ptr, dim
                      mask=dmask[:, None] & tmask[None, :], other=0.0).to(ACC)
         for j in range(TAPS):
             src = t - (WIDTH - 1) + k0 + j
-            same = tmask & (k0 + j < WIDTH)
+            same = tmask & (src <= t)  # (tap k0 + j < WIDTH; a block mask, as Triton 3.9's
+            # interpreter refuses a block & scalar mask)
             if HAS_IDS:
                 ids_src = tl.load(ids_ptr + b * si_b + src * si_t, mask=same & (src >= 0),
                                   other=0)
