@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConvError, ConvTypeError
-from .functional import autocast_casts, conv1d
+from .functional import _autocast, conv1d
 from .precision import parse
 
 #: widths ``causal_conv1d`` accepts
@@ -104,9 +104,8 @@ def _in_dtypes(x, weight, bias, initial_states) -> tuple:
     its dtype), then weight and bias in x's dtype (as causal-conv1d, they may come in
     another), so that the output has x's dtype, or autocast's, whichever route runs."""
     if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight, bias, initial_states = (t.to(dtype) if autocast_casts(t, dtype) else t
-                                           for t in (x, weight, bias, initial_states))
+        x, weight, bias, initial_states = _autocast(x.device.type, x, weight, bias,
+                                                    initial_states)
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     if bias is not None and bias.dtype != x.dtype:
@@ -237,15 +236,11 @@ def _packed(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
 def _packed_final_states(x, seq_idx, initial_states, pad: int) -> torch.Tensor:
     """The last ``pad`` inputs of each row (the initial states fill a row shorter than
     that), zero where they are not in the row's last sequence."""
-    batch, dim, seqlen = x.shape
-    tail = x[..., max(0, seqlen - pad):]
-    if tail.shape[-1] < pad:  # a row shorter than the state: the start fills the rest
-        start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
-        tail = torch.cat([start, tail], dim=-1)[..., -pad:]
-        ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)[:, -pad:]
-    else:
-        ids = seq_idx[:, -pad:]
-    return torch.where((ids == seq_idx[:, -1:]).unsqueeze(1), tail, 0)
+    ids = seq_idx[:, -pad:]
+    if ids.shape[-1] < pad:  # a row shorter than the state: the start (position 0's id)
+        ids = torch.cat([seq_idx[:, :1].expand(-1, pad), seq_idx], dim=-1)[:, -pad:]
+    return torch.where((ids == seq_idx[:, -1:]).unsqueeze(1),
+                       _final_states(x, initial_states, pad), 0)
 
 
 def _packed_torch(x, weight, bias, seq_idx, initial_states, return_final_states: bool,

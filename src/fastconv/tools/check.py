@@ -16,7 +16,7 @@ import torch
 
 from .. import backends
 from ..errors import NotSupported
-from ..precision import TOLERANCE, Precision
+from ..precision import TOLERANCE, Precision, relative_error
 from . import testing
 
 
@@ -138,12 +138,12 @@ def seqconv_rows(device: str, gen: torch.Generator) -> list[CheckRow]:
                                      err, TOLERANCE[prec]))
         x, w, b = data(batch, dim), data(dim, 4, scale=0.5), data(dim)
         state = data(batch, dim, 3)
-        want = _causal_ref(torch.cat([state.double(), x.double()[..., None]], -1), w.double(),
-                           b.double(), 0)[..., -1]
+        want = _reference(x[..., None], w, b, state, None)[..., 0]
         want_state = torch.cat([state.double()[..., 1:], x.double()[..., None]], -1)
         got = seqconv.causal_conv1d_update(x, state, w, b, "silu")
         rows.append(CheckRow("causal_conv1d_update w4, one token", "auto", prec.value,
-                             max(_rel(got, want), _rel(state, want_state)), TOLERANCE[prec]))
+                             max(relative_error(got, want), relative_error(state, want_state)),
+                             TOLERANCE[prec]))
     for family, why in seqconv._KERNEL_FAILED.items():  # (their routes gave no rows)
         rows.append(CheckRow(f"causal_conv1d {family} kernels FAILED: {why}", "triton", "-",
                              float("inf"), 0.0))
@@ -170,24 +170,14 @@ def _wide_kernel(x, w, b, init, ids):
     return _wide_kernel(x, w, b, init, True)
 
 
-def _causal_ref(full: torch.Tensor, w: torch.Tensor, b: torch.Tensor, pad: int,
-                ids: torch.Tensor | None = None) -> torch.Tensor:
-    """SiLU of the causal conv1d of ``full`` (the inputs before position 0 included),
-    float64; with ``ids`` (its padding columns given position 0's id), each tap only where
-    its input has the output's id."""
-    width, seqlen = w.shape[1], full.shape[-1] - (w.shape[1] - 1) + pad
-    acc = b[None, :, None].expand(full.shape[0], -1, seqlen).clone()
-    for k in range(width):
-        tap = full[..., k:k + seqlen] * w[None, :, k:k + 1]
-        if ids is not None:
-            tap = tap * (ids[:, None, k:k + seqlen] == ids[:, None, width - 1:]).to(tap.dtype)
-        acc = acc + tap
-    return torch.nn.functional.silu(acc)
+def _reference(x, w, b, init, ids) -> torch.Tensor:
+    """The SiLU output in float64 by torch operations (seqconv's torch route: one masked
+    multiply-add pass per tap, differentiable), one sequence per row without ``ids``."""
+    from ..seqconv import _packed_torch
 
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.detach().double(), want.detach().double()
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+    if ids is None:
+        ids = torch.zeros(x.shape[0], x.shape[2], dtype=torch.int32, device=x.device)
+    return _packed_torch(x.double(), w.double(), b.double(), ids, init.double(), False, "silu")
 
 
 def _seq_error(call, x, w, b, init, ids, backward: bool, gen) -> float | None:
@@ -204,17 +194,14 @@ def _seq_error(call, x, w, b, init, ids, backward: bool, gen) -> float | None:
         if out is None:
             return None
         ref_in = [t.detach().double().requires_grad_(backward) for t in operands]
-        full = torch.cat([ref_in[3], ref_in[0]], -1)
-        pad_ids = None if ids is None else torch.cat(
-            [ids[:, :1].expand(-1, w.shape[1] - 1), ids], -1)
         with torch.set_grad_enabled(backward):
-            want = _causal_ref(full, ref_in[1], ref_in[2], 0, pad_ids)
-        errors = [_rel(out, want)]
+            want = _reference(*ref_in, ids)
+        errors = [relative_error(out, want)]
         if backward:
             g = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
             got = torch.autograd.grad(out, operands, g)
             wanted = torch.autograd.grad(want, ref_in, g.double())
-            errors += [_rel(a, c) for a, c in zip(got, wanted)]
+            errors += [relative_error(a, c) for a, c in zip(got, wanted)]
         return max(errors)
     finally:
         for t in operands:

@@ -42,12 +42,9 @@ def tune_model(model: torch.nn.Module | str, batch: int = 32, size: int = 224,
         raise ConvError(f"model: expected a torch.nn.Module or a model name, got "
                         f"{type(model).__name__}")
     half = prec in (Precision.BF16, Precision.FP16)
-    from .bench.models import SEQUENCE_MODELS
+    from .bench.models import model_input
 
-    if isinstance(model, str) and model in SEQUENCE_MODELS:  # (batch, size = seqlen, d_model)
-        x = torch.randn(batch, size, SEQUENCE_MODELS[model], device="cuda")
-    else:
-        x = torch.randn(batch, 3, size, size, device="cuda")
+    x = model_input(model if isinstance(model, str) else "", batch, size, "cuda")
     if half and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     net = net.cuda().train(train)

@@ -235,7 +235,7 @@ def run_case(case, providers, precision: Precision, mode: str, device: str,
     train = mode == "train"
     torch.manual_seed(0)
     model = BUILDERS[case.model]().to(device).train(train)
-    x = model_input(case, device)
+    x = model_input(case.model, case.batch, case.size, device)
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
     torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
     torch.backends.cudnn.benchmark = True

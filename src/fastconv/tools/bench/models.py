@@ -125,12 +125,12 @@ def shrink(case: ModelCase) -> ModelCase:
     return dataclasses.replace(case, batch=2, size=64)
 
 
-def model_input(case: ModelCase, device) -> torch.Tensor:
-    """A random batch: images (batch, 3, size, size), or (batch, size, d_model) for a
-    sequence model."""
-    if case.model in SEQUENCE_MODELS:
-        return torch.randn(case.batch, case.size, SEQUENCE_MODELS[case.model], device=device)
-    return torch.randn(case.batch, 3, case.size, case.size, device=device)
+def model_input(model: str, batch: int, size: int, device) -> torch.Tensor:
+    """A random batch for the model named (a key of BUILDERS, or another name: an image
+    model): images (batch, 3, size, size), or (batch, size, d_model) for a sequence model."""
+    if model in SEQUENCE_MODELS:
+        return torch.randn(batch, size, SEQUENCE_MODELS[model], device=device)
+    return torch.randn(batch, 3, size, size, device=device)
 
 
 def output(y) -> torch.Tensor:
@@ -236,7 +236,7 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
         return [dict(case=case.name, provider=p, precision=precision.value, mode=mode,
                      error=f"{type(exc).__name__}: {exc} (pip install timm)")
                 for p in providers]
-    x = model_input(case, device)
+    x = model_input(case.model, case.batch, case.size, device)
     truth = float64_truth(model, x)
     flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
     torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
