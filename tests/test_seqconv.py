@@ -343,6 +343,41 @@ def test_every_route_gives_x_s_dtype_or_autocast_s(route, monkeypatch):
         assert out.dtype == torch.bfloat16 and _rel(out, want) < 1e-2
 
 
+@pytest.mark.parametrize("width,seqlen,states,activation", [
+    (32, 7, True, "silu"), (64, 4100, True, "silu"), (65, 300, False, None),
+    (256, 129, True, "silu")])
+def test_wide_filters_train_through_the_tensor_core_kernels(width, seqlen, states, activation,
+                                                            monkeypatch):
+    """With autograd, widths from 32 run the Toeplitz kernels forward and backward
+    (interpreted, float64, fastconv.conv1d refused): the output and the gradients of x,
+    weight, bias and the initial states as the definition's, the final states' gradient
+    included; deterministic (two backward passes, the same bits)."""
+    from fastconv import seqconv
+
+    x, w, b, s = _inputs(2, 3, seqlen, width, dtype=torch.float64, seed=width)
+    g = torch.randn(2, 3, seqlen, dtype=torch.float64)
+    gf = torch.randn(2, 3, width - 1, dtype=torch.float64)
+    act = (lambda t: F.silu(t)) if activation else (lambda t: t)
+    args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+    full = torch.cat([args[3] if states else torch.zeros_like(s), args[0]], dim=-1)
+    want = act(F.conv1d(full, args[1].unsqueeze(1), args[2], groups=3))
+    wanted = args if states else args[:3]
+    want_grads = torch.autograd.grad((want * g).sum() + (full[..., -(width - 1):] * gf).sum(),
+                                     wanted)
+    monkeypatch.setattr(seqconv, "conv1d", None)  # (the conv1d route would fail)
+    runs = []
+    for _ in range(2):
+        args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+        out, final = fastconv.causal_conv1d(
+            *args[:3], initial_states=args[3] if states else None, return_final_states=True,
+            activation=activation)
+        runs.append(torch.autograd.grad((out * g).sum() + (final * gf).sum(),
+                                        args if states else args[:3]))
+        assert _rel(out, want) < 1e-12
+    assert all(_rel(a, c) < 1e-12 for a, c in zip(runs[0], want_grads))
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+
+
 def test_update_decodes_token_by_token_as_the_whole_sequence():
     x, w, b, _ = _inputs(3, 5, 13, 4, seed=7)
     whole = fastconv.causal_conv1d(x, w, b, activation="silu")
@@ -598,11 +633,12 @@ def test_check_rows_fail_on_a_wrong_route_and_on_a_failed_kernel(monkeypatch):
     from fastconv.tools.check import seqconv_rows
 
     rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
-    assert len(rows) == 10 and all(r.ok for r in rows), [(r.case, r.rel_err) for r in rows]
+    assert len(rows) == 12 and all(r.ok for r in rows), [(r.case, r.rel_err) for r in rows]
     real = seqconv._wide_kernel
     monkeypatch.setattr(seqconv, "_wide_kernel", lambda *args: real(*args) * 1.01)
     rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
-    assert {r.case for r in rows if not r.ok} == {"causal_conv1d w40 forward, tensor cores"}
+    assert {r.case for r in rows if not r.ok} == {"causal_conv1d w40 forward, tensor cores",
+                                                  "causal_conv1d w40 fwd+bwd, tensor cores"}
     monkeypatch.setattr(seqconv, "_wide_kernel", real)
     monkeypatch.setattr(seqconv, "_KERNEL_FAILED", {"wide": "RuntimeError: no such kernel"})
     rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))

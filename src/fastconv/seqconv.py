@@ -40,8 +40,8 @@ MIN_WIDTH, MAX_WIDTH = 2, 256
 #: convolutions"), forward and backward 1.5-3.1x faster from 2^25 elements at widths 2-16
 #: (1.2x at width 32, none at 64); below 2^24 elements their fixed ~0.5 ms per step loses
 _TRAIN_KERNELS_MIN_NUMEL, _TRAIN_KERNELS_MAX_WIDTH = 1 << 25, 32
-#: from this width, a causal conv1d without seq_idx that will not be differentiated runs the
-#: tensor-core (Toeplitz) kernel
+#: from this width, a causal conv1d without seq_idx runs the tensor-core (Toeplitz) kernels
+#: (forward, and backward where it will be differentiated)
 _WIDE_MIN_WIDTH = 32
 _ACTIVATIONS = (None, "silu", "swish")
 
@@ -188,7 +188,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     grad = _requires_grad(x, weight, bias, initial_states)
     if grad and x.numel() >= _TRAIN_KERNELS_MIN_NUMEL and width <= _TRAIN_KERNELS_MAX_WIDTH:
         out = _packed_kernel(x, weight, bias, None, initial_states, act == "silu")
-    elif not grad and width >= _WIDE_MIN_WIDTH:
+    elif width >= _WIDE_MIN_WIDTH:
         out = _wide_kernel(x, weight, bias, initial_states, act == "silu")
     else:
         out = None
@@ -295,15 +295,17 @@ def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
 
 
 def _wide_kernel(x, weight, bias, initial_states, silu: bool):
-    """The output by backends/triton/toeplitz.py's kernel (forward only), or None where it
-    does not run: torch.compile's tracing, a device Triton's kernels do not run on, data
-    other than 16-bit floats on a GPU, x not seqlen-contiguous, more than 65,535 channels
-    or rows, or a kernel that failed here before."""
+    """The output by backends/triton/toeplitz.py's kernels (with autograd: their backward),
+    or None where they do not run: torch.compile's tracing, a device Triton's kernels do
+    not run on, data other than 16-bit floats on a GPU, x not seqlen-contiguous, more than
+    65,535 channels or rows, or a kernel that failed here before."""
     if x.device.type != _kernel_device() or torch.compiler.is_compiling() \
             or "wide" in _KERNEL_FAILED or x.stride(2) != 1 or max(x.shape[:2]) > 65535 \
             or (x.dtype not in (torch.float16, torch.bfloat16) and x.device.type != "cpu"):
         return None
     try:
+        if _requires_grad(x, weight, bias, initial_states):
+            return _WideFunction.apply(x, weight, bias, initial_states, silu)
         from .backends.triton.toeplitz import toeplitz_forward
 
         return toeplitz_forward(x, weight, bias, initial_states, silu)
@@ -348,19 +350,59 @@ class _PackedFunction(torch.autograd.Function):
             grads = [dx, dw, db, dh]
         except Exception as exc:  # the torch route's gradients (see _packed_kernel)
             _kernel_failed("packed", exc)
-            inputs = [t.detach().requires_grad_() if t is not None and need else None
-                      for t, need in zip((x, weight, bias, initial_states), needs)]
-            given = [t if t is not None else s for t, s in
-                     zip(inputs, (x, weight, bias, initial_states))]
-            if seq_idx is None:  # (no packing: one sequence per row)
-                seq_idx = x.new_zeros(x.shape[0], x.shape[2], dtype=torch.int32)
-            with torch.enable_grad():
-                out = _packed_torch(*given[:3], seq_idx, given[3], False,
-                                    "silu" if ctx.silu else "none")
-            wanted = [t for t in inputs if t is not None]
-            found = iter(torch.autograd.grad(out, wanted, dy))
-            grads = [next(found) if t is not None else None for t in inputs]
+            grads = _torch_grads(ctx, dy, seq_idx)
         return (*[g if need else None for g, need in zip(grads, needs)], None, None)
+
+
+def _torch_grads(ctx, dy, seq_idx) -> list:
+    """The gradients of x, weight, bias and the initial states (None where not asked) by
+    autograd through :func:`_packed_torch`: a kernel's backward that failed."""
+    x, weight, bias, initial_states = ctx.saved_tensors[:4]
+    inputs = [t.detach().requires_grad_() if t is not None and need else None
+              for t, need in zip((x, weight, bias, initial_states), ctx.needs_input_grad)]
+    given = [t if t is not None else s for t, s in
+             zip(inputs, (x, weight, bias, initial_states))]
+    if seq_idx is None:  # (no packing: one sequence per row)
+        seq_idx = x.new_zeros(x.shape[0], x.shape[2], dtype=torch.int32)
+    with torch.enable_grad():
+        out = _packed_torch(*given[:3], seq_idx, given[3], False,
+                            "silu" if ctx.silu else "none")
+    wanted = [t for t in inputs if t is not None]
+    found = iter(torch.autograd.grad(out, wanted, dy))
+    return [next(found) if t is not None else None for t in inputs]
+
+
+class _WideFunction(torch.autograd.Function):
+    """The wide-filter kernel with its backward (backends/triton/toeplitz.py): dy · SiLU'
+    where SiLU was applied (the pre-activation recomputed), then the input gradient, the
+    weight's and the initial states', each a pass of tensor-core products."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, initial_states, silu):
+        from .backends.triton.toeplitz import toeplitz_forward
+
+        ctx.save_for_backward(x, weight, bias, initial_states)
+        ctx.silu = silu
+        return toeplitz_forward(x, weight, bias, initial_states, silu)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        from .backends.triton.toeplitz import silu_grad, toeplitz_backward
+
+        x, weight, bias, initial_states = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        try:
+            g = silu_grad(dy, x, weight, bias, initial_states) if ctx.silu else dy.to(x.dtype)
+            dx, dw, dh = toeplitz_backward(g, x, weight, initial_states,
+                                           (needs[0], needs[1], needs[3]))
+            db = g.sum((0, 2), dtype=_acc(x.dtype)).to(bias.dtype) \
+                if bias is not None and needs[2] else None
+            grads = [dx, dw, db, dh]
+        except Exception as exc:  # the torch route's gradients
+            _kernel_failed("wide", exc)
+            grads = _torch_grads(ctx, dy, None)
+        return (*[g if need else None for g, need in zip(grads, needs)], None)
 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,

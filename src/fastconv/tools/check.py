@@ -107,12 +107,13 @@ def run_check(count: int = 50, seed: int = 0, verbose: bool = False,
 
 
 def seqconv_rows(device: str, gen: torch.Generator) -> list[CheckRow]:
-    """``causal_conv1d``'s routes in float32 (the ieee bound) and bfloat16 against float64:
-    the public call (conv1d's route at this size), the wide-filter tensor-core kernel, the
-    training kernels (output and every gradient) without and with packed sequences, and a
-    decode step (output and state). A route that does not run here (no Triton; the wide
-    kernel on float32 data on a GPU) has no row; a kernel that failed has a failing one. The
-    public calls' rows say "auto" (whatever route they take), the kernels' "triton"."""
+    """``causal_conv1d``'s routes in float32 (the ieee bound) and bfloat16 against float64: the
+    public call (conv1d's route at this size), the wide-filter tensor-core kernels (forward,
+    and with every gradient), the training kernels (output and every gradient) without and
+    with packed sequences, and a decode step (output and state). A route that does not run
+    here (no Triton; the wide kernel on float32 data on a GPU) has no row; a kernel that
+    failed has a failing one. The public calls' rows say "auto" (whatever route they take),
+    the kernels' "triton"."""
     from .. import seqconv
 
     batch, dim, seqlen = (2, 64, 301) if device == "cuda" else (2, 5, 37)
@@ -126,7 +127,8 @@ def seqconv_rows(device: str, gen: torch.Generator) -> list[CheckRow]:
             (4, "forward", functools.partial(_public, precision=prec.value)),
             (4, "fwd+bwd, kernels", _kernels),
             (4, "packed, fwd+bwd", _kernels),
-            (40, "forward, tensor cores", _wide_kernel))
+            (40, "forward, tensor cores", _wide_kernel),
+            (40, "fwd+bwd, tensor cores", _wide_kernel))
         for width, label, call in routes:
             x, w, b = data(batch, dim, seqlen), data(dim, width, scale=width ** -0.5), data(dim)
             init = data(batch, dim, width - 1)
