@@ -272,3 +272,15 @@ def test_compiled_functional_call_with_grad_matches_eager(transposed):
     for a, b in zip(gotten, wanted):
         assert relative_error(a, b) < 1e-12
     torch._dynamo.reset()
+
+
+def test_the_conv_op_schema_takes_opargs_fields_in_order():
+    """The op's implementation and fake read the arguments after the six tensors as OpArgs:
+    the written schema must name its fields in the same order."""
+    from fastconv import ops
+    from fastconv.spec import OpArgs
+
+    schema = ops.conv._opoverload._schema
+    assert [a.name for a in schema.arguments[:6]] == ["input", "weight", "bias", "scale",
+                                                      "shift", "residual"]
+    assert [a.name for a in schema.arguments[6:]] == list(OpArgs._fields)

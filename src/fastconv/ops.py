@@ -37,38 +37,40 @@ from .context import transient_operands
 from .epilogue import Epilogue
 from .plans import backward_formula, conv_impl, run_grad, setup_context
 from .problem import ConvProblem, empty_in_layout, layout_of
-from .spec import GradArgs
+from .spec import GradArgs, OpArgs
 
 
 def _conv_op(input: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None,
-             shift: Tensor | None, residual: Tensor | None, stride: list[int],
-             pad_pre: list[int], pad_post: list[int], dilation: list[int], groups: int,
-             transposed: bool, output_padding: list[int], activation: str,
-             negative_slope: float, backend: str, precision: str) -> Tensor:
+             shift: Tensor | None, residual: Tensor | None, *args) -> Tensor:
+    """``args``: the schema's other arguments (:class:`~fastconv.spec.OpArgs`' fields)."""
     with transient_operands():
-        y = conv_impl(input, weight, bias, scale, shift, residual, stride, pad_pre, pad_post,
-                      dilation, groups, transposed, output_padding, activation,
-                      negative_slope, backend, precision)
+        y = conv_impl(input, weight, bias, scale, shift, residual, *args)
     if layout_of(y) != layout_of(input):  # keep the layout the fake implementation promises
         y = empty_in_layout(y.shape, layout_of(input), y.dtype, y.device).copy_(y)
     return y
 
 
-conv = torch.library.custom_op("fastconv::conv", _conv_op, mutates_args=())
+#: the op's schema: the six tensors, then OpArgs' fields in order (``SymInt``: sizes that
+#: torch.compile may trace symbolically)
+_CONV_SCHEMA = ("(Tensor input, Tensor weight, Tensor? bias, Tensor? scale, Tensor? shift, "
+                "Tensor? residual, SymInt[] stride, SymInt[] pad_pre, SymInt[] pad_post, "
+                "SymInt[] dilation, SymInt groups, bool transposed, SymInt[] output_padding, "
+                "str activation, float negative_slope, str backend, str precision) -> Tensor")
+conv = torch.library.custom_op("fastconv::conv", _conv_op, mutates_args=(),
+                               schema=_CONV_SCHEMA)
 
 
 @conv.register_fake
-def _conv_fake(input, weight, bias, scale, shift, residual, stride, pad_pre, pad_post,
-               dilation, groups, transposed, output_padding, activation, negative_slope,
-               backend, precision):
-    epilogue = Epilogue(activation=activation, negative_slope=negative_slope,
+def _conv_fake(input, weight, bias, scale, shift, residual, *args):
+    a = OpArgs(*args)
+    epilogue = Epilogue(activation=a.activation, negative_slope=a.negative_slope,
                         has_scale=scale is not None,
                         has_shift=shift is not None or bias is not None,
                         has_residual=residual is not None)
     problem = ConvProblem.from_tensors(
-        input, weight, bias, tuple(stride), tuple(zip(pad_pre, pad_post)), tuple(dilation),
-        groups, rank=input.dim() - 2, transposed=transposed,
-        output_padding=tuple(output_padding), precision=precision, epilogue=epilogue,
+        input, weight, bias, tuple(a.stride), tuple(zip(a.pad_pre, a.pad_post)),
+        tuple(a.dilation), a.groups, rank=input.dim() - 2, transposed=a.transposed,
+        output_padding=tuple(a.output_padding), precision=a.precision, epilogue=epilogue,
         residual=residual, scale=scale, shift=shift)
     return problem.new_output(input.device)
 
