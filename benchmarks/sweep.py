@@ -91,18 +91,17 @@ def bn_passes(y, res, dz):
     mean, var, invstd, scale, shift = bnstats.forward_stats(y, torch.float32, None, None,
                                                             1e-5, None, None, 0.1)
     z = bnstats.apply(y, res, scale, shift, "relu", 0.0)
-    sums = bnstats.backward_sums(dz, z, y, res, mean, invstd, scale, shift, "relu", 0.0)
-    dy, dres = bnstats.backward_apply(dz, z, y, res, mean, invstd, scale, shift, sums,
-                                      y.numel() // y.shape[1], "relu", 0.0)
+    stats = (mean, invstd, scale, shift)
+    sums = bnstats.backward_sums(dz, z, y, res, stats, "relu", 0.0)
+    dy, dres = bnstats.backward_apply(dz, z, y, res, stats, sums, y.numel() // y.shape[1],
+                                      "relu", 0.0)
     calls = {
         "stats": lambda: bnstats.forward_stats(y, torch.float32, None, None, 1e-5, None,
                                                None, 0.1),
         "apply": lambda: bnstats.apply(y, res, scale, shift, "relu", 0.0),
-        "bwd_sums": lambda: bnstats.backward_sums(dz, z, y, res, mean, invstd, scale, shift,
-                                                  "relu", 0.0),
-        "bwd_apply": lambda: bnstats.backward_apply(dz, z, y, res, mean, invstd, scale, shift,
-                                                    sums, y.numel() // y.shape[1], "relu",
-                                                    0.0),
+        "bwd_sums": lambda: bnstats.backward_sums(dz, z, y, res, stats, "relu", 0.0),
+        "bwd_apply": lambda: bnstats.backward_apply(dz, z, y, res, stats, sums,
+                                                    y.numel() // y.shape[1], "relu", 0.0),
     }
     return (mean, var, z, sums, dy), calls
 

@@ -400,7 +400,7 @@ def test_backward_sums_over_many_tiles(programs, monkeypatch):
     mean, var, invstd, scale, shift = bnstats.forward_stats(y, torch.float32, None, None, 1e-5,
                                                             None, None, 0.1)
     z = bnstats.apply(y, None, scale, shift, "relu", 0.01)
-    sums = bnstats.backward_sums(dz, z, y, None, mean, invstd, scale, shift, "relu", 0.01)
+    sums = bnstats.backward_sums(dz, z, y, None, (mean, invstd, scale, shift), "relu", 0.01)
     yd = y.double()
     xhat = (yd - yd.mean((0, 2, 3), keepdim=True)) \
         / (yd.var((0, 2, 3), unbiased=False, keepdim=True) + 1e-5).sqrt()

@@ -214,7 +214,7 @@ class BNActFunction(torch.autograd.Function):
         if fast:
             if dz.stride() != y.stride():
                 dz = torch.empty_like(y).copy_(dz)
-            local = bn_ops.backward_sums(dz, z, y, residual, mean, invstd, scale, shift,
+            local = bn_ops.backward_sums(dz, z, y, residual, [mean, invstd, scale, shift],
                                          activation, negative_slope)
         else:
             xhat = (y.to(mean.dtype) - _channel(mean, y)) * _channel(invstd, y)
@@ -231,7 +231,7 @@ class BNActFunction(torch.autograd.Function):
             sums = local.clone()  # β's stay local, for DDP to reduce (as SyncBatchNorm)
             dist.all_reduce(sums, group=group)
         if fast:
-            dy, dres = bn_ops.backward_apply(dz, z, y, residual, mean, invstd, scale, shift,
+            dy, dres = bn_ops.backward_apply(dz, z, y, residual, [mean, invstd, scale, shift],
                                              sums, count, activation, negative_slope)
         else:
             sum_du, sum_du_xhat = sums

@@ -56,11 +56,9 @@ def _apply_fake(y, residual, scale, shift, activation, negative_slope):
     return torch.empty_like(y)
 
 
-def _backward_sums(dz: Tensor, z: Tensor, y: Tensor, residual: Tensor | None, mean: Tensor,
-                   invstd: Tensor, scale: Tensor, shift: Tensor, activation: str,
-                   negative_slope: float) -> Tensor:
-    return kernels().backward_sums(dz, z, y, residual, mean, invstd, scale, shift,
-                                   activation, negative_slope)
+def _backward_sums(dz: Tensor, z: Tensor, y: Tensor, residual: Tensor | None,
+                   stats: list[Tensor], activation: str, negative_slope: float) -> Tensor:
+    return kernels().backward_sums(dz, z, y, residual, stats, activation, negative_slope)
 
 
 _backward_sums_op = torch.library.custom_op(
@@ -68,17 +66,16 @@ _backward_sums_op = torch.library.custom_op(
 
 
 @_backward_sums_op.register_fake
-def _backward_sums_fake(dz, z, y, residual, mean, invstd, scale, shift, activation,
-                        negative_slope):
-    return mean.new_empty((2, y.shape[1]))
+def _backward_sums_fake(dz, z, y, residual, stats, activation, negative_slope):
+    return stats[0].new_empty((2, y.shape[1]))
 
 
-def _backward_apply(dz: Tensor, z: Tensor, y: Tensor, residual: Tensor | None, mean: Tensor,
-                    invstd: Tensor, scale: Tensor, shift: Tensor, sums: Tensor, count: int,
-                    activation: str, negative_slope: float) -> list[Tensor]:
+def _backward_apply(dz: Tensor, z: Tensor, y: Tensor, residual: Tensor | None,
+                    stats: list[Tensor], sums: Tensor, count: int, activation: str,
+                    negative_slope: float) -> list[Tensor]:
     """[dy] or [dy, d residual]."""
-    dy, dres = kernels().backward_apply(dz, z, y, residual, mean, invstd, scale, shift,
-                                        sums, count, activation, negative_slope)
+    dy, dres = kernels().backward_apply(dz, z, y, residual, stats, sums, count, activation,
+                                        negative_slope)
     return [dy] if dres is None else [dy, dres]
 
 
@@ -87,8 +84,7 @@ _backward_apply_op = torch.library.custom_op(
 
 
 @_backward_apply_op.register_fake
-def _backward_apply_fake(dz, z, y, residual, mean, invstd, scale, shift, sums, count,
-                         activation, negative_slope):
+def _backward_apply_fake(dz, z, y, residual, stats, sums, count, activation, negative_slope):
     out = [torch.empty_like(y)]
     return out if residual is None else out + [torch.empty_like(residual)]
 
@@ -108,17 +104,18 @@ def apply(y, residual, scale, shift, activation, negative_slope):
     return op(y, residual, scale, shift, activation, negative_slope)
 
 
-def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation, negative_slope):
+def backward_sums(dz, z, y, residual, stats, activation, negative_slope):
+    """``[Σ du, Σ du·x̂]`` (2, C): bnstats.backward_sums; ``stats`` is (mean, invstd, scale,
+    shift)."""
     op = _backward_sums_op if torch.compiler.is_compiling() else kernels().backward_sums
-    return op(dz, z, y, residual, mean, invstd, scale, shift, activation, negative_slope)
+    return op(dz, z, y, residual, stats, activation, negative_slope)
 
 
-def backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums, count, activation,
-                   negative_slope):
+def backward_apply(dz, z, y, residual, stats, sums, count, activation, negative_slope):
     """(dy, d residual or None): bnstats.backward_apply."""
     if not torch.compiler.is_compiling():
-        return kernels().backward_apply(dz, z, y, residual, mean, invstd, scale, shift,
-                                        sums, count, activation, negative_slope)
-    dy, *dres = _backward_apply_op(dz, z, y, residual, mean, invstd, scale, shift, sums, count,
-                                   activation, negative_slope)
+        return kernels().backward_apply(dz, z, y, residual, stats, sums, count, activation,
+                                        negative_slope)
+    dy, *dres = _backward_apply_op(dz, z, y, residual, list(stats), sums, count, activation,
+                                   negative_slope)
     return dy, (dres[0] if dres else None)

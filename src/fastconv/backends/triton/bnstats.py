@@ -345,15 +345,16 @@ def apply(y, residual, scale, shift, activation, negative_slope):
 
 
 @serialized
-def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
-                  negative_slope) -> torch.Tensor:
-    """``[Σ du, Σ du·x̂]`` per channel on this rank, shape (2, C)."""
+def backward_sums(dz, z, y, residual, stats, activation, negative_slope) -> torch.Tensor:
+    """``[Σ du, Σ du·x̂]`` per channel on this rank, shape (2, C); ``stats``: the forward's
+    (mean, invstd, scale, shift)."""
+    mean = stats[0]
     tile = PASS_TILES["backward_sums"]
     tiles, cb, geo = _grid(y, tile)
     t, each = partials(tiles)
     part = torch.empty((2, t, y.shape[1]), device=y.device, dtype=mean.dtype)
     launch(_backward_partials_kernel, (t, cb),
-        dz, z, y, _or(residual, y), mean, invstd, scale, shift, part, t, *geo,
+        dz, z, y, _or(residual, y), *stats, part, t, *geo,
         float(negative_slope), each, HAS_RES=residual is not None,
         ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=tile.block_r,
         BLOCK_C=tile.block_c, num_warps=tile.num_warps)
@@ -361,15 +362,16 @@ def backward_sums(dz, z, y, residual, mean, invstd, scale, shift, activation,
 
 
 @serialized
-def backward_apply(dz, z, y, residual, mean, invstd, scale, shift, sums, count, activation,
-                   negative_slope):
-    """(dy, d residual or None) given the channel sums over every rank."""
+def backward_apply(dz, z, y, residual, stats, sums, count, activation, negative_slope):
+    """(dy, d residual or None) given the channel sums over every rank; ``stats``: the
+    forward's (mean, invstd, scale, shift)."""
+    mean = stats[0]
     dy = torch.empty_like(y)
     dres = torch.empty_like(residual) if residual is not None else None
     tile = PASS_TILES["backward_apply"]
     t, cb, geo = _grid(y, tile)
     launch(_backward_apply_kernel, (t, cb),
-        dz, z, y, _or(residual, y), mean, invstd, scale, shift, sums, dy, _or(dres, dy),
+        dz, z, y, _or(residual, y), *stats, sums, dy, _or(dres, dy),
         *geo, float(count), float(negative_slope), HAS_RES=residual is not None,
         ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=tile.block_r,
         BLOCK_C=tile.block_c, num_warps=tile.num_warps)
