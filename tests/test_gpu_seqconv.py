@@ -57,16 +57,16 @@ def test_decode_steps_replay_from_a_cuda_graph():
 
 
 def test_long_conv1d_measured_route_is_kept_and_correct():
-    from fastconv import seqconv
+    from fastconv import longconv
 
     x = torch.randn(2, 64, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16) / 64
-    ref = seqconv._fft(x.double(), w.double(), None)
+    ref = longconv._fft(x.double(), w.double(), None)
     out = fastconv.long_conv1d(x, w)
     assert relative_error(out, ref) <= TOLERANCE[Precision.BF16]
     short = torch.randn(64, 300, device="cuda", dtype=torch.bfloat16) / 17
     fastconv.long_conv1d(x, short)  # timed: both routes
-    assert seqconv.LONG_CONV_CHOICES[((2, 64, 4096), 300, torch.bfloat16, "cuda")] in (
+    assert longconv.LONG_CONV_CHOICES[((2, 64, 4096), 300, torch.bfloat16, "cuda")] in (
         "direct", "fft")
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import fastconv
 from fastconv import ConvError
-from fastconv.seqconv import fft_length
+from fastconv.longconv import fft_length
 
 
 @pytest.fixture(autouse=True)
@@ -246,7 +246,7 @@ def test_packed_kernel_gradients_match_the_torch_route(width, seqlen, activation
     for kernels in (True, True, False):
         args = [t.clone().requires_grad_() for t in (x, w, b, s)]
         if not kernels:
-            monkeypatch.setattr(seqconv, "_kernel_device", lambda: None)
+            monkeypatch.setattr(seqconv, "kernel_device", lambda: None)
         out = fastconv.causal_conv1d(*args[:3], seq_idx, args[3], activation=activation)
         grads.append(torch.autograd.grad(out, args, g))
     for got, want in zip(grads[0], grads[2]):
@@ -441,20 +441,20 @@ def test_long_conv1d_matches_the_definition(k):
     ref += b.double()[None, :, None]
     out = fastconv.long_conv1d(x, w, b)
     assert out.shape == x.shape and _rel(out, ref) < 1e-5
-    from fastconv import seqconv
+    from fastconv import longconv
 
-    for route in seqconv._ROUTES.values():  # both routes, whichever the rule picked
+    for route in longconv._ROUTES.values():  # both routes, whichever the rule picked
         assert _rel(route(x, w, b), ref) < 1e-5
 
 
 def test_long_conv1d_gradients_through_both_routes():
-    from fastconv import seqconv
+    from fastconv import longconv
 
     g = torch.Generator().manual_seed(2)
     args = [torch.randn(1, 2, 12, generator=g, dtype=torch.float64).requires_grad_(),
             torch.randn(2, 12, generator=g, dtype=torch.float64).requires_grad_(),
             torch.randn(2, generator=g, dtype=torch.float64).requires_grad_()]
-    for route in seqconv._ROUTES.values():
+    for route in longconv._ROUTES.values():
         assert torch.autograd.gradcheck(route, args)
 
 

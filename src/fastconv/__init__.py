@@ -8,6 +8,7 @@ by those who use them.
 import importlib
 
 from . import dispatch, nn
+from .decode import causal_conv1d_update
 from .env import __version__
 from .epilogue import ACTIVATIONS, Epilogue
 from .errors import ConvError, ConvTypeError, NotSupported
@@ -20,11 +21,12 @@ from .functional import (
     conv_transpose2d,
     explain,
 )
+from .longconv import long_conv1d
 from .optimize import compile_model as compile  # noqa: A004 (torch.compile's name)
 from .optimize import optimize
 from .precision import TOLERANCE, Precision
 from .problem import ConvProblem
-from .seqconv import causal_conv1d, causal_conv1d_update, long_conv1d
+from .seqconv import causal_conv1d
 
 __all__ = [
     "ACTIVATIONS", "ConvError", "ConvProblem", "ConvTypeError", "Epilogue", "NotSupported",

@@ -7,8 +7,10 @@ import math
 
 import torch
 
+from ..decode import causal_conv1d_update
 from ..errors import ConvError
-from ..seqconv import MAX_WIDTH, MIN_WIDTH, causal_conv1d, causal_conv1d_update
+from ..seqargs import MAX_WIDTH, MIN_WIDTH
+from ..seqconv import causal_conv1d
 
 
 class CausalConv1d(torch.nn.Module):

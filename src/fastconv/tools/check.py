@@ -115,6 +115,7 @@ def seqconv_rows(device: str, gen: torch.Generator) -> list[CheckRow]:
     failed has a failing one. The public calls' rows say "auto" (whatever route they take),
     the kernels' "triton"."""
     from .. import seqconv
+    from ..decode import causal_conv1d_update
 
     batch, dim, seqlen = (2, 64, 301) if device == "cuda" else (2, 5, 37)
     ids = torch.tensor([[i * 3 // seqlen for i in range(seqlen)], [0] * seqlen],
@@ -142,7 +143,7 @@ def seqconv_rows(device: str, gen: torch.Generator) -> list[CheckRow]:
         state = data(batch, dim, 3)
         want = _reference(x[..., None], w, b, state, None)[..., 0]
         want_state = torch.cat([state.double()[..., 1:], x.double()[..., None]], -1)
-        got = seqconv.causal_conv1d_update(x, state, w, b, "silu")
+        got = causal_conv1d_update(x, state, w, b, "silu")
         rows.append(CheckRow("causal_conv1d_update w4, one token", "auto", prec.value,
                              max(relative_error(got, want), relative_error(state, want_state)),
                              TOLERANCE[prec]))

@@ -1,4 +1,4 @@
-"""One decode step of a causal depthwise conv1d in one kernel (``seqconv.causal_conv1d_update``
+"""One decode step of a causal depthwise conv1d in one kernel (``decode.causal_conv1d_update``
 for one token): each program reads its channels' state rows and the token, writes the output
 (``bias + Σ weight · window``, float32 accumulation, SiLU optional) and shifts the state rows
 left by one in place, the token last. torch's step (cat, copy, conv1d, silu) is four

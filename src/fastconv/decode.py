@@ -1,0 +1,112 @@
+"""The decode step of :func:`fastconv.causal_conv1d` (causal-conv1d's
+``causal_conv1d_update``): one token is one Triton kernel on a GPU
+(``backends/triton/decode.py``: the window's dot product in float32, SiLU, the state rows
+shifted in place, a state pool's rows by index); several tokens, a circular state, autograd
+and torch.compile's tracing take torch operations. Neither synchronises the host: both
+capture in a CUDA graph."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .errors import ConvError
+from .seqargs import (
+    accumulate_dtype,
+    activation_name,
+    check_bias,
+    check_tensor,
+    check_weight,
+    check_x,
+    described,
+    kernel_device,
+)
+
+
+def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None = None, activation: str | None = None,
+                         cache_seqlens: torch.Tensor | None = None,
+                         conv_state_indices: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step of :func:`causal_conv1d`: ``x`` is ``(batch, dim)`` (one token) or
+    ``(batch, dim, seqlen)`` (several, e.g. speculative decoding); ``conv_state`` is
+    ``(batch, dim, state_len)`` with ``state_len ≥ width − 1``, the latest inputs, updated
+    in place.
+
+    ``cache_seqlens`` (``(batch,)`` int32): ``conv_state`` is a circular buffer and the new
+    tokens are written from index ``cache_seqlens % state_len``. ``conv_state_indices``
+    (``(batch,)`` int32): the rows of a larger state pool ``(pool, dim, state_len)`` that
+    hold this batch's states (continuous batching; the indices are not checked on the host,
+    so that the step captures in a CUDA graph). Returns the output, x's shape and dtype:
+    autocast casts nothing here (the state is updated in place, in its own dtype; weight and
+    bias may have another floating dtype), as in causal-conv1d's update.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
+        raise ConvError(f"x: got {described(x)}; expected (batch, dim) or "
+                        f"(batch, dim, seqlen)")
+    one = x.dim() == 2
+    x3 = x.unsqueeze(-1) if one else x
+    check_x(x3)
+    batch, dim, seqlen = x3.shape
+    width = check_weight(weight, dim, x3)
+    check_bias(bias, dim, x3)
+    act = activation_name(activation)
+    _check_conv_state(conv_state, x3, width, conv_state_indices)
+    if seqlen == 1 and cache_seqlens is None and _decode_kernel_runs(x, weight, bias):
+        from .backends.triton.decode import decode_step
+
+        out = decode_step(x3[..., 0], conv_state, weight, bias, act == "silu",
+                          conv_state_indices)
+        return out if one else out.unsqueeze(-1)
+    state_len = conv_state.shape[-1]
+    rows = conv_state if conv_state_indices is None else conv_state.index_select(
+        0, conv_state_indices.long())
+    if cache_seqlens is None:
+        window = torch.cat([rows[..., state_len - (width - 1):], x3.to(rows.dtype)], dim=-1)
+        new = torch.cat([rows, x3.to(rows.dtype)], dim=-1)[..., -state_len:]
+    else:
+        check_tensor(cache_seqlens, "cache_seqlens", "(batch,)", (batch,), torch.int32,
+                      x.device)
+        lengths = cache_seqlens.long().unsqueeze(1)
+        back = torch.arange(-(width - 1), 0, device=x.device).unsqueeze(0) + lengths
+        past = rows.gather(2, back.remainder(state_len).unsqueeze(1).expand(-1, dim, -1))
+        window = torch.cat([past, x3.to(rows.dtype)], dim=-1)
+        ahead = torch.arange(seqlen, device=x.device).unsqueeze(0) + lengths
+        new = rows.scatter(2, ahead.remainder(state_len).unsqueeze(1).expand(-1, dim, -1),
+                           x3.to(rows.dtype))
+    with torch.no_grad():
+        if conv_state_indices is None:
+            conv_state.copy_(new)
+        else:
+            conv_state.index_copy_(0, conv_state_indices.long(), new)
+    acc_type = accumulate_dtype(x.dtype)
+    acc = F.conv1d(window.to(acc_type), weight.to(acc_type).unsqueeze(1),
+                   None if bias is None else bias.to(acc_type), groups=dim)
+    out = (F.silu(acc) if act == "silu" else acc).to(x.dtype)
+    return out.squeeze(-1) if one else out
+
+
+def _decode_kernel_runs(x, weight, bias) -> bool:
+    """Whether a one-token step runs the Triton decode kernel: on a GPU (or a CPU tensor
+    under Triton's interpreter), outside torch.compile's tracing, and without autograd (the
+    step has no backward; torch's operations keep one where it is asked for)."""
+    if x.device.type != kernel_device() or torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias)))
+
+
+def _check_conv_state(conv_state, x3, width: int, indices) -> None:
+    batch, dim, _ = x3.shape
+    if not isinstance(conv_state, torch.Tensor) or conv_state.dim() != 3 \
+            or conv_state.shape[1] != dim or conv_state.shape[2] < width - 1:
+        raise ConvError(f"conv_state: got {described(conv_state)}; expected (batch, {dim}, "
+                        f"state_len) with state_len >= width - 1 = {width - 1}")
+    if conv_state.device != x3.device:
+        raise ConvError(f"conv_state: on {conv_state.device}; expected x's {x3.device}")
+    if indices is None:
+        if conv_state.shape[0] != batch:
+            raise ConvError(f"conv_state: {conv_state.shape[0]} rows for a batch of {batch}; "
+                            f"give conv_state_indices to select rows of a larger pool")
+    else:
+        check_tensor(indices, "conv_state_indices", "(batch,)", (batch,), torch.int32,
+                      x3.device)

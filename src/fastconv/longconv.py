@@ -1,0 +1,105 @@
+"""Long causal depthwise convolutions (Hyena's implicit filters): ``long_conv1d``, a
+direct convolution or real FFTs of 7-smooth lengths, whichever a GPU measured faster for the
+shape."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import ConvError
+from .functional import conv1d
+from .seqargs import accumulate_dtype, check_bias, check_x, described, readable
+
+
+def long_conv1d(x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Long causal depthwise convolution (Hyena's implicit filters):
+    ``out[:, d, t] = bias[d] + Σ_{j=0..t} weight[d, j] · x[:, d, t − j]`` (``weight[:, 0]``
+    multiplies the current position, the FFT convention), for a filter as long as the
+    sequence.
+
+    ``x`` is ``(batch, dim, seqlen)``, ``weight`` ``(dim, K)`` with ``1 ≤ K ≤ seqlen``. Short
+    filters run as a direct convolution (:func:`fastconv.conv1d`), long ones through real
+    FFTs of a length with factors 2, 3, 5 and 7 only, at least ``seqlen + K − 1`` (no power
+    of two padding), in float32 (float64 for float64 inputs). On a GPU the first call of each shape
+    times both and keeps the faster (``LONG_CONV_CHOICES``); elsewhere, and while
+    compiling, filters longer than ``DIRECT_MAX_K`` take the FFT. Differentiable in x,
+    weight and bias.
+    """
+    check_x(x)
+    x = readable(x)
+    batch, dim, seqlen = x.shape
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] != dim \
+            or not 1 <= weight.shape[1] <= seqlen:
+        raise ConvError(f"weight: got {described(weight)}; expected (dim, K) with dim = {dim} "
+                        f"and 1 <= K <= seqlen = {seqlen}")
+    if weight.device != x.device:
+        raise ConvError(f"weight: on {weight.device}, x on {x.device}; expected one device")
+    check_bias(bias, dim, x)
+    key = (tuple(x.shape), weight.shape[1], x.dtype, x.device.type)
+    route = LONG_CONV_CHOICES.get(key)
+    if route is None:
+        route = _choose_route(x, weight, bias, key)
+    return _ROUTES[route](x, weight, bias)
+
+
+#: filters up to this length take the direct convolution where nothing was timed
+DIRECT_MAX_K = 64
+#: filters longer than this take the FFT untimed (a direct pass costs K multiply-adds per
+#: output: at K = seqlen = 64K, seconds per call, and the timing makes ~60 calls)
+TIMED_MAX_K = 1024
+#: (x shape, K, dtype, device type) -> "direct" or "fft", measured on the GPU
+LONG_CONV_CHOICES: dict[tuple, str] = {}
+
+
+def _direct(x, weight, bias):
+    k = weight.shape[1]
+    return conv1d(x, weight.flip(-1).unsqueeze(1), bias, padding=((k - 1, 0),),
+                  groups=x.shape[1])
+
+
+def fft_length(n: int) -> int:
+    """The least integer ≥ n whose prime factors are 2, 3, 5 and 7 (fast FFT sizes)."""
+    best = 1 << (max(n, 1) - 1).bit_length()
+    f7 = 1
+    while f7 < best:
+        f5 = f7
+        while f5 < best:
+            f3 = f5
+            while f3 < best:
+                f2 = f3
+                while f2 < n:
+                    f2 *= 2
+                best = min(best, f2)
+                f3 *= 3
+            f5 *= 5
+        f7 *= 7
+    return best
+
+
+def _fft(x, weight, bias):
+    seqlen = x.shape[-1]
+    n = fft_length(seqlen + weight.shape[1] - 1)
+    acc_type = accumulate_dtype(x.dtype)
+    spectrum = torch.fft.rfft(x.to(acc_type), n=n) * torch.fft.rfft(weight.to(acc_type), n=n)
+    out = torch.fft.irfft(spectrum, n=n)[..., :seqlen]
+    if bias is not None:
+        out = out + bias.to(acc_type).unsqueeze(-1)
+    return out.to(x.dtype)
+
+
+_ROUTES = {"direct": _direct, "fft": _fft}
+
+
+def _choose_route(x, weight, bias, key) -> str:
+    guess = "direct" if weight.shape[1] <= DIRECT_MAX_K else "fft"
+    if x.device.type != "cuda" or weight.shape[1] > TIMED_MAX_K \
+            or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return guess
+    from .costs import time_costs
+
+    with torch.no_grad():
+        times = {name: sum(time_costs(lambda f=f: f(x, weight, bias)))
+                 for name, f in _ROUTES.items()}
+    LONG_CONV_CHOICES[key] = min(times, key=times.get)
+    return LONG_CONV_CHOICES[key]
