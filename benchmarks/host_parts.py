@@ -93,7 +93,7 @@ def autocast_rows(groups: int) -> dict:
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):  # one region: cached casts
         fmod(x)
         forced(x)
-        plan = fmod.__dict__["_plan"][1]
+        plan = fmod._call_site().plan[1]
         xb = x.to(torch.bfloat16)
         wb, bb = fmod._cast_params(fmod.weight, fmod.bias, torch.bfloat16)
         geo = (1, 3, 1, groups)

@@ -46,7 +46,7 @@ def main() -> None:
     with torch.autocast(dev, dtype=torch.bfloat16), \
             stepmod.training_step([layer.weight], torch.bfloat16) as step:
         layer(x)
-        kept = layer.__dict__["_step_entry"]
+        kept = layer._call_site().step_entry
         weight = step.cast(layer.weight, torch.bfloat16)
         y = kept[1].run(x, weight, None, None, None, None, None)
         rows = {

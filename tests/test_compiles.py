@@ -183,11 +183,11 @@ def test_a_provisional_plan_is_not_kept(monkeypatch):
     for _ in range(2):
         conv(x)
     assert len(made) == 4  # dispatched at every call
-    assert not plans._PLANS and conv.__dict__.get("_plan") is None
+    assert not plans._PLANS and conv._call_site().plan is None
     monkeypatch.setattr(dispatch, "choose", real)
     conv(x)
     conv(x)
-    assert len(made) == 4 and conv.__dict__.get("_plan") is not None  # kept once final
+    assert len(made) == 4 and conv._call_site().plan is not None  # kept once final
 
 
 def test_a_provisional_plan_with_an_until_is_kept_until_its_builds_are_done(monkeypatch):

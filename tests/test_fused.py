@@ -175,9 +175,9 @@ def test_inference_without_grad_reuses_folded_weights_until_something_changes():
     x = torch.randn(3, 6, 9, 13)
     with torch.no_grad():
         assert relative_error(m(x), seq(x)) < 1e-5
-        first = m.__dict__["_fold"]
+        first = m._call_site().fold
         m(x)
-        assert m.__dict__["_fold"] is first  # nothing changed: no refold
+        assert m._call_site().fold is first  # nothing changed: no refold
         for ours, theirs in ((m.bn.running_var, seq[1].running_var),
                              (m.weight, seq[0].weight), (m.bn.bias, seq[1].bias)):
             ours.mul_(1.5)  # in place: the version moves
@@ -187,7 +187,7 @@ def test_inference_without_grad_reuses_folded_weights_until_something_changes():
         seq[1].running_mean = torch.zeros(10)
         assert relative_error(m(x), seq(x)) < 1e-5
     y = m(x.requires_grad_())  # with autograd: folded per call, gradients flow
-    assert "_fold" in m.__dict__ and y.requires_grad
+    assert m._call_site().fold is not None and y.requires_grad
 
 
 def test_inference_plan_and_autocast_casts_follow_the_inputs_and_parameters():
@@ -212,17 +212,17 @@ def test_inference_plan_and_autocast_casts_follow_the_inputs_and_parameters():
             y = m(x)
             assert y.dtype == torch.bfloat16
             assert relative_error(y.float(), ref) < 2e-2
-            casts = m.__dict__["_casts"]
+            casts = m._call_site().casts
             m(x)
-            assert m.__dict__["_casts"] is casts  # nothing changed: no recast
+            assert m._call_site().casts is casts  # nothing changed: no recast
             m.weight.mul_(-1)  # in place: refold, recast
             seq[0].weight.mul_(-1)
             assert relative_error(m(x).float(), ref) > 0.5  # the change is seen
         ref = seq(x)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert relative_error(m(x).float(), ref) < 2e-2
-            assert m.__dict__["_casts"] is not casts  # recast
-            assert m.__dict__["_casts"][7].dtype == torch.bfloat16
+            assert m._call_site().casts is not casts  # recast
+            assert m._call_site().casts[7].dtype == torch.bfloat16
         plain = fastconv.nn.Conv2d(5, 4, 3, padding=2, dilation=2).eval()
         ref = torch.nn.functional.conv2d(x, plain.weight, plain.bias, 1, 2, 2)
         assert relative_error(plain(x), ref) < 1e-5

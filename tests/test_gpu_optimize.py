@@ -21,6 +21,12 @@ pytestmark = pytest.mark.gpu
 tv = pytest.importorskip("torchvision")
 
 
+def _step_entry(module):
+    """A fused layer's kept training-step entry (None: none kept, or not a fastconv module)."""
+    site = module.__dict__.get("_callsite")
+    return None if site is None else site.step_entry
+
+
 @pytest.mark.parametrize("precision", [Precision.TF32, Precision.BF16], ids=str)
 def test_deeplab_inference_at_512(precision, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", precision == Precision.TF32)
@@ -95,7 +101,8 @@ def test_eager_training_in_benchmark_mode_runs_torchs_convolutions():
             with torch.autocast("cuda", torch.bfloat16, enabled=label == "torch"):
                 y = net(x.contiguous(memory_format=torch.channels_last)).float()
             results[label] = (y, *torch.autograd.grad(y.square().mean(), weight))
-        held = [m.__dict__["_plan"][1] for m in fast.modules() if "_plan" in m.__dict__]
+        held = [m._call_site().plan[1] for m in fast.modules()
+                if hasattr(m, "_call_site") and m._call_site().plan is not None]
     assert len(held) == 20 and all(p is not None and p.native_grad and p.backend == "aten"
                                    for p in held)
     y = ref(x.double())
@@ -305,9 +312,9 @@ def test_kept_training_calls_on_the_gpu_equal_the_general_path(monkeypatch):
             out = net(x)
             out.float().square().mean().backward()
             runs[name] = (out, [p.grad for p in net.parameters()])
-    kept_layers = [m for m in model.modules() if "_step_entry" in m.__dict__]
+    kept_layers = [m for m in model.modules() if _step_entry(m) is not None]
     assert len(kept_layers) == 20
-    assert not any("_step_entry" in m.__dict__ for m in general.modules())
+    assert not any(_step_entry(m) is not None for m in general.modules())
     assert torch.equal(runs["kept"][0], runs["general"][0])
     for a, b in zip(runs["kept"][1], runs["general"][1]):
         assert relative_error(a, b) <= 1e-2

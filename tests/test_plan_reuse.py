@@ -201,11 +201,11 @@ def test_a_module_call_with_autograd_reuses_its_native_plan_and_sees_every_chang
         for u, v in zip((y, *grads), want):
             assert relative_error(u, v) < 1e-5
     check(torch.randn(2, 3, 6, 7))
-    kept = conv.__dict__["_plan"]
+    kept = conv._call_site().plan
     assert kept[1] is not None and kept[1].native_grad == (backend == "aten")
     assert (kept[5] is None) == (backend == "aten")  # the autograd function's arguments
     check(torch.randn(2, 3, 6, 7))
-    assert conv.__dict__["_plan"] is kept  # same signature: reused
+    assert conv._call_site().plan is kept  # same signature: reused
     check(torch.randn(1, 3, 5, 9).contiguous(memory_format=torch.channels_last))
     with torch.no_grad():
         conv.weight.mul_(-2.0)
@@ -235,7 +235,7 @@ def test_a_training_conv_bn_act_module_runs_torch_s_ops_through_its_plan():
             y, *grads = _grads(m, x.clone().requires_grad_(), g := torch.randn(3, 5, 7, 6))
             want = _grads(seq, x.clone().requires_grad_(), g)
         assert y.dtype == want[0].dtype == (torch.bfloat16 if autocast else torch.float32)
-        assert m.__dict__["_plan"][1] is not None  # the kept plan ran
+        assert m._call_site().plan[1] is not None  # the kept plan ran
         for u, v in zip((y, *grads), want):
             assert u.dtype == v.dtype and relative_error(u, v) < (2e-2 if autocast else 1e-5)
         for name in ("running_mean", "running_var", "num_batches_tracked"):
@@ -326,10 +326,10 @@ def test_a_module_s_kept_entry_follows_autocast_and_the_input_dtype():
                 y = conv(given)
             assert y.dtype == (dtype or torch.float32)
             assert relative_error(y, ref) < tol, (dtype, given.dtype)
-            key, plan, to_input, _, params, op_args = conv.__dict__["_plan"]
+            key, plan, to_input, _, params, op_args = conv._call_site().plan
             assert plan is not None and params == dtype and op_args is None
             assert (to_input is not None) == (dtype is not None and given.dtype != dtype)
-            seen.append(conv.__dict__["_plan"])
+            seen.append(conv._call_site().plan)
     assert seen[1] is seen[0]  # the same signature: kept
     assert len({id(e) for e in seen}) == 4
 
@@ -375,7 +375,7 @@ def test_a_fused_layer_in_eval_with_autograd_runs_its_kept_plan(backend, autocas
         assert relative_error(y, ref) < tol
         for u, v in zip(grads, want):
             assert relative_error(u, v) < tol
-        assert m.__dict__["_plan"][1] is not None  # the kept plan ran
+        assert m._call_site().plan[1] is not None  # the kept plan ran
 
 
 def _frames_to_the_kernel(fn) -> int:

@@ -17,6 +17,7 @@ from .. import functional as fc
 from ..errors import ConvTypeError
 from ..precision import parse
 from ..spec import ConvCall
+from .callsite import CallSite
 from .step import current as current_step
 
 _REPR_DEFAULTS = {"backend": "auto", "precision": None}
@@ -35,17 +36,19 @@ class _FastconvMixin:
     #: read); so does a forced backend.
     compiled_as_torch: bool = True
 
-    #: What a module keeps between calls: its plan, parameter casts, training-step entries,
-    #: BatchNorm fold and output-shape memo. Each is derived from the module's attributes,
-    #: parameters and the call, is made again at the next call, and is never pickled or
-    #: copied (plans hold launchers and closures).
-    _KEPT = ("_plan", "_casts", "_step_conv", "_step_entry", "_fold", "_shape_memo")
-
     def __getstate__(self) -> dict:
+        """torch's state without the call site (never pickled or copied: callsite.py)."""
         state = super().__getstate__()
-        for name in self._KEPT:
-            state.pop(name, None)
+        state.pop("_callsite", None)
         return state
+
+    def _call_site(self) -> CallSite:
+        """What this module keeps between calls (made at its first call, and again after a
+        copy or an unpickling)."""
+        site = self.__dict__.get("_callsite")
+        if site is None:
+            site = self.__dict__["_callsite"] = CallSite()
+        return site
 
     def _init_fastconv(self, backend: str, precision: str | None) -> None:
         """Checked now, not at the first forward."""
@@ -91,7 +94,7 @@ class _FastconvMixin:
                         self.groups, 0, activation, negative_slope, self.backend,
                         self.precision)
         key, grad, cast = self._plan_key(call, input, weight, bias, residual)
-        kept = self.__dict__.get("_plan")
+        kept = self._call_site().plan
         if kept is None or kept[0] != key or (
                 kept[1] is not None and kept[1].provisional and kept[1].expired()):
             if input.dim() != len(self.kernel_size) + 2:
@@ -150,7 +153,7 @@ class _FastconvMixin:
         step's settings kept: :meth:`_step_run`)."""
         step = current_step()
         if step is not None:
-            kept = self.__dict__.get("_step_conv")
+            kept = self._call_site().step_conv
             if kept is not None:
                 key = self._step_key_conv(input)
                 if key == kept[0]:
@@ -168,7 +171,7 @@ class _FastconvMixin:
                 key = self._step_key_conv(given)
                 plan = self._step_plan(key, given, weight, bias)
                 if plan is not None:
-                    self.__dict__["_step_conv"] = (key, plan)
+                    self._call_site().step_conv = (key, plan)
             return out
         fn = fc.conv1d if len(self.kernel_size) == 1 else fc.conv2d
         return fn(input, weight, bias, self.stride, padding, self.dilation, self.groups,
@@ -193,7 +196,7 @@ class _FastconvMixin:
         module's padding mode) where a step may keep it under ``key``
         (:meth:`_step_key_conv`'s, first): a final plan of torch's own convolution,
         differentiated by torch's autograd, under 16-bit autocast. Else None."""
-        entry = self.__dict__.get("_plan")
+        entry = self._call_site().plan
         plan = None if entry is None else entry[1]
         if plan is None or plan.provisional or not plan.native_grad \
                 or key[0] not in (torch.bfloat16, torch.float16) \
@@ -246,7 +249,7 @@ class _FastconvMixin:
             if grad and plan is not None and not plan.native_grad else None
         kept = (key, plan, to_input, to_residual, params, op_args)
         if plan is None or not plan.provisional or plan.until is not None:
-            self.__dict__["_plan"] = kept
+            self._call_site().plan = kept
         return kept
 
     def _new_plan(self, call, input, weight, bias, residual, grad, cast):
@@ -261,7 +264,8 @@ class _FastconvMixin:
         the same tensors, unchanged (their versions and storage; changes made through
         ``.data`` are not seen, as by every cache keyed on tensor versions). One check for
         both: this runs on every call of an autocast model."""
-        hit = self.__dict__.get("_casts")
+        site = self._call_site()
+        hit = site.casts
         if (hit is not None and hit[0] is weight and hit[1] is bias and hit[2] is dtype
                 and hit[3] == weight._version and hit[4] == weight.data_ptr()
                 and (bias is None or (hit[5] == bias._version and hit[6] == bias.data_ptr()))):
@@ -269,7 +273,7 @@ class _FastconvMixin:
         with torch.no_grad():
             cw = weight.detach().to(dtype) if fc.autocast_casts(weight, dtype) else weight
             cb = bias.detach().to(dtype) if fc.autocast_casts(bias, dtype) else bias
-        self.__dict__["_casts"] = (
+        site.casts = (
             weight, bias, dtype, weight._version, weight.data_ptr(),
             None if bias is None else bias._version, None if bias is None else bias.data_ptr(),
             cw, cb)

@@ -106,7 +106,8 @@ class _ConvBNActMixin:
         shape and geometry)."""
         weight = self._parameters["weight"]
         key = (input.shape, weight.shape, self.stride, self.padding, self.dilation)
-        memo = self.__dict__.get("_shape_memo")
+        site = self._call_site()
+        memo = site.shape
         if memo is not None and memo[0] == key:
             return memo[1]
         if self.padding == "same":
@@ -117,7 +118,7 @@ class _ConvBNActMixin:
                          zip(input.shape[2:], pad, self.dilation, weight.shape[2:],
                              self.stride))
         shape = torch.Size((input.shape[0], weight.shape[0], *size))
-        self.__dict__["_shape_memo"] = (key, shape)
+        site.shape = (key, shape)
         return shape
 
     def _forward(self, input: Tensor, residual: Tensor | None, activation: str) -> Tensor:
@@ -126,7 +127,7 @@ class _ConvBNActMixin:
         bn = self._modules["bn"]
         step = current_step()
         if step is not None:
-            kept = self.__dict__.get("_step_entry")
+            kept = self._call_site().step_entry
             if kept is not None:
                 out = self._step_call(kept, step, bn, input, residual, activation)
                 if out is not None:
@@ -211,7 +212,7 @@ class _ConvBNActMixin:
         buffers = bn._buffers
         if plan is not None and takes_torch_ops(y, gamma, beta, buffers.get("running_mean"),
                                                 buffers.get("running_var")):
-            self.__dict__["_step_entry"] = (key, plan)
+            self._call_site().step_entry = (key, plan)
 
     def _step_call(self, kept: tuple, step, bn: torch.nn.Module, input: Tensor,
                    residual: Tensor | None, activation: str) -> Tensor | None:
@@ -260,11 +261,12 @@ class _ConvBNActMixin:
         if torch.compiler.is_compiling():  # a traced graph folds each call: no host cache
             weight, bias = fold(*sources, bn.eps)
         else:
-            cached = self.__dict__.get("_fold")
+            site = self._call_site()
+            cached = site.fold
             if cached is None or not same_tensors(cached[0], sources) or cached[3] != bn.eps:
                 with torch.no_grad():
                     cached = (tensor_state(sources), *fold(*sources, bn.eps), bn.eps)
-                self.__dict__["_fold"] = cached
+                site.fold = cached
             weight, bias = cached[1], cached[2]
         out = self._planned(input, weight, bias, padding, activation, self.negative_slope,
                               residual)
