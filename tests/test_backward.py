@@ -134,6 +134,7 @@ def test_out_with_grad_is_an_error():
 def test_wgrad_split_k_is_deterministic_and_matches(c, k, channels_last):
     """The split-K partial buffers and their fixed-order reduce give the exact same bits
     on every run, and the right values."""
+    from fastconv.backends.triton.common import Geometry
     from fastconv.backends.triton.configs import TileConfig
     from fastconv.backends.triton.wgrad import launch_wgrad
 
@@ -143,9 +144,8 @@ def test_wgrad_split_k_is_deterministic_and_matches(c, k, channels_last):
     runs = []
     for _ in range(2):
         out = torch.full((k, c // 2, 3, 3), float("nan"))
-        launch_wgrad(dy, x, out, stride=(2, 1), pad=(1, 1), dilation=(1, 1), groups=2,
-                     precision="ieee", config=TileConfig(16, 16, 16, 4, 1, False, 3),
-                     int64=False)
+        launch_wgrad(dy, x, out, Geometry((2, 1), (1, 1), (1, 1), 2), precision="ieee",
+                     config=TileConfig(16, 16, 16, 4, 1, False, 3), int64=False)
         runs.append(out)
     assert torch.equal(runs[0], runs[1])
     ref = torch.nn.grad.conv2d_weight(x.double(), (k, c // 2, 3, 3), dy.double(), (2, 1),

@@ -8,7 +8,15 @@ import torch.nn.functional as F
 
 import fastconv
 from fastconv.backends.triton import depthwise
+from fastconv.backends.triton.common import EpilogueArgs, Geometry
 from fastconv.precision import relative_error
+
+
+def _geometry(rank: int, stride: int, padding: int, dilation: int) -> Geometry:
+    """The launchers' 4-D geometry of a rank-1 (H = 1) or rank-2 depthwise problem."""
+    if rank == 2:
+        return Geometry((stride, stride), (padding, padding), (dilation, dilation))
+    return Geometry((1, stride), (0, padding), (1, dilation))
 
 # (N, C, multiplier, spatial, kernel, stride, padding, dilation)
 CASES = [
@@ -159,13 +167,10 @@ def test_grouped_forward_direct_kernel_with_epilogue(case, channels_last):
     out = torch.full_like(res, float("nan"))
     four = (lambda t: t) if len(spatial) == 2 else (lambda t: t.unsqueeze(2))
     depthwise.launch_fprop(
-        four(x), four(w), four(out), None, shift, four(res),
-        stride=(stride, stride) if len(spatial) == 2 else (1, stride),
-        pad=(padding, padding) if len(spatial) == 2 else (0, padding),
-        dilation=(dilation, dilation) if len(spatial) == 2 else (1, dilation),
-        act_code=fastconv.ACTIVATIONS.index("silu"), negative_slope=0.0,
-        channels_last=channels_last, config=depthwise.candidates(channels_last, False)[0],
-        int64=False)
+        four(x), four(w), four(out),
+        EpilogueArgs(None, shift, four(res), fastconv.ACTIVATIONS.index("silu")),
+        _geometry(len(spatial), stride, padding, dilation), channels_last=channels_last,
+        config=depthwise.candidates(channels_last, False)[0], int64=False)
     assert torch.isfinite(out).all()
     assert relative_error(out, ref) < 1e-12
 
@@ -224,13 +229,11 @@ def test_grouped_gradients_direct_kernels(case, channels_last):
     dx = torch.full_like(x, float("nan"))
     dw = torch.full_like(w, float("nan"))
     four = (lambda t: t) if len(spatial) == 2 else (lambda t: t.unsqueeze(2))
-    geo = dict(stride=(stride, stride) if len(spatial) == 2 else (1, stride),
-               pad=(padding, padding) if len(spatial) == 2 else (0, padding),
-               dilation=(dilation, dilation) if len(spatial) == 2 else (1, dilation),
-               channels_last=channels_last, config=depthwise.candidates(channels_last, False)[0],
+    geo = _geometry(len(spatial), stride, padding, dilation)
+    how = dict(channels_last=channels_last, config=depthwise.candidates(channels_last, False)[0],
                int64=False)
-    depthwise.launch_dgrad(four(g), four(w.detach()), four(dx), **geo)
-    depthwise.launch_wgrad(four(g), four(x), four(dw), **geo)
+    depthwise.launch_dgrad(four(g), four(w.detach()), four(dx), geo, **how)
+    depthwise.launch_wgrad(four(g), four(x), four(dw), geo, **how)
     assert relative_error(dx, want_dx) < 1e-12
     assert relative_error(dw, want_dw) < 1e-12
 

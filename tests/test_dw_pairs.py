@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import fastconv
 from fastconv.backends.triton import depthwise, dw_pairs
 from fastconv.backends.triton.backend import TritonBackend
+from fastconv.backends.triton.common import EpilogueArgs, Geometry
 from fastconv.precision import relative_error
 from fastconv.problem import ConvProblem
 
@@ -45,9 +46,8 @@ def _run(case, dtype, epilogue=False):
         act = fastconv.ACTIVATIONS.index("silu")
     out = torch.full(ref.shape, float("nan"), dtype=dtype)  # poisoned: every word written
     assert dw_pairs.eligible(x, out, res, 1)
-    dw_pairs.launch_fprop(x, wt, out, scale, shift, res, stride=(stride_h, 1),
-                          pad=(pad_h, left), dilation=(1, dil), act_code=act,
-                          negative_slope=0.0, channels_last=False,
+    dw_pairs.launch_fprop(x, wt, out, EpilogueArgs(scale, shift, res, act),
+                          Geometry((stride_h, 1), (pad_h, left), (1, dil)), channels_last=False,
                           config=depthwise.DwConfig(2, 8, 4, pairs=True), int64=False)
     return out, ref
 

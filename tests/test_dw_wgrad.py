@@ -7,6 +7,7 @@ import torch
 
 from fastconv.backends.triton import depthwise, dw_wgrad
 from fastconv.backends.triton.backend import TritonBackend
+from fastconv.backends.triton.common import Geometry
 from fastconv.precision import relative_error
 from fastconv.problem import ConvProblem
 from test_dw_roll import CASES as ROLL_CASES
@@ -41,8 +42,8 @@ def test_weight_gradient(case, config):
     assert relative_error(dw, want) < 1e-12
     if len(spatial) == 2 and n > 1:  # several images per program, one partial each
         dw = torch.full_like(w, float("nan"))
-        dw_wgrad.launch_wgrad(g, x, dw, stride=(stride,) * 2, pad=(padding,) * 2,
-                              dilation=(1, dilation), config=config, int64=False, images=n)
+        dw_wgrad.launch_wgrad(g, x, dw, Geometry((stride,) * 2, (padding,) * 2, (1, dilation)),
+                              config=config, int64=False, images=n)
         assert relative_error(dw, want) < 1e-12
 
 

@@ -136,6 +136,7 @@ def test_kernel_variants(flat_k, int64, split_k, device):
     """Every walk of the reduction, 64-bit addressing (its trigger, tensors of more than 2**31
     elements, is exercised on the GPU in test_gpu.py) and split-K with its reduce kernel give
     the same result, epilogue included."""
+    from fastconv.backends.triton.common import EpilogueArgs, Geometry
     from fastconv.backends.triton.configs import TileConfig
     from fastconv.backends.triton.fprop import launch_fprop
 
@@ -144,10 +145,9 @@ def test_kernel_variants(flat_k, int64, split_k, device):
     scale, shift = torch.randn(8, device=device), torch.randn(8, device=device)
     res = torch.randn(2, 8, 4, 7, device=device)
     out = torch.full((2, 8, 4, 7), float("nan"), device=device)
-    launch_fprop(x, w, out, scale, shift, res, stride=(2, 1), pad=(1, 1), dilation=(1, 1),
-                 groups=2, act_code=fastconv.ACTIVATIONS.index("silu"), negative_slope=0.0,
-                 precision="ieee", config=TileConfig(32, 16, 16, 4, 1, flat_k, split_k),
-                 int64=int64)
+    launch_fprop(x, w, out, EpilogueArgs(scale, shift, res, fastconv.ACTIVATIONS.index("silu")),
+                 Geometry((2, 1), (1, 1), (1, 1), 2), precision="ieee",
+                 config=TileConfig(32, 16, 16, 4, 1, flat_k, split_k), int64=int64)
     conv = F.conv2d(x.double(), w.double(), stride=(2, 1), padding=(1, 1), groups=2)
     ref = F.silu(conv * scale.double().view(1, -1, 1, 1) + shift.double().view(1, -1, 1, 1)
                  + res.double())
@@ -168,6 +168,7 @@ def test_tf32_operands_are_rounded_to_nearest(kernel, device):
     truncating tl.dot biases every layer the same way). The interpreter's tl.dot is exact,
     so its result equals the float64 convolution of rounded operands, and is far from the
     truncated ones; on a GPU the tensor cores' own truncation then changes nothing."""
+    from fastconv.backends.triton.common import NO_EPILOGUE, Geometry
     from fastconv.backends.triton.configs import TileConfig
     from fastconv.backends.triton.dgrad import launch_dgrad
     from fastconv.backends.triton.fprop import launch_fprop
@@ -177,20 +178,18 @@ def test_tf32_operands_are_rounded_to_nearest(kernel, device):
     w = torch.rand(5, 12, 3, 3, device=device) + 1
     dy = torch.rand(2, 5, 5, 7, device=device) + 1
     cfg = TileConfig(16, 16, 16, 4, 1, False, 1)
-    common = dict(stride=(1, 1), pad=(0, 0), dilation=(1, 1), groups=1, precision="tf32",
-                  config=cfg, int64=False)
+    geo = Geometry((1, 1), (0, 0), (1, 1))
+    common = dict(precision="tf32", config=cfg, int64=False)
 
     def run(x, w, dy):
         if kernel == "fprop":
             out = torch.full((2, 5, 5, 7), float("nan"), device=device)
-            return launch_fprop(x, w, out, None, None, None, act_code=0, negative_slope=0.0,
-                                **common)
+            return launch_fprop(x, w, out, NO_EPILOGUE, geo, **common)
         if kernel == "dgrad":
             out = torch.full_like(x, float("nan"))
-            return launch_dgrad(dy, w, out, None, None, None, act_code=0, negative_slope=0.0,
-                                **common)
+            return launch_dgrad(dy, w, out, NO_EPILOGUE, geo, **common)
         out = torch.full_like(w, float("nan"))
-        return launch_wgrad(dy, x, out, **common)
+        return launch_wgrad(dy, x, out, geo, **common)
 
     def exact(x, w, dy):
         x, w, dy = x.double(), w.double(), dy.double()

@@ -180,6 +180,7 @@ def test_depthwise_multiplier_padded_taps_add_nothing(device):
 def test_depthwise_pairs_kernel_padded_taps_add_nothing(device):
     """The 16-bit pair-word kernel skips padded words too (bf16, even width, unit stride)."""
     from fastconv.backends.triton import depthwise, dw_pairs
+    from fastconv.backends.triton.common import NO_EPILOGUE, Geometry
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(1, 2, 4, 8, generator=gen).bfloat16()
     w = torch.randn(2, 1, 3, 3, generator=gen).bfloat16()
@@ -189,8 +190,7 @@ def test_depthwise_pairs_kernel_padded_taps_add_nothing(device):
     x, w = x.to(device), w.to(device)
     out = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device=device)
     assert dw_pairs.eligible(x, out, None, 1)
-    dw_pairs.launch_fprop(x, w, out, None, None, None, stride=(1, 1), pad=(1, 1),
-                          dilation=(1, 1), act_code=0, negative_slope=0.0,
+    dw_pairs.launch_fprop(x, w, out, NO_EPILOGUE, Geometry((1, 1), (1, 1), (1, 1)),
                           channels_last=False, config=depthwise.DwConfig(2, 8, 4, pairs=True),
                           int64=False)
     ok, detail = _same_nonfinite(out.cpu().double(), want)

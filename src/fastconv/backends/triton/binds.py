@@ -1,5 +1,5 @@
 """How a Triton configuration becomes the callable a plan runs: the kernels' launch
-parameters per problem (:class:`_Geometry`), prepared once per plan, and which kernel family
+parameters per problem (:class:`_Binder`), prepared once per plan, and which kernel family
 a problem's shape takes (direct depthwise, rolling rows, pair words, packed groups)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 
 from ...precision import Precision
 from ...problem import ConvProblem, empty_in_layout, layout_of
+from .common import NO_EPILOGUE, EpilogueArgs, Geometry
 from .configs import TileConfig
 from .weights import channels_last, diagonal_blocks, is_packed, packed_weight, roll_weight
 
@@ -60,16 +61,16 @@ def direct_grouped(problem: ConvProblem) -> bool:
 def bind(problem: ConvProblem, config, op: str):
     if getattr(config, "pack_groups", 1) > 1:
         return _bind_packed_groups(problem, config, op)
-    geo = _Geometry(problem)
+    binder = _Binder(problem)
     if direct_depthwise(problem) or is_direct(config):
-        return geo.bind_depthwise(config, op)
+        return binder.bind_depthwise(config, op)
     if op == "dgrad":
-        return geo.bind_dgrad(config)
+        return binder.bind_dgrad(config)
     if op == "wgrad":
-        return geo.bind_wgrad(config)
+        return binder.bind_wgrad(config)
     if problem.transposed:
-        return geo.bind_transposed(config)
-    return geo.bind_fprop(config)
+        return binder.bind_transposed(config)
+    return binder.bind_fprop(config)
 
 
 def _bind_packed_groups(problem: ConvProblem, config: TileConfig, op: str):
@@ -103,19 +104,19 @@ def is_direct(config) -> bool:
     return isinstance(config, DwConfig)
 
 
-class _Geometry:
-    """A problem's launch parameters in the kernels' 4-D terms (rank 1 runs as H = 1)."""
+class _Binder:
+    """A problem's launch parameters in the kernels' 4-D terms (rank 1 runs as H = 1), and
+    its runs per kernel family."""
 
     def __init__(self, problem: ConvProblem):
         self.problem = problem
         self.two_d = problem.rank == 2
         if self.two_d:
-            self.pad, self.stride, self.dilation = \
-                problem.pad_pre, problem.stride, problem.dilation
+            self.geo = Geometry(problem.stride, problem.pad_pre, problem.dilation,
+                                problem.groups)
         else:
-            self.pad = (0, problem.pad_pre[0])
-            self.stride = (1, problem.stride[0])
-            self.dilation = (1, problem.dilation[0])
+            self.geo = Geometry((1, problem.stride[0]), (0, problem.pad_pre[0]),
+                                (1, problem.dilation[0]), problem.groups)
         self.precision = "tf32" if problem.precision == Precision.TF32 else "ieee"
         self.on_gpu = problem.device == "cuda"
         self.int64: bool | None = None  # decided on the first call (shapes and strides only)
@@ -148,20 +149,21 @@ class _Geometry:
         problem = self.problem
         if config.roll:
             return self.bind_roll(config, op)
+        geo = self.geo
         cl = problem.layout == "nhwc"
-        geo = dict(stride=self.stride, pad=self.pad, dilation=self.dilation,
-                   channels_last=cl, config=config)
         if op == "dgrad":
             def run_dgrad(grad_out, weight, out):
                 if out is None:
                     out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
                                           grad_out.dtype, grad_out.device)
                 d4, w4, o4 = self.four_d(grad_out, weight, out)
-                depthwise.launch_dgrad(d4, w4, o4, int64=self.needs_int64(d4, w4, o4), **geo)
+                depthwise.launch_dgrad(d4, w4, o4, geo, channels_last=cl, config=config,
+                                       int64=self.needs_int64(d4, w4, o4))
                 return out
             return run_dgrad
         if op == "wgrad":
-            return self.run_wgrad(functools.partial(depthwise.launch_wgrad, **geo))
+            return self.run_wgrad(functools.partial(depthwise.launch_wgrad, geo=geo,
+                                                    channels_last=cl, config=config))
         act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
         # The plan's launch after its first call: a plan's calls differ only in the tensors'
         # addresses (their shapes, strides and dtypes are its key), so everything else is
@@ -178,10 +180,11 @@ class _Geometry:
                                         o4 if r4 is None else r4):
                 return out
             launch = (dw_pairs.launch_fprop
-                      if config.pairs and dw_pairs.eligible(x4, o4, r4, self.stride[1])
+                      if config.pairs and dw_pairs.eligible(x4, o4, r4, geo.stride[1])
                       else depthwise.launch_fprop)
-            again = launch(x4, w4, o4, scale, shift, r4, act_code=act, negative_slope=slope,
-                           int64=self.needs_int64(x4, w4, o4, r4), **geo)
+            again = launch(x4, w4, o4, EpilogueArgs(scale, shift, r4, act, slope), geo,
+                           channels_last=cl, config=config,
+                           int64=self.needs_int64(x4, w4, o4, r4))
             prepared[:] = [] if again is None else [again]
             return out
         return run
@@ -194,18 +197,17 @@ class _Geometry:
         problem = self.problem
         kernel = problem.kernel if self.two_d else (1, *problem.kernel)
         if op == "wgrad":
-            return self.run_wgrad(functools.partial(
-                dw_wgrad.launch_wgrad, stride=self.stride, pad=self.pad,
-                dilation=self.dilation, config=config))
+            return self.run_wgrad(functools.partial(dw_wgrad.launch_wgrad, geo=self.geo,
+                                                    config=config))
         if op == "dgrad":
             def run_dgrad(grad_out, weight, out):
                 if out is None:
                     out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
                                           grad_out.dtype, grad_out.device)
                 d4, o4 = self.four_d(grad_out, out)
-                dw_roll.launch_dgrad(d4, roll_weight(weight, config.block_b), o4,
-                                     kernel=kernel, pad=self.pad, dilation=self.dilation,
-                                     config=config, int64=self.needs_int64(d4, o4))
+                dw_roll.launch_dgrad(d4, roll_weight(weight, config.block_b), o4, self.geo,
+                                     kernel=kernel, config=config,
+                                     int64=self.needs_int64(d4, o4))
                 return out
             return run_dgrad
         act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope
@@ -222,9 +224,8 @@ class _Geometry:
                                         o4 if r4 is None else r4):
                 return out
             again = dw_roll.launch_fprop(
-                x4, wp, o4, scale, shift, r4, kernel=kernel, stride=self.stride, pad=self.pad,
-                dilation=self.dilation, act_code=act, negative_slope=slope, config=config,
-                int64=self.needs_int64(x4, o4, r4))
+                x4, wp, o4, EpilogueArgs(scale, shift, r4, act, slope), self.geo,
+                kernel=kernel, config=config, int64=self.needs_int64(x4, o4, r4))
             prepared[:] = [] if again is None else [again]
             return out
         return run
@@ -259,10 +260,9 @@ class _Geometry:
                                         o4 if shift is None else shift,
                                         o4 if r4 is None else r4, o4):
                 return out
-            again = prepare_fprop(x4, w4, o4, scale, shift, r4, stride=self.stride,
-                                  pad=self.pad, dilation=self.dilation, groups=problem.groups,
-                                  act_code=act, negative_slope=slope, precision=self.precision,
-                                  config=config, int64=self.needs_int64(x4, w4, o4, r4),
+            again = prepare_fprop(x4, w4, o4, EpilogueArgs(scale, shift, r4, act, slope),
+                                  self.geo, precision=self.precision, config=config,
+                                  int64=self.needs_int64(x4, w4, o4, r4),
                                   bounds_post=bounds_post)
             prepared[:] = [] if again is None else [again]
             return out
@@ -286,9 +286,8 @@ class _Geometry:
                        o4 if shift is None else shift, o4 if r4 is None else r4)
             if not kept(tensors):
                 kept.keep(tensors, prepare_dgrad(
-                    x4, w4, o4, scale, shift, r4, stride=self.stride, pad=self.pad,
-                    dilation=self.dilation, groups=problem.groups, act_code=act,
-                    negative_slope=slope, precision=self.precision, config=config,
+                    x4, w4, o4, EpilogueArgs(scale, shift, r4, act, slope), self.geo,
+                    precision=self.precision, config=config,
                     int64=self.needs_int64(x4, w4, o4, r4)))
             return out
         return run
@@ -309,10 +308,8 @@ class _Geometry:
             tensors = (d4, w4, o4, o4, o4, o4)
             if not kept(tensors):
                 kept.keep(tensors, prepare_dgrad(
-                    d4, w4, o4, None, None, None, stride=self.stride, pad=self.pad,
-                    dilation=self.dilation, groups=problem.groups, act_code=0,
-                    negative_slope=0.0, precision=self.precision, config=config,
-                    int64=self.needs_int64(d4, w4, o4)))
+                    d4, w4, o4, NO_EPILOGUE, self.geo, precision=self.precision,
+                    config=config, int64=self.needs_int64(d4, w4, o4)))
             return out
         return run
 
@@ -336,8 +333,7 @@ class _Geometry:
             d4, x4, o4 = self.four_d(grad_out, input, out)
             if not kept((d4, x4, o4)):
                 kept.keep((d4, x4, o4), prepare_wgrad(
-                    d4, x4, o4, stride=self.stride, pad=self.pad, dilation=self.dilation,
-                    groups=problem.groups, precision=self.precision, config=config,
+                    d4, x4, o4, self.geo, precision=self.precision, config=config,
                     int64=self.needs_int64(d4, x4, o4)))
             return out
         return run

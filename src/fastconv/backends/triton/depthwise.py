@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import acc_type, activation
+from .common import EpilogueArgs, Geometry, acc_type, activation
 from .launch import INTERPRETED, Prepared, cdiv, launch, prepare
 
 __all__ = ["DwConfig", "candidates", "launch_fprop", "launch_dgrad", "launch_wgrad"]
@@ -447,15 +447,16 @@ def _grid(channels_last: bool, n: int, k: int, p: int, q: int, config: DwConfig)
     return n * p * cdiv(q, config.block_b), cdiv(k, config.block_a)
 
 
-def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act_code,
-                 negative_slope, channels_last, config: DwConfig,
-                 int64: bool) -> Prepared | None:
+def launch_fprop(x4, w4, out4, epi: EpilogueArgs, geo: Geometry, *, channels_last: bool,
+                 config: DwConfig, int64: bool) -> Prepared | None:
     """Depthwise forward on 4-D (N, C, H, W)-indexed views (any strides); also any grouped
     convolution (``w4`` of shape (K, C/groups, R, S)): each output element reduces its
     group's C/groups input channels over the window, on CUDA cores (no tensor-core tile is
     wasted on 4-32 channels per group; benchmarks/NOTES.md). Returns the launch
     prepared for its six tensors (``x4, w4, out4`` and scale, shift, residual, ``out4``
     where absent), see ``launch.prepare``."""
+    scale, shift, res4, act_code, negative_slope = epi
+    stride, pad, dilation, _ = geo
     n, c, h, w = x4.shape
     k, cg, r, s = w4.shape
     _, _, p, q = out4.shape
@@ -487,10 +488,11 @@ UNROLLED_TAPS = 25
 ROW_LOOP_PAST = 49
 
 
-def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: DwConfig,
+def launch_dgrad(dy4, w4, dx4, geo: Geometry, *, channels_last: bool, config: DwConfig,
                  int64: bool):
     """``dx`` of a depthwise (or grouped: ``w4`` (K, C/groups, R, S)) convolution, written
     into the 4-D view ``dx4``."""
+    stride, pad, dilation, _ = geo
     n, c, h, w = dx4.shape
     k, cg, r, s = w4.shape
     _, _, p, q = dy4.shape
@@ -504,10 +506,11 @@ def launch_dgrad(dy4, w4, dx4, *, stride, pad, dilation, channels_last, config: 
         num_warps=config.num_warps)
 
 
-def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, channels_last, config: DwConfig,
+def launch_wgrad(dy4, x4, dw4, geo: Geometry, *, channels_last: bool, config: DwConfig,
                  int64: bool):
     """``dw`` of a depthwise convolution (shape (K, 1, R, S)), written into ``dw4``; of a
     grouped one (K, C/groups, R, S) one input channel of each group per pass."""
+    stride, pad, dilation, _ = geo
     n, c, h, w = x4.shape
     k, cg, r, s = dw4.shape
     _, _, p, q = dy4.shape

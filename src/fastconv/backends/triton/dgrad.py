@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import acc_type, mma, strides
+from .common import EpilogueArgs, Geometry, acc_type, mma, strides
 from .fprop import store_tile, tile_of
 from .launch import INTERPRETED, cdiv, launch, prepare
 
@@ -130,33 +130,30 @@ def _conv_dgrad_kernel(
                negative_slope, HAS_SCALE, HAS_SHIFT, HAS_RES, ACT, INT64)
 
 
-def launch_dgrad(dy4, w4, out4, scale, shift, res4, *, stride, pad, dilation, groups,
-                 act_code, negative_slope, precision, config, int64):
-    """``out4 = act(scale·dgrad(dy4, w4) + shift + res4)`` on 4-D ``(N, C, H, W)``-indexed
-    views of any strides. ``w4`` is the convolution's weight ``(K, C/groups, R, S)``; ``pad``
-    is the convolution's padding before each dimension; ``out4``'s size is the input size."""
-    grid, args, meta = _dgrad_launch(dy4, w4, out4, scale, shift, res4, stride, pad, dilation,
-                                     groups, act_code, negative_slope, precision, config,
-                                     int64)
+def launch_dgrad(dy4, w4, out4, epi: EpilogueArgs, geo: Geometry, *, precision, config,
+                 int64):
+    """``out4 = act(scale·dgrad(dy4, w4) + shift + residual)`` on 4-D ``(N, C, H, W)``-indexed
+    views of any strides. ``w4`` is the convolution's weight ``(K, C/groups, R, S)``; ``geo``
+    the convolution's geometry; ``out4``'s size is the input size."""
+    grid, args, meta = _dgrad_launch(dy4, w4, out4, epi, geo, precision, config, int64)
     launch(_conv_dgrad_kernel, grid, *args, **meta)
     return out4
 
 
-def prepare_dgrad(dy4, w4, out4, scale, shift, res4, *, stride, pad, dilation, groups,
-                  act_code, negative_slope, precision, config, int64):
+def prepare_dgrad(dy4, w4, out4, epi: EpilogueArgs, geo: Geometry, *, precision, config,
+                  int64):
     """:func:`launch_dgrad`, returning the launch for later calls with operands of the same
     shapes, strides and dtypes (``launch.Prepared``, called with ``dy4, w4, out4`` and the
     scale, shift and residual tensors, ``out4`` in place of each one absent), or None (the
     interpreter)."""
-    grid, args, meta = _dgrad_launch(dy4, w4, out4, scale, shift, res4, stride, pad, dilation,
-                                     groups, act_code, negative_slope, precision, config,
-                                     int64)
+    grid, args, meta = _dgrad_launch(dy4, w4, out4, epi, geo, precision, config, int64)
     return prepare(_conv_dgrad_kernel, grid, 6, *args, **meta)
 
 
-def _dgrad_launch(dy4, w4, out4, scale, shift, res4, stride, pad, dilation, groups, act_code,
-                  negative_slope, precision, config, int64):
+def _dgrad_launch(dy4, w4, out4, epi: EpilogueArgs, geo: Geometry, precision, config, int64):
     """(grid, arguments, constexprs) of the dgrad kernel."""
+    scale, shift, res4, act_code, negative_slope = epi
+    stride, pad, dilation, groups = geo
     n, k, p, q = dy4.shape
     _, c_g, r, s = w4.shape
     _, c, h, w = out4.shape

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import activation
+from .common import EpilogueArgs, Geometry, activation
 from .depthwise import ROW_LOOP_PAST, and_row, any_nonfinite, channels_by_columns, tap
 from .launch import Prepared, cdiv, prepare
 
@@ -170,10 +170,12 @@ def eligible(x4, out4, res4, stride_w: int) -> bool:
             and _words(x4) and _words(out4) and (res4 is None or _words(res4)))
 
 
-def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, act_code,
-                 negative_slope, channels_last: bool, config, int64: bool) -> Prepared | None:
+def launch_fprop(x4, w4, out4, epi: EpilogueArgs, geo: Geometry, *, channels_last: bool,
+                 config, int64: bool) -> Prepared | None:
     """The depthwise forward of depthwise.launch_fprop on ``eligible`` views: ``config``'s
     ``block_a`` channels x ``block_b`` column pairs per program (prepared as there)."""
+    scale, shift, res4, act_code, negative_slope = epi
+    stride, pad, dilation, _ = geo
     n, c, h, w = x4.shape
     k, cg, r, s = w4.shape
     _, _, p, q = out4.shape

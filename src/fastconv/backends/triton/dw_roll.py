@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import acc_type
+from .common import NO_EPILOGUE, EpilogueArgs, Geometry, acc_type
 from .depthwise import any_nonfinite, finish, plain_strides, tap
 from .launch import Prepared, cdiv, prepare
 
@@ -214,14 +214,15 @@ def pack_weight(w4: torch.Tensor, block_c: int) -> torch.Tensor:
     return packed
 
 
-def launch_fprop(x4, wp, out4, scale, shift, res4, *, kernel, stride, pad, dilation,
-                 act_code, negative_slope, config, int64: bool,
-                 flip: bool = False) -> Prepared | None:
+def launch_fprop(x4, wp, out4, epi: EpilogueArgs, geo: Geometry, *, kernel, config,
+                 int64: bool, flip: bool = False) -> Prepared | None:
     """The forward on 4-D (N, C, H, W)-indexed channels-last views; ``wp``: the weight
     (K, 1, *kernel) as ``pack_weight(w4, config.block_b)`` gives it. ``flip``: with the
     kernel flipped (the data gradient's walk; ``x4`` is then ``dy``). ``config``: a
     ``DwConfig`` with ``roll`` rows per program, ``block_a`` columns, ``block_b`` channels.
     Returns the launch prepared as depthwise.launch_fprop's."""
+    scale, shift, res4, act_code, negative_slope = epi
+    stride, pad, dilation, _ = geo
     n, c, h, w = x4.shape
     _, k, p, q = out4.shape
     r, s = kernel
@@ -239,11 +240,11 @@ def launch_fprop(x4, wp, out4, scale, shift, res4, *, kernel, stride, pad, dilat
         BLOCK_C=config.block_b, num_warps=config.num_warps)
 
 
-def launch_dgrad(dy4, wp, dx4, *, kernel, pad, dilation, config, int64: bool) -> None:
+def launch_dgrad(dy4, wp, dx4, geo: Geometry, *, kernel, config, int64: bool) -> None:
     """``dx`` of a stride-1, multiplier-1 depthwise convolution (``dgrad_eligible``): the
     forward walk over ``dy`` with the kernel flipped."""
     r, s = kernel
+    _, pad, dilation, groups = geo
     flipped_pad = ((r - 1) * dilation[0] - pad[0], (s - 1) * dilation[1] - pad[1])
-    launch_fprop(dy4, wp, dx4, None, None, None, kernel=kernel, stride=(1, 1),
-                 pad=flipped_pad, dilation=dilation, act_code=0, negative_slope=0.0,
-                 config=config, int64=int64, flip=True)
+    launch_fprop(dy4, wp, dx4, NO_EPILOGUE, Geometry((1, 1), flipped_pad, dilation, groups),
+                 kernel=kernel, config=config, int64=int64, flip=True)

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import acc_type
+from .common import Geometry, acc_type
 from .depthwise import and_row, plain_strides
 from .launch import INTERPRETED, cdiv, launch
 
@@ -195,13 +195,14 @@ def _sum_parts_kernel(part_ptr, dw_ptr, PARTS, K, swk, swr, sws,
     tl.store(dw_ptr + k * swk + r * swr + s * sws, acc.to(dw_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_wgrad(dy4, x4, dw4, *, stride, pad, dilation, config, int64: bool,
+def launch_wgrad(dy4, x4, dw4, geo: Geometry, *, config, int64: bool,
                  images: int | None = None) -> None:
     """``dw`` (K, 1, R, S) of a depthwise convolution (``eligible``) on 4-D (N, C, H, W)-
     indexed channels-last views, written into ``dw4`` (any strides). ``config``: a
     ``DwConfig`` with ``roll`` rows per program, ``block_a`` columns, ``block_b`` channels.
     ``images``: per program (fewer partials to sum); by default as many as leave about four
     programs per multiprocessor."""
+    stride, pad, dilation, _ = geo
     n, c, h, w = x4.shape
     _, k, p, q = dy4.shape
     r, s = dw4.shape[2:]

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ...precision import accumulate_dtype
-from .common import acc_type, activation, mma, strides
+from .common import EpilogueArgs, Geometry, acc_type, activation, mma, strides
 from .launch import INTERPRETED, cdiv, launch, prepare
 
 
@@ -266,32 +266,30 @@ def _splitk_reduce_kernel(
                     negative_slope, HAS_SCALE, HAS_SHIFT, HAS_RES, ACT, INT64)
 
 
-def launch_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, groups,
-                 act_code, negative_slope, precision, config, int64, bounds_post=True):
+def launch_fprop(x4, w4, out4, epi: EpilogueArgs, geo: Geometry, *, precision, config, int64,
+                 bounds_post=True):
     """Launch on 4-D (N, C, H, W)-indexed views (any strides); ``config.split_k > 1`` adds a
     partial-sum buffer and the reduce kernel, which applies the epilogue. Returns ``out4``.
 
-    ``pad`` is the padding before each dimension; ``bounds_post`` says whether any tap can
-    fall past the end of the input (padding after): without either, no bounds test runs.
+    ``bounds_post`` says whether any tap can fall past the end of the input (padding
+    after): without it or padding before (``geo.pad``), no bounds test runs.
     """
-    grid, args, meta, reduce = _fprop_launch(
-        x4, w4, out4, scale, shift, res4, stride, pad, dilation, groups, act_code,
-        negative_slope, precision, config, int64, bounds_post)
+    grid, args, meta, reduce = _fprop_launch(x4, w4, out4, epi, geo, precision, config,
+                                             int64, bounds_post)
     launch(_conv_fprop_kernel, grid, *args, **meta)
     if reduce is not None:
         launch(_splitk_reduce_kernel, *reduce[0], **reduce[1])
     return out4
 
 
-def prepare_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, groups,
-                  act_code, negative_slope, precision, config, int64, bounds_post=True):
+def prepare_fprop(x4, w4, out4, epi: EpilogueArgs, geo: Geometry, *, precision, config,
+                  int64, bounds_post=True):
     """:func:`launch_fprop`, returning the launch for later calls of the same plan
     (``launch.Prepared``, called with ``x4, w4, out4`` and the scale, shift and residual
     tensors, ``out4`` in place of each one absent), or None where there is none to reuse
     (split-K: two launches; the interpreter)."""
-    grid, args, meta, reduce = _fprop_launch(
-        x4, w4, out4, scale, shift, res4, stride, pad, dilation, groups, act_code,
-        negative_slope, precision, config, int64, bounds_post)
+    grid, args, meta, reduce = _fprop_launch(x4, w4, out4, epi, geo, precision, config,
+                                             int64, bounds_post)
     if reduce is not None:
         launch(_conv_fprop_kernel, grid, *args, **meta)
         launch(_splitk_reduce_kernel, *reduce[0], **reduce[1])
@@ -304,10 +302,12 @@ def prepare_fprop(x4, w4, out4, scale, shift, res4, *, stride, pad, dilation, gr
 PREPARED_TENSORS = 7
 
 
-def _fprop_launch(x4, w4, out4, scale, shift, res4, stride, pad, dilation, groups, act_code,
-                  negative_slope, precision, config, int64, bounds_post):
+def _fprop_launch(x4, w4, out4, epi: EpilogueArgs, geo: Geometry, precision, config, int64,
+                  bounds_post):
     """(grid, arguments, constexprs) of the forward kernel and, with split-K, ((grid,
     *arguments), constexprs) of its reduce kernel, else None."""
+    scale, shift, res4, act_code, negative_slope = epi
+    stride, pad, dilation, groups = geo
     n, c, h, w = x4.shape
     k, c_g, r, s = w4.shape
     _, _, p, q = out4.shape

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ...precision import accumulate_dtype
-from .common import acc_type, mma, strides
+from .common import Geometry, acc_type, mma, strides
 from .launch import INTERPRETED, cdiv, launch, prepare
 
 
@@ -120,20 +120,20 @@ def _wgrad_reduce(ws_ptr, out_ptr, numel, C_G, R, S,
              acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, config, int64):
+def launch_wgrad(dy4, x4, out4, geo: Geometry, *, precision, config, int64):
     """``out4 = wgrad(dy4, x4)``: the gradient of the weight ``(K, C/groups, R, S)`` of a
     convolution of ``x4`` whose output gradient is ``dy4`` (4-D views, any strides)."""
-    prepare_wgrad(dy4, x4, out4, stride=stride, pad=pad, dilation=dilation, groups=groups,
-                  precision=precision, config=config, int64=int64, keep=False)
+    prepare_wgrad(dy4, x4, out4, geo, precision=precision, config=config, int64=int64,
+                  keep=False)
     return out4
 
 
-def prepare_wgrad(dy4, x4, out4, *, stride, pad, dilation, groups, precision, config, int64,
-                  keep=True):
+def prepare_wgrad(dy4, x4, out4, geo: Geometry, *, precision, config, int64, keep=True):
     """:func:`launch_wgrad`, returning (where ``keep``) the launch for later calls with
     operands of the same shapes, strides and dtypes (``launch.Prepared``, called with
     ``dy4, x4, out4``), or None where there is none to reuse (split-K: two launches and a
     buffer; the interpreter)."""
+    stride, pad, dilation, groups = geo
     n, k, p, q = dy4.shape
     _, c, h, w = x4.shape
     _, c_g, r, s = out4.shape
