@@ -134,8 +134,8 @@ def test_out_with_grad_is_an_error():
 def test_wgrad_split_k_is_deterministic_and_matches(c, k, channels_last):
     """The split-K partial buffers and their fixed-order reduce give the exact same bits
     on every run, and the right values."""
-    from fastconv.backends.triton.common import Geometry
     from fastconv.backends.triton.configs import TileConfig
+    from fastconv.backends.triton.launchargs import Geometry
     from fastconv.backends.triton.wgrad import launch_wgrad
 
     x, dy = torch.randn(3, c, 9, 8), torch.randn(3, k, 5, 8)

@@ -48,7 +48,8 @@ def test_importing_fastconv_imports_no_kernel_module():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "['fastconv.backends.triton.backend', " \
         "'fastconv.backends.triton.binds', 'fastconv.backends.triton.configs', " \
-        "'fastconv.backends.triton.weights']", done.stdout
+        "'fastconv.backends.triton.launchargs', 'fastconv.backends.triton.weights']", \
+        done.stdout
 
 
 @pytest.mark.parametrize("args", [

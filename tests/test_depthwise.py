@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import fastconv
 from fastconv.backends.triton import depthwise
-from fastconv.backends.triton.common import EpilogueArgs, Geometry
+from fastconv.backends.triton.launchargs import EpilogueArgs, Geometry
 from fastconv.precision import relative_error
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import fastconv
 from fastconv.backends.triton import depthwise, dw_pairs
 from fastconv.backends.triton.backend import TritonBackend
-from fastconv.backends.triton.common import EpilogueArgs, Geometry
+from fastconv.backends.triton.launchargs import EpilogueArgs, Geometry
 from fastconv.precision import relative_error
 from fastconv.problem import ConvProblem
 

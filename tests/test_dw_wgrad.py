@@ -7,7 +7,7 @@ import torch
 
 from fastconv.backends.triton import depthwise, dw_wgrad
 from fastconv.backends.triton.backend import TritonBackend
-from fastconv.backends.triton.common import Geometry
+from fastconv.backends.triton.launchargs import Geometry
 from fastconv.precision import relative_error
 from fastconv.problem import ConvProblem
 from test_dw_roll import CASES as ROLL_CASES

@@ -136,9 +136,9 @@ def test_kernel_variants(flat_k, int64, split_k, device):
     """Every walk of the reduction, 64-bit addressing (its trigger, tensors of more than 2**31
     elements, is exercised on the GPU in test_gpu.py) and split-K with its reduce kernel give
     the same result, epilogue included."""
-    from fastconv.backends.triton.common import EpilogueArgs, Geometry
     from fastconv.backends.triton.configs import TileConfig
     from fastconv.backends.triton.fprop import launch_fprop
+    from fastconv.backends.triton.launchargs import EpilogueArgs, Geometry
 
     x = torch.randn(2, 20, 7, 6, device=device)
     w = torch.randn(8, 10, 3, 2, device=device)
@@ -168,10 +168,10 @@ def test_tf32_operands_are_rounded_to_nearest(kernel, device):
     truncating tl.dot biases every layer the same way). The interpreter's tl.dot is exact,
     so its result equals the float64 convolution of rounded operands, and is far from the
     truncated ones; on a GPU the tensor cores' own truncation then changes nothing."""
-    from fastconv.backends.triton.common import NO_EPILOGUE, Geometry
     from fastconv.backends.triton.configs import TileConfig
     from fastconv.backends.triton.dgrad import launch_dgrad
     from fastconv.backends.triton.fprop import launch_fprop
+    from fastconv.backends.triton.launchargs import NO_EPILOGUE, Geometry
     from fastconv.backends.triton.wgrad import launch_wgrad
 
     x = torch.randn(2, 12, 7, 9, device=device) + 3  # one sign: a truncation bias adds up

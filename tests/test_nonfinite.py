@@ -180,7 +180,7 @@ def test_depthwise_multiplier_padded_taps_add_nothing(device):
 def test_depthwise_pairs_kernel_padded_taps_add_nothing(device):
     """The 16-bit pair-word kernel skips padded words too (bf16, even width, unit stride)."""
     from fastconv.backends.triton import depthwise, dw_pairs
-    from fastconv.backends.triton.common import NO_EPILOGUE, Geometry
+    from fastconv.backends.triton.launchargs import NO_EPILOGUE, Geometry
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(1, 2, 4, 8, generator=gen).bfloat16()
     w = torch.randn(2, 1, 3, 3, generator=gen).bfloat16()

@@ -11,8 +11,8 @@ import torch
 
 from ...precision import Precision
 from ...problem import ConvProblem, empty_in_layout, layout_of
-from .common import NO_EPILOGUE, EpilogueArgs, Geometry
 from .configs import TileConfig
+from .launchargs import NO_EPILOGUE, EpilogueArgs, Geometry
 from .weights import channels_last, diagonal_blocks, is_packed, packed_weight, roll_weight
 
 

@@ -1,13 +1,11 @@
 """What the Triton kernel files share: the interpreter's lock, the epilogue's activation
 in a kernel, TF32 rounding and one matrix-multiply-accumulate step, the accumulator type,
-the stride convention of the implicit-GEMM kernels, and the two argument bundles every
-convolution launcher takes (:class:`Geometry`, :class:`EpilogueArgs`)."""
+and the stride convention of the implicit-GEMM kernels."""
 
 from __future__ import annotations
 
 import functools
 import threading
-from typing import NamedTuple
 
 import torch
 import triton
@@ -17,32 +15,6 @@ from .launch import INTERPRETED
 
 _INTERPRETER_LOCK = threading.RLock()
 
-
-class Geometry(NamedTuple):
-    """A convolution in the launchers' 4-D terms (rank 1 runs as H = 1): stride, padding
-    before each spatial dimension and dilation, each an (h, w) pair, and groups (the
-    depthwise launchers read the groups from the weight's shape)."""
-
-    stride: tuple[int, int]
-    pad: tuple[int, int]
-    dilation: tuple[int, int]
-    groups: int = 1
-
-
-class EpilogueArgs(NamedTuple):
-    """A launch's epilogue ``act(scale·acc + shift + residual)``: per-output-channel scale
-    and shift and a residual (a 4-D view shaped as the output), each None where absent;
-    ``act_code`` indexes ``epilogue.ACTIVATIONS``."""
-
-    scale: torch.Tensor | None = None
-    shift: torch.Tensor | None = None
-    residual: torch.Tensor | None = None
-    act_code: int = 0
-    negative_slope: float = 0.0
-
-
-#: a launch without an epilogue (gradients)
-NO_EPILOGUE = EpilogueArgs()
 
 
 def serialized(fn):

@@ -34,8 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import EpilogueArgs, Geometry, acc_type, activation
+from .common import acc_type, activation
 from .launch import INTERPRETED, Prepared, cdiv, launch, prepare
+from .launchargs import EpilogueArgs, Geometry
 
 __all__ = ["DwConfig", "candidates", "launch_fprop", "launch_dgrad", "launch_wgrad"]
 

@@ -28,9 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import EpilogueArgs, Geometry, acc_type, mma, strides
+from .common import acc_type, mma, strides
 from .fprop import store_tile, tile_of
 from .launch import INTERPRETED, cdiv, launch, prepare
+from .launchargs import EpilogueArgs, Geometry
 
 
 @triton.jit

@@ -27,9 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import EpilogueArgs, Geometry, activation
+from .common import activation
 from .depthwise import ROW_LOOP_PAST, and_row, any_nonfinite, channels_by_columns, tap
 from .launch import Prepared, cdiv, prepare
+from .launchargs import EpilogueArgs, Geometry
 
 __all__ = ["eligible", "launch_fprop"]
 

@@ -37,9 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import NO_EPILOGUE, EpilogueArgs, Geometry, acc_type
+from .common import acc_type
 from .depthwise import any_nonfinite, finish, plain_strides, tap
 from .launch import Prepared, cdiv, prepare
+from .launchargs import NO_EPILOGUE, EpilogueArgs, Geometry
 
 __all__ = ["eligible", "dgrad_eligible", "pack_weight", "launch_fprop", "launch_dgrad"]
 

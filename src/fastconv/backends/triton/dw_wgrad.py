@@ -33,9 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import Geometry, acc_type
+from .common import acc_type
 from .depthwise import and_row, plain_strides
 from .launch import INTERPRETED, cdiv, launch
+from .launchargs import Geometry
 
 __all__ = ["eligible", "launch_wgrad"]
 

@@ -31,8 +31,9 @@ import triton
 import triton.language as tl
 
 from ...precision import accumulate_dtype
-from .common import EpilogueArgs, Geometry, acc_type, activation, mma, strides
+from .common import acc_type, activation, mma, strides
 from .launch import INTERPRETED, cdiv, launch, prepare
+from .launchargs import EpilogueArgs, Geometry
 
 
 @triton.jit

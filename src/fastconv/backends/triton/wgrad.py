@@ -16,8 +16,9 @@ import triton
 import triton.language as tl
 
 from ...precision import accumulate_dtype
-from .common import Geometry, acc_type, mma, strides
+from .common import acc_type, mma, strides
 from .launch import INTERPRETED, cdiv, launch, prepare
+from .launchargs import Geometry
 
 
 @triton.jit
