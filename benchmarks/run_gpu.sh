@@ -54,7 +54,7 @@ for step in $steps; do
             grep -hE "passed|failed|error" "$OUT"/ptest-*.log | grep -E " in [0-9.]+s" || status=1
             grep -qhE "^(FAILED|ERROR)| failed" "$OUT"/ptest-*.log && status=1
             rm -f "$OUT"/ptest-*.log "$OUT"/ids-*.txt ;;
-    check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-200} python3 -m fastconv.tools.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
+    check) FASTCONV_DISPATCH=heuristic timeout ${CHECK_TIMEOUT:-540} python3 -m fastconv.tools.cli check 2>&1 | tee "$OUT/check.log" | tail -12 || status=1 ;;
     # BENCH_TIMEOUT bounds one bench step; the results written so far are packed either way.
     bench) timeout ${BENCH_TIMEOUT:-540} python3 -m fastconv.tools.cli bench --suite ${SUITES:-seed000,resnet50} --precision ${PRECISIONS:-tf32,bf16} \
              --mode ${MODES:-fwd} ${CASES:+--cases $CASES} ${BENCH_ARGS:-} --provider ${PROVIDERS:-fastconv,fastconv_triton,torch,torch_compile} \

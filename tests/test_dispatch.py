@@ -2,6 +2,7 @@
 LRU and disk), thread safety, determinism, explain; the workspace pool."""
 
 import dataclasses
+import itertools
 import json
 import threading
 import time
@@ -13,6 +14,7 @@ import torch
 import fastconv
 from fastconv import backends, dispatch, plancache, workspace
 from fastconv.backends.base import Backend
+from fastconv.precision import Precision
 
 
 def _problem(k=4, device="cuda"):
@@ -403,17 +405,25 @@ def test_out_of_memory_candidate_is_skipped(fakes, monkeypatch):
 
 
 @pytest.mark.slow
-def test_check_counts_refused_problems_instead_of_failing(monkeypatch):
-    """A backend that refuses some problems (cuDNN: epilogues) is checked on the rest."""
-    from fastconv.tools import check
+def test_check_runs_refused_epilogues_bare_and_counts_refused_problems(monkeypatch):
+    """A backend that refuses fused epilogues (cuDNN) is checked on the random problems'
+    bare convolutions (nearly every random problem has an epilogue: cuDNN's random rows
+    verified none); problems it refuses bare (here rank 1) are counted, not failed."""
+    from fastconv.tools import check, testing
 
     monkeypatch.setitem(backends.REGISTRY, "picky", type("Picky", (backends.REGISTRY["aten"],), {
         "NAME": "picky",
         "not_supported_reasons": classmethod(
-            lambda cls, p: ["epilogue"] if not p.epilogue.is_identity else [])}))
+            lambda cls, p: (["epilogue"] if not p.epilogue.is_identity else [])
+            + (["rank 1"] if p.rank == 1 else []))}))
+    real, drawn = testing.random_case, itertools.count()
+    monkeypatch.setattr(testing, "random_case",  # ranks 1 and 2 in turn
+                        lambda rng, **kw: real(rng, rank=1 + next(drawn) % 2, **kw))
     rows = [r for r in check.run_check(count=6, seed=1) if r.backend == "picky"]
     assert rows and all(r.ok for r in rows)
-    assert any("refused" in r.case for r in rows if r.case.startswith("random"))
+    random_rows = [r for r in rows if r.case.startswith("random")]
+    assert len(random_rows) == len(Precision)
+    assert all(r.count == 3 and r.case.endswith("3 refused") for r in random_rows)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only output")

@@ -103,3 +103,13 @@ def test_new_output_keeps_layout():
     x = torch.randn(2, 4, 5, 6).contiguous(memory_format=torch.channels_last)
     out = _problem(x, torch.randn(3, 4, 3, 3)).new_output()
     assert out.shape == (2, 3, 3, 4) and out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_an_epilogue_is_the_identity_whatever_the_unused_slope():
+    """negative_slope is read by leaky_relu only: conv2d(..., negative_slope=0.2) without an
+    activation is a bare convolution (cuDNN refused it as a fused epilogue)."""
+    assert Epilogue().is_identity and Epilogue(negative_slope=0.2).is_identity
+    for other in (Epilogue(activation="leaky_relu"), Epilogue(activation="relu"),
+                  Epilogue(has_scale=True), Epilogue(has_shift=True),
+                  Epilogue(has_residual=True)):
+        assert not other.is_identity

@@ -50,7 +50,10 @@ class Epilogue:
 
     @property
     def is_identity(self) -> bool:
-        return self == Epilogue()
+        """Nothing applied: no operand and no activation (the slope, read by leaky_relu
+        only, does not count)."""
+        return self.activation == "none" and not (self.has_scale or self.has_shift
+                                                  or self.has_residual)
 
     def signature(self) -> str:
         parts = [self.activation if self.activation != "leaky_relu"
