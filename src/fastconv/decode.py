@@ -89,7 +89,7 @@ def _decode_kernel_runs(x, weight, bias) -> bool:
     """Whether a one-token step runs the Triton decode kernel: on a GPU (or a CPU tensor
     under Triton's interpreter), outside torch.compile's tracing, and without autograd (the
     step has no backward; torch's operations keep one where it is asked for)."""
-    if x.device.type != kernel_device() or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.device.type != kernel_device():
         return False
     return not (torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias)))

@@ -209,7 +209,7 @@ def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
     ``seq_idx`` may be None), or None where they do not run: torch.compile's tracing, a
     device Triton's kernels do not run on, or kernels that failed here before (said once in
     a warning; the other routes' result is the same)."""
-    if x.device.type != kernel_device() or torch.compiler.is_compiling() \
+    if torch.compiler.is_compiling() or x.device.type != kernel_device() \
             or "packed" in _KERNEL_FAILED:
         return None
     try:
@@ -228,7 +228,7 @@ def _wide_kernel(x, weight, bias, initial_states, silu: bool):
     or None where they do not run: torch.compile's tracing, a device Triton's kernels do
     not run on, data other than 16-bit floats on a GPU, x not seqlen-contiguous, more than
     65,535 channels or rows, or a kernel that failed here before."""
-    if x.device.type != kernel_device() or torch.compiler.is_compiling() \
+    if torch.compiler.is_compiling() or x.device.type != kernel_device() \
             or "wide" in _KERNEL_FAILED or x.stride(2) != 1 or max(x.shape[:2]) > 65535 \
             or (x.dtype not in (torch.float16, torch.bfloat16) and x.device.type != "cpu"):
         return None
