@@ -72,9 +72,13 @@ t = torch.randn(32, 64, 56, 56, device="cuda", dtype=torch.bfloat16)
 t = t.contiguous(memory_format=torch.channels_last)
 gamma = torch.rand(64, device="cuda") + 0.5
 beta = torch.randn(64, device="cuda")
-stats = bnstats.forward_stats(t, torch.float32, gamma, beta, 1e-5, None, None, 0.1)
-print(f"bn forward_stats (2 kernels + empty): {host_us(lambda: bnstats.forward_stats(t, torch.float32, gamma, beta, 1e-5, None, None, 0.1)):6.1f} us")  # noqa: E501
-print(f"bn apply (1 kernel):     {host_us(lambda: bnstats.apply(t, None, stats[3], stats[4], 'relu', 0.0)):6.1f} us")  # noqa: E501
+stats = bnstats.forward_stats(t, gamma, beta, 1e-5, None, None, 0.1)
+print(f"bn forward_stats, no plan (2 kernels + 2 empty): {host_us(lambda: bnstats.forward_stats(t, gamma, beta, 1e-5, None, None, 0.1)):6.1f} us")  # noqa: E501
+print(f"bn apply, no plan (1 kernel):     {host_us(lambda: bnstats.apply(t, None, stats[3], stats[4], 'relu', 0.0)):6.1f} us")  # noqa: E501
+plan = bnstats.passes(t, None, gamma, beta, None, None, "relu", 0.0,
+                      bnstats.Finalize(True, True, False, 1e-5, 0.1))
+print(f"bn forward_stats, plan:  {host_us(lambda: plan.forward_stats(t, gamma, beta, None, None)):6.1f} us")  # noqa: E501
+print(f"bn apply, plan:          {host_us(lambda: plan.apply(t, None, stats[3], stats[4])):6.1f} us")  # noqa: E501
 
 m = ConvBNAct2d(64, 64, 3, padding=1, device="cuda").to(torch.bfloat16)
 m.bn.float()
@@ -88,8 +92,8 @@ def step():
     torch.autograd.grad(out, (xi, m.weight), torch.ones_like(out))
 
 
-for use in (True, False):
-    batchnorm.USE_TRITON = use
+for use in (True, False):  # (eager calls take the fused passes only when asked to)
+    batchnorm.USE_TRITON = batchnorm.FUSED_IN_EAGER = use
     print(f"ConvBNAct2d train step, tiny, {'triton' if use else 'torch ops'}: "
           f"{host_us(step, 100):6.1f} us")
 batchnorm.USE_TRITON = True

@@ -88,7 +88,7 @@ BN_CONFIGS = [(r, c, w) for r, c, w in itertools.product((64, 128, 256), (32, 64
 
 def bn_passes(y, res, dz):
     """The four passes run once (their outputs) and as calls to time."""
-    mean, var, invstd, scale, shift = bnstats.forward_stats(y, torch.float32, None, None,
+    mean, var, invstd, scale, shift = bnstats.forward_stats(y, None, None,
                                                             1e-5, None, None, 0.1)
     z = bnstats.apply(y, res, scale, shift, "relu", 0.0)
     stats = (mean, invstd, scale, shift)
@@ -96,7 +96,7 @@ def bn_passes(y, res, dz):
     dy, dres = bnstats.backward_apply(dz, z, y, res, stats, sums, y.numel() // y.shape[1],
                                       "relu", 0.0)
     calls = {
-        "stats": lambda: bnstats.forward_stats(y, torch.float32, None, None, 1e-5, None,
+        "stats": lambda: bnstats.forward_stats(y, None, None, 1e-5, None,
                                                None, 0.1),
         "apply": lambda: bnstats.apply(y, res, scale, shift, "relu", 0.0),
         "bwd_sums": lambda: bnstats.backward_sums(dz, z, y, res, stats, "relu", 0.0),

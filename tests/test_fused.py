@@ -364,7 +364,7 @@ def test_statistics_kernels_over_many_tiles(programs, monkeypatch):
     rm, rv = torch.randn(5), torch.rand(5) + 0.5
     want_rm = 0.9 * rm + 0.1 * y.double().mean((0, 2, 3))
     want_rv = 0.9 * rv + 0.1 * y.double().var((0, 2, 3))
-    mean, var, invstd, scale, shift = bnstats.forward_stats(y, torch.float32, None, None, 1e-5,
+    mean, var, invstd, scale, shift = bnstats.forward_stats(y, None, None, 1e-5,
                                                             rm, rv, 0.1)
     assert relative_error(mean, y.double().mean((0, 2, 3))) < 1e-6
     assert relative_error(var, y.double().var((0, 2, 3), unbiased=False)) < 1e-4
@@ -381,7 +381,7 @@ def test_statistics_when_the_first_rows_are_outliers(monkeypatch):
     monkeypatch.setattr(bnstats, "PARTIALS", 1)
     y = torch.randn(1, 3, 4000, dtype=torch.float64)
     y[:, :, :64] += 50
-    mean, var, *_ = bnstats.forward_stats(y.float(), torch.float32, None, None, 1e-5, None,
+    mean, var, *_ = bnstats.forward_stats(y.float(), None, None, 1e-5, None,
                                           None, 0.1)
     yd = y.float().double()
     assert relative_error(mean, yd.mean((0, 2))) < 1e-6
@@ -397,7 +397,7 @@ def test_backward_sums_over_many_tiles(programs, monkeypatch):
     monkeypatch.setattr(bnstats, "PARTIALS", programs)
     y = torch.randn(2, 6, 33, 29) * 3 + 1
     dz = torch.randn_like(y)
-    mean, var, invstd, scale, shift = bnstats.forward_stats(y, torch.float32, None, None, 1e-5,
+    mean, var, invstd, scale, shift = bnstats.forward_stats(y, None, None, 1e-5,
                                                             None, None, 0.1)
     z = bnstats.apply(y, None, scale, shift, "relu", 0.01)
     sums = bnstats.backward_sums(dz, z, y, None, (mean, invstd, scale, shift), "relu", 0.01)
@@ -455,3 +455,66 @@ def test_eager_training_takes_torchs_batch_norm_and_fused_passes_where_asked(mon
     monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
     assert type(run().grad_fn).__name__ == "BNActFunctionBackward"
     assert torch.allclose(native, fused, rtol=1e-5, atol=1e-5)
+
+
+def check_bn_plans_follow_the_call(device: str, dtype: torch.dtype) -> None:
+    """A batch norm's plan (bnstats.Passes, launches prepared at their first call) is made
+    once per operands and never reused where something it fixed changed: eps, momentum, the
+    activation and its slope, γ's dtype, a residual, the layout. Each call is compared with
+    torch's batch norm in float64, running statistics included; the second of two equal
+    calls finds the first one's plan. (On the GPU this runs the prepared launches.)"""
+    from fastconv import bn_ops
+    from fastconv.backends.triton import bnstats
+    from fastconv.spec import Norm
+
+    bnstats.clear()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # (bfloat16's rounding: 2⁻⁹)
+    c = 5
+    ref_mean, ref_var = torch.randn(c, dtype=torch.float64), torch.rand(c, dtype=torch.float64)
+    rm, rv = ref_mean.to(device, torch.float32), ref_var.to(device, torch.float32)
+    calls = [dict(), dict(), dict(eps=0.3), dict(momentum=0.5), dict(activation="leaky_relu"),
+             dict(activation="leaky_relu", slope=0.3), dict(gamma_dtype=torch.float64),
+             dict(residual=True), dict(channels_last=True), dict()]
+    for i, call in enumerate(calls):
+        eps, momentum = call.get("eps", 1e-5), call.get("momentum", 0.1)
+        activation, slope = call.get("activation", "relu"), call.get("slope", 0.01)
+        y = torch.randn(3, c, 6, 7, device=device, dtype=dtype) * 2 + 1
+        if call.get("channels_last"):
+            y = y.contiguous(memory_format=torch.channels_last)
+        res = torch.randn_like(y) if call.get("residual") else None
+        gamma = (torch.rand(c, dtype=torch.float64) + 0.5).to(
+            device, call.get("gamma_dtype", torch.float32))
+        beta = torch.randn(c, device=device, dtype=gamma.dtype)
+        norm = Norm(gamma, beta, rm, rv, momentum, eps)
+        y.requires_grad_(True)
+        z = batchnorm.BNActFunction.apply(y, gamma, beta, res, rm, rv,
+                                          (momentum, eps, activation, slope, None))
+        yd = y.detach().double()
+        want = torch.nn.functional.batch_norm(yd, ref_mean, ref_var, gamma.double().cpu().to(
+            yd.device), beta.double().to(yd.device), True, momentum, eps)
+        if res is not None:
+            want = want + res.double()
+        want = torch.nn.functional.leaky_relu(want, slope) if activation == "leaky_relu" \
+            else torch.relu(want)
+        assert relative_error(z, want) < tol, (i, call)
+        assert relative_error(rm, ref_mean) < 1e-5 and relative_error(rv, ref_var) < 1e-5
+        dz = torch.randn_like(z)
+        (dy,) = torch.autograd.grad(z, y, dz)
+        yr = yd.clone().requires_grad_(True)
+        wr = torch.nn.functional.batch_norm(yr, None, None, gamma.double(), beta.double(),
+                                            True, 0.0, eps)
+        if res is not None:
+            wr = wr + res.double()
+        wr = torch.nn.functional.leaky_relu(wr, slope) if activation == "leaky_relu" \
+            else torch.relu(wr)
+        (dyr,) = torch.autograd.grad(wr, yr, dz.double())
+        assert relative_error(dy, dyr) < 10 * tol, (i, call)
+        made = len(bnstats._PASSES)
+        assert made == (1, 1, 2, 3, 4, 5, 6, 7, 8, 8)[i]  # the 2nd and last repeat the 1st
+        bn_ops.plan(y, res, norm, activation, slope, False)
+        assert len(bnstats._PASSES) == made  # the call's own plan, found
+
+
+def test_bn_plans_follow_the_call(monkeypatch):
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
+    check_bn_plans_follow_the_call("cpu", torch.float32)

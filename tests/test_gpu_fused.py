@@ -185,3 +185,14 @@ def test_two_gpus_sync_stats_and_ddp(tmp_path):
         res = torch.load(out.format(r))
         assert max(res["stats"]) < 1e-5, res["stats"]
         assert res["losses"]["fastconv"] == pytest.approx(res["losses"]["torch"], rel=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_bn_plans_follow_the_call_on_the_gpu(dtype, monkeypatch):
+    """test_fused's check with the launches prepared (the interpreter has none): a plan
+    reused where its key changed would launch stale arguments or kernels."""
+    from fastconv import batchnorm
+    from test_fused import check_bn_plans_follow_the_call
+
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
+    check_bn_plans_follow_the_call("cuda", dtype)

@@ -167,13 +167,15 @@ class BNActFunction(torch.autograd.Function):
         if residual is not None and residual.stride() != y.stride():
             residual = torch.empty_like(y).copy_(residual)  # the kernels index both alike
         fast = _triton(y)
+        norm = Norm(gamma, beta, running_mean, running_var, momentum, eps)
+        # the passes' plan, found once for the forward and the backward (None: the ops)
+        plan = bn_ops.plan(y, residual, norm, activation, negative_slope, group is not None) \
+            if fast else None
         if fast and group is None:
-            mean, _, invstd, scale, shift = bn_ops.forward_stats(
-                y, acc, gamma, beta, eps, running_mean, running_var, momentum)
+            mean, _, invstd, scale, shift = bn_ops.forward_stats(plan, y, norm)
         else:
             if fast:
-                mean, var, *_ = bn_ops.forward_stats(y, acc, None, None, 1.0, None, None,
-                                                     0.0)
+                mean, var, *_ = bn_ops.forward_stats(plan, y, _STATS_ONLY)
                 count = y.numel() // y.shape[1]
             else:
                 var, mean = torch.var_mean(y.to(acc), dim=_dims(y), unbiased=False)
@@ -191,7 +193,7 @@ class BNActFunction(torch.autograd.Function):
                     running_var.lerp_((var * (count / (count - 1))).to(running_var.dtype),
                                       momentum)
         if fast:
-            z = bn_ops.apply(y, residual, scale, shift, activation, negative_slope)
+            z = bn_ops.apply(plan, y, residual, scale, shift, activation, negative_slope)
         else:
             u = y.to(acc) * _channel(scale, y) + _channel(shift, y)
             if residual is not None:
@@ -202,20 +204,23 @@ class BNActFunction(torch.autograd.Function):
         ctx.save_for_backward(y, z if derivative_from_output(activation, negative_slope)
                               else None, gamma, residual, mean, invstd, scale, shift)
         ctx.extra = (activation, negative_slope, group, count, fast,
-                     None if beta is None else beta.dtype)
+                     None if beta is None else beta.dtype, plan)
         return z
 
     @staticmethod
     def backward(ctx, dz):
         y, z, gamma, residual, mean, invstd, scale, shift = ctx.saved_tensors
-        activation, negative_slope, group, count, fast, beta_dtype = ctx.extra
+        activation, negative_slope, group, count, fast, beta_dtype, plan = ctx.extra
         if z is None:  # not read: the derivative needs nothing or recomputes the pre-activation
             z = y
         if fast:
             if dz.stride() != y.stride():
                 dz = torch.empty_like(y).copy_(dz)
-            local = bn_ops.backward_sums(dz, z, y, residual, [mean, invstd, scale, shift],
-                                         activation, negative_slope)
+            if plan is None:  # a forward traced by torch.compile: the ops, or a plan now
+                plan = bn_ops.plan(y, residual, _STATS_ONLY, activation, negative_slope, True)
+            local = bn_ops.backward_sums(plan, dz, z, y, residual,
+                                         [mean, invstd, scale, shift], activation,
+                                         negative_slope)
         else:
             xhat = (y.to(mean.dtype) - _channel(mean, y)) * _channel(invstd, y)
 
@@ -231,8 +236,9 @@ class BNActFunction(torch.autograd.Function):
             sums = local.clone()  # β's stay local, for DDP to reduce (as SyncBatchNorm)
             dist.all_reduce(sums, group=group)
         if fast:
-            dy, dres = bn_ops.backward_apply(dz, z, y, residual, [mean, invstd, scale, shift],
-                                             sums, count, activation, negative_slope)
+            dy, dres = bn_ops.backward_apply(plan, dz, z, y, residual,
+                                             [mean, invstd, scale, shift], sums, count,
+                                             activation, negative_slope)
         else:
             sum_du, sum_du_xhat = sums
             dy = (_channel(scale, y) * (du - _channel(sum_du / count, y)
@@ -242,6 +248,11 @@ class BNActFunction(torch.autograd.Function):
                 None if gamma is None else local[1].to(gamma.dtype),
                 None if beta_dtype is None else local[0].to(beta_dtype),
                 dres, None, None, None)
+
+
+#: a batch norm's statistics alone (no γ, β or running statistics): a process group's local
+#: pass, whose mean and variance are combined over the ranks before anything else
+_STATS_ONLY = Norm(None, None, None, None, 0.0, 1.0)
 
 
 def _triton(y: Tensor) -> bool:

@@ -32,8 +32,9 @@ import triton
 import triton.language as tl
 
 from ...epilogue import ACTIVATIONS
+from ...precision import accumulate_dtype
 from .common import activation, serialized
-from .launch import INTERPRETED, cdiv, launch
+from .launch import INTERPRETED, cdiv, prepare
 
 BLOCK_T = 64  # partial-statistics tiles combined at once by the finalize
 PARTIALS = 512  # row programs per channel block of the partial passes, at most
@@ -102,11 +103,12 @@ def _tile(r0, c0, R, C, S, s_n, s_c, s_s, BLOCK_R: tl.constexpr, BLOCK_C: tl.con
 
 
 @triton.jit
-def _stats_partials_kernel(y_ptr, mean_ptr, m2_ptr, R, C, S, s_n, s_c, s_s, TILES,
+def _stats_partials_kernel(y_ptr, part_ptr, R, C, S, s_n, s_c, s_s, TILES,
                            ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     # (mean, M2) of rows [t·TILES·BLOCK_R, (t+1)·TILES·BLOCK_R): each tile's, combined into
-    # the running pair in order by Chan's formula
+    # the running pair in order by Chan's formula; part is (2, T, C): means, then M2s
     t = tl.program_id(0)
+    T = tl.num_programs(0)
     c0 = tl.program_id(1) * BLOCK_C
     cols = c0 + tl.arange(0, BLOCK_C)
     cmask = cols < C
@@ -126,20 +128,20 @@ def _stats_partials_kernel(y_ptr, mean_ptr, m2_ptr, R, C, S, s_n, s_c, s_s, TILE
         mean += delta * share
         m2 += tl.sum(d * d, axis=0) + delta * delta * n * share
         n = total
-    tl.store(mean_ptr + t * C + cols, mean, mask=cmask)
-    tl.store(m2_ptr + t * C + cols, m2, mask=cmask)
+    tl.store(part_ptr + t * C + cols, mean, mask=cmask)
+    tl.store(part_ptr + (T + t) * C + cols, m2, mask=cmask)
 
 
 @triton.jit
-def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, ROWS, n, C, gamma_ptr, beta_ptr, eps,
-                           mean_ptr, var_ptr, invstd_ptr, scale_ptr, shift_ptr,
-                           rmean_ptr, rvar_ptr, momentum,
+def _stats_finalize_kernel(part_ptr, gamma_ptr, beta_ptr, out_ptr, rmean_ptr, rvar_ptr,
+                           T, R, ROWS, n, C, eps, momentum,
                            HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr,
                            HAS_RUNNING: tl.constexpr, ACC: tl.constexpr,
                            BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     # The partials' (count, mean, M2) (``ROWS`` rows each, the last one fewer) combined
     # exactly as Chan's pairwise formula does, in two fixed-order passes:
-    # mean = Σ nₜ·meanₜ / n, then M2 = Σ M2ₜ + nₜ·(meanₜ − mean)².
+    # mean = Σ nₜ·meanₜ / n, then M2 = Σ M2ₜ + nₜ·(meanₜ − mean)². ``out`` is (5, C):
+    # mean, variance, invstd, scale, shift.
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     total = tl.zeros([BLOCK_C], ACC)
@@ -147,7 +149,7 @@ def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, ROWS, n, C, gamma_ptr, beta
         ts = t0 + tl.arange(0, BLOCK_T)
         nt = tl.minimum(R - ts * ROWS, ROWS).to(ACC)
         m = (ts < T)[:, None] & cmask[None, :]
-        mt = tl.load(pmean_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
+        mt = tl.load(part_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
         total += tl.sum(tl.where(m, nt[:, None] * mt, 0.0), axis=0)
     mean = total / n
     m2 = tl.zeros([BLOCK_C], ACC)
@@ -155,8 +157,8 @@ def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, ROWS, n, C, gamma_ptr, beta
         ts = t0 + tl.arange(0, BLOCK_T)
         nt = tl.minimum(R - ts * ROWS, ROWS).to(ACC)
         m = (ts < T)[:, None] & cmask[None, :]
-        mt = tl.load(pmean_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
-        m2t = tl.load(pm2_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
+        mt = tl.load(part_ptr + ts[:, None] * C + cols[None, :], mask=m, other=0.0)
+        m2t = tl.load(part_ptr + (T + ts[:, None]) * C + cols[None, :], mask=m, other=0.0)
         d = mt - mean[None, :]
         m2 += tl.sum(tl.where(m, m2t + nt[:, None] * d * d, 0.0), axis=0)
     var = m2 / n
@@ -167,11 +169,11 @@ def _stats_finalize_kernel(pmean_ptr, pm2_ptr, T, R, ROWS, n, C, gamma_ptr, beta
     shift = -mean * scale
     if HAS_BETA:
         shift += tl.load(beta_ptr + cols, mask=cmask, other=0.0).to(ACC)
-    tl.store(mean_ptr + cols, mean, mask=cmask)
-    tl.store(var_ptr + cols, var, mask=cmask)
-    tl.store(invstd_ptr + cols, invstd, mask=cmask)
-    tl.store(scale_ptr + cols, scale, mask=cmask)
-    tl.store(shift_ptr + cols, shift, mask=cmask)
+    tl.store(out_ptr + cols, mean, mask=cmask)
+    tl.store(out_ptr + C + cols, var, mask=cmask)
+    tl.store(out_ptr + 2 * C + cols, invstd, mask=cmask)
+    tl.store(out_ptr + 3 * C + cols, scale, mask=cmask)
+    tl.store(out_ptr + 4 * C + cols, shift, mask=cmask)
     if HAS_RUNNING:  # torch.nn.BatchNorm: the unbiased variance goes into running_var
         rm = tl.load(rmean_ptr + cols, mask=cmask).to(ACC)
         rv = tl.load(rvar_ptr + cols, mask=cmask).to(ACC)
@@ -295,12 +297,6 @@ def _or(t: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
     return dummy if t is None else t
 
 
-def _grid(y: torch.Tensor, tile: Tile) -> tuple[int, int, tuple]:
-    n, c, s, *strides = _view(y)
-    r = n * s
-    return cdiv(r, tile.block_r), cdiv(c, tile.block_c), (r, c, s, *strides)
-
-
 def partials(tiles: int) -> tuple[int, int]:
     """(row programs, tiles each) of a partial pass over ``tiles`` row tiles: at most
     ``PARTIALS`` programs, from the row count alone (deterministic on every GPU)."""
@@ -308,71 +304,195 @@ def partials(tiles: int) -> tuple[int, int]:
     return cdiv(tiles, each), each
 
 
-@serialized
-def forward_stats(y, acc, gamma, beta, eps, running_mean, running_var, momentum):
-    """(mean, biased var, invstd, scale, shift) per channel, float ``acc``; updates the
-    running statistics in place when given (unbiased variance, ``momentum`` weight)."""
-    tile = PASS_TILES["stats"]
-    tiles, cb, (r, c, s, s_n, s_c, s_s) = _grid(y, tile)
-    t, each = partials(tiles)
-    pmean = torch.empty((t, c), device=y.device, dtype=acc)
-    pm2 = torch.empty((t, c), device=y.device, dtype=acc)
-    launch(_stats_partials_kernel, (t, cb), y, pmean, pm2, r, c, s, s_n, s_c, s_s, each,
-           ACC=_acc(acc), BLOCK_R=tile.block_r, BLOCK_C=tile.block_c,
-           num_warps=tile.num_warps)
-    out = torch.empty((5, c), device=y.device, dtype=acc)
-    has_running = running_mean is not None
-    dummy = pmean  # never read: the matching HAS_* flag is False
-    launch(_stats_finalize_kernel, (cb,),
-        pmean, pm2, t, r, each * tile.block_r, float(r), c, _or(gamma, dummy),
-        _or(beta, dummy), float(eps), *out, _or(running_mean, dummy), _or(running_var, dummy),
-        float(momentum), HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
-        HAS_RUNNING=has_running, ACC=_acc(acc), BLOCK_T=BLOCK_T, BLOCK_C=tile.block_c)
-    return tuple(out)
+class Finalize(NamedTuple):
+    """What the statistics' finalize does beyond mean and variance: γ, β (scale and shift)
+    and the running statistics updated in place, with ``eps`` and ``momentum``."""
+
+    has_gamma: bool
+    has_beta: bool
+    has_running: bool
+    eps: float
+    momentum: float
 
 
-@serialized
+#: the finalize of statistics alone (no γ, β or running statistics): a process group's
+#: local pass, whose (mean, variance) are combined over the ranks before anything else
+STATS_ONLY = Finalize(False, False, False, 1.0, 0.0)
+
+
+class _Pass:
+    """One kernel launch whose grid, arguments after the tensors and constexprs are fixed;
+    called with the tensors. After its first launch it goes through ``launch.Prepared``
+    (Triton's path again where that refuses, or where there is none: the interpreter)."""
+
+    __slots__ = ("kernel", "grid", "rest", "meta", "prepared")
+
+    def __init__(self, kernel, grid: tuple, rest: tuple, meta: dict):
+        self.kernel, self.grid, self.rest, self.meta = kernel, grid, rest, meta
+        self.prepared = None
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        prepared = self.prepared
+        if prepared is None or not prepared(*tensors):
+            self.prepared = prepare(self.kernel, self.grid, len(tensors), *tensors,
+                                    *self.rest, **self.meta)
+
+
+class Passes:
+    """The training passes of one batch norm + activation (a plan): for outputs ``y`` of
+    one shape, strides, dtype and device, with or without a residual, one activation and
+    one :class:`Finalize`. Grids, geometry and constexprs are worked out once, here, and
+    each launch is prepared at its first call (as a convolution plan's forward launch is);
+    later calls pass their tensors only. The tensors of a call must match what the plan was
+    made for (:func:`passes` finds it by all of that)."""
+
+    def __init__(self, y: torch.Tensor, has_residual: bool, activation: str,
+                 negative_slope: float, finalize: Finalize):
+        self.channels, self.device = y.shape[1], y.device
+        self.acc = accumulate_dtype(y.dtype)
+        acc = _acc(self.acc)
+        flags = dict(HAS_RES=has_residual, ACT=ACTIVATIONS.index(activation), ACC=acc)
+        slope = float(negative_slope)
+        n, c, s, *strides = _view(y)
+        r = n * s
+        self.rows = r
+        geo = (r, c, s, *strides)
+
+        def grid(name):
+            tile = PASS_TILES[name]
+            return tile, cdiv(r, tile.block_r), cdiv(c, tile.block_c)
+
+        tile, tiles, cb = grid("stats")
+        self.stats_programs, each = partials(tiles)
+        self.stats = _Pass(_stats_partials_kernel, (self.stats_programs, cb), (*geo, each),
+                           dict(ACC=acc, BLOCK_R=tile.block_r, BLOCK_C=tile.block_c,
+                                num_warps=tile.num_warps))
+        self.finalize = _Pass(
+            _stats_finalize_kernel, (cb,),
+            (self.stats_programs, r, each * tile.block_r, float(r), c, float(finalize.eps),
+             float(finalize.momentum)),
+            dict(HAS_GAMMA=finalize.has_gamma, HAS_BETA=finalize.has_beta,
+                 HAS_RUNNING=finalize.has_running, ACC=acc, BLOCK_T=BLOCK_T,
+                 BLOCK_C=tile.block_c))
+        tile, t, cb = grid("apply")
+        self.apply_pass = _Pass(_apply_kernel, (t, cb), (*geo, slope),
+                                dict(flags, BLOCK_R=tile.block_r, BLOCK_C=tile.block_c,
+                                     num_warps=tile.num_warps))
+        tile, tiles, cb = grid("backward_sums")
+        self.sums_programs, each = partials(tiles)
+        self.sums = _Pass(_backward_partials_kernel, (self.sums_programs, cb),
+                          (self.sums_programs, *geo, slope, each),
+                          dict(flags, BLOCK_R=tile.block_r, BLOCK_C=tile.block_c,
+                               num_warps=tile.num_warps))
+        tile, t, cb = grid("backward_apply")
+        self._apply_back = (_backward_apply_kernel, (t, cb), geo, slope,
+                            dict(flags, BLOCK_R=tile.block_r, BLOCK_C=tile.block_c,
+                                 num_warps=tile.num_warps))
+        self.back, self.back_count = None, None
+
+    @serialized
+    def forward_stats(self, y, gamma, beta, running_mean, running_var) -> tuple:
+        """(mean, biased var, invstd, scale, shift) per channel, in float32 (float64 for a
+        float64 ``y``); updates the running statistics in place (the finalize's flags)."""
+        c = self.channels
+        part = torch.empty((2, self.stats_programs, c), device=self.device, dtype=self.acc)
+        self.stats(y, part)
+        out = torch.empty((5, c), device=self.device, dtype=self.acc)
+        dummy = part  # never read: the matching HAS_* flag is False
+        self.finalize(part, _or(gamma, dummy), _or(beta, dummy), out,
+                      _or(running_mean, dummy), _or(running_var, dummy))
+        return out.unbind()
+
+    @serialized
+    def apply(self, y, residual, scale, shift) -> torch.Tensor:
+        """``act(y·scale + shift (+ residual))`` in ``y``'s dtype and layout."""
+        z = torch.empty_like(y)
+        self.apply_pass(y, _or(residual, y), z, scale, shift)
+        return z
+
+    @serialized
+    def backward_sums(self, dz, z, y, residual, stats) -> torch.Tensor:
+        """``[Σ du, Σ du·x̂]`` per channel on this rank, shape (2, C); ``stats``: the
+        forward's (mean, invstd, scale, shift)."""
+        part = torch.empty((2, self.sums_programs, self.channels), device=self.device,
+                           dtype=self.acc)
+        self.sums(dz, z, y, _or(residual, y), *stats, part)
+        return part.sum(1)
+
+    @serialized
+    def backward_apply(self, dz, z, y, residual, stats, sums, count: int) -> tuple:
+        """(dy, d residual or None) given the channel sums over every rank (``count``
+        values per channel over them); ``stats``: the forward's (mean, invstd, scale,
+        shift)."""
+        if self.back_count != count:  # a process group's count may change between calls
+            kernel, grid, geo, slope, meta = self._apply_back
+            self.back = _Pass(kernel, grid, (*geo, float(count), slope), meta)
+            self.back_count = count
+        dy = torch.empty_like(y)
+        dres = torch.empty_like(residual) if residual is not None else None
+        self.back(dz, z, y, _or(residual, y), *stats, sums, dy, _or(dres, dy))
+        return dy, dres
+
+
+#: (shape, strides, dtypes, device, activation, Finalize) -> Passes: every plan made
+#: (``passes``), least recently made first out past ``PASSES_MAX``
+_PASSES: dict[tuple, Passes] = {}
+PASSES_MAX = 256
+
+
+def passes(y, residual, gamma, beta, running_mean, running_var, activation: str,
+           negative_slope: float, finalize: Finalize) -> Passes:
+    """The plan of these operands, made at their first sight. Its key holds everything a
+    prepared launch fixes: ``y``'s shape, strides, dtype and device, the dtypes of the
+    residual (laid out like ``y``), γ, β and the running statistics, the activation and
+    the finalize."""
+    key = (y.shape, y.stride(), y.dtype, y.device, _dtype(residual), _dtype(gamma),
+           _dtype(beta), _dtype(running_mean), _dtype(running_var), activation,
+           negative_slope, finalize)
+    plan = _PASSES.get(key)
+    if plan is None:
+        plan = Passes(y, residual is not None, activation, negative_slope, finalize)
+        if len(_PASSES) >= PASSES_MAX:
+            _PASSES.pop(next(iter(_PASSES)))
+        _PASSES[key] = plan
+    return plan
+
+
+def _dtype(t: torch.Tensor | None):
+    return None if t is None else t.dtype
+
+
+def clear() -> None:
+    """Forget every plan (tests; after changing ``PASS_TILES``)."""
+    _PASSES.clear()
+
+
+# ------------------------------------------------ one call each, no plan kept (tests, sweeps)
+def forward_stats(y, gamma, beta, eps, running_mean, running_var, momentum):
+    """(mean, biased var, invstd, scale, shift) per channel in ``y``'s accumulation dtype
+    (``precision.accumulate_dtype``); updates the running statistics in place when given
+    (unbiased variance, ``momentum`` weight)."""
+    finalize = Finalize(gamma is not None, beta is not None, running_mean is not None,
+                        float(eps), float(momentum))
+    return Passes(y, False, "none", 0.0, finalize).forward_stats(y, gamma, beta, running_mean,
+                                                                 running_var)
+
+
 def apply(y, residual, scale, shift, activation, negative_slope):
     """``act(y·scale + shift (+ residual))`` in ``y``'s dtype and layout."""
-    z = torch.empty_like(y)
-    tile = PASS_TILES["apply"]
-    t, cb, geo = _grid(y, tile)
-    launch(_apply_kernel, (t, cb), y, _or(residual, y), z, scale, shift, *geo,
-           float(negative_slope), HAS_RES=residual is not None,
-           ACT=ACTIVATIONS.index(activation), ACC=_acc(scale.dtype), BLOCK_R=tile.block_r,
-           BLOCK_C=tile.block_c, num_warps=tile.num_warps)
-    return z
+    return Passes(y, residual is not None, activation, negative_slope, STATS_ONLY).apply(
+        y, residual, scale, shift)
 
 
-@serialized
 def backward_sums(dz, z, y, residual, stats, activation, negative_slope) -> torch.Tensor:
     """``[Σ du, Σ du·x̂]`` per channel on this rank, shape (2, C); ``stats``: the forward's
     (mean, invstd, scale, shift)."""
-    mean = stats[0]
-    tile = PASS_TILES["backward_sums"]
-    tiles, cb, geo = _grid(y, tile)
-    t, each = partials(tiles)
-    part = torch.empty((2, t, y.shape[1]), device=y.device, dtype=mean.dtype)
-    launch(_backward_partials_kernel, (t, cb),
-        dz, z, y, _or(residual, y), *stats, part, t, *geo,
-        float(negative_slope), each, HAS_RES=residual is not None,
-        ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=tile.block_r,
-        BLOCK_C=tile.block_c, num_warps=tile.num_warps)
-    return part.sum(1)
+    return Passes(y, residual is not None, activation, negative_slope,
+                  STATS_ONLY).backward_sums(dz, z, y, residual, stats)
 
 
-@serialized
 def backward_apply(dz, z, y, residual, stats, sums, count, activation, negative_slope):
     """(dy, d residual or None) given the channel sums over every rank; ``stats``: the
     forward's (mean, invstd, scale, shift)."""
-    mean = stats[0]
-    dy = torch.empty_like(y)
-    dres = torch.empty_like(residual) if residual is not None else None
-    tile = PASS_TILES["backward_apply"]
-    t, cb, geo = _grid(y, tile)
-    launch(_backward_apply_kernel, (t, cb),
-        dz, z, y, _or(residual, y), *stats, sums, dy, _or(dres, dy),
-        *geo, float(count), float(negative_slope), HAS_RES=residual is not None,
-        ACT=ACTIVATIONS.index(activation), ACC=_acc(mean.dtype), BLOCK_R=tile.block_r,
-        BLOCK_C=tile.block_c, num_warps=tile.num_warps)
-    return dy, dres
+    return Passes(y, residual is not None, activation, negative_slope,
+                  STATS_ONLY).backward_apply(dz, z, y, residual, stats, sums, count)
