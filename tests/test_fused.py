@@ -489,11 +489,11 @@ def check_bn_plans_follow_the_call(device: str, dtype: torch.dtype) -> None:
         y.requires_grad_(True)
         z = batchnorm.BNActFunction.apply(y, gamma, beta, res, rm, rv,
                                           (momentum, eps, activation, slope, None))
-        yd = y.detach().double()
-        want = torch.nn.functional.batch_norm(yd, ref_mean, ref_var, gamma.double().cpu().to(
-            yd.device), beta.double().to(yd.device), True, momentum, eps)
+        yd, gd, bd = (t.detach().double().cpu() for t in (y, gamma, beta))
+        want = torch.nn.functional.batch_norm(yd, ref_mean, ref_var, gd, bd, True, momentum,
+                                              eps)  # (on the CPU: ref_mean, ref_var)
         if res is not None:
-            want = want + res.double()
+            want = want + res.double().cpu()
         want = torch.nn.functional.leaky_relu(want, slope) if activation == "leaky_relu" \
             else torch.relu(want)
         assert relative_error(z, want) < tol, (i, call)
@@ -501,13 +501,12 @@ def check_bn_plans_follow_the_call(device: str, dtype: torch.dtype) -> None:
         dz = torch.randn_like(z)
         (dy,) = torch.autograd.grad(z, y, dz)
         yr = yd.clone().requires_grad_(True)
-        wr = torch.nn.functional.batch_norm(yr, None, None, gamma.double(), beta.double(),
-                                            True, 0.0, eps)
+        wr = torch.nn.functional.batch_norm(yr, None, None, gd, bd, True, 0.0, eps)
         if res is not None:
-            wr = wr + res.double()
+            wr = wr + res.double().cpu()
         wr = torch.nn.functional.leaky_relu(wr, slope) if activation == "leaky_relu" \
             else torch.relu(wr)
-        (dyr,) = torch.autograd.grad(wr, yr, dz.double())
+        (dyr,) = torch.autograd.grad(wr, yr, dz.double().cpu())
         assert relative_error(dy, dyr) < 10 * tol, (i, call)
         made = len(bnstats._PASSES)
         assert made == (1, 1, 2, 3, 4, 5, 6, 7, 8, 8)[i]  # the 2nd and last repeat the 1st
