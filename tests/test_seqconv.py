@@ -287,11 +287,13 @@ def test_training_without_seq_idx_runs_the_kernels(layout, states, monkeypatch):
 
 
 @pytest.mark.parametrize("width,seqlen,states", [(32, 7, True), (64, 4100, True),
-                                                  (65, 300, False), (256, 129, True)])
+                                                  (65, 300, False), (256, 129, True),
+                                                  (128, 4200, True)])
 def test_wide_filters_run_the_tensor_core_kernel(width, seqlen, states, monkeypatch):
     """Without autograd, widths from 32 run the Toeplitz kernel (interpreted here, in
     float64; fastconv.conv1d made to fail, the output poisoned): output and final states as
-    the float64 definition's, every element written."""
+    the float64 definition's, every element written. Its tiles (toeplitz.tile): 32-position
+    blocks, one program per sequence or two (4100), 64-position blocks (128 taps, 4200)."""
     from fastconv import seqconv
     from fastconv.backends.triton import toeplitz
 

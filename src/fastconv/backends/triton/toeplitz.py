@@ -31,10 +31,25 @@ import triton.language as tl
 from .common import mma
 from .launch import INTERPRETED, cdiv, launch
 
-#: (positions per block: the products' K and N; block rows per program: their M; warps)
-#: (benchmarks/sweep.py --toeplitz times others); DW_TILE: the weight gradient's
-TILE = (64, 64, 4)
+#: The forward kernel's tile, (positions per block: the products' K and N; block rows per
+#: program: their M; warps): None picks it per problem (:func:`tile`), a tuple here is used
+#: for every problem (benchmarks/sweep.py --toeplitz times each). DW_TILE: the weight
+#: gradient's.
+TILE: tuple[int, int, int] | None = None
 DW_TILE = (64, 64, 4)
+
+
+def tile(seqlen: int, width: int) -> tuple[int, int, int]:
+    """The forward kernel's tile for a sequence length and filter width: 32-position blocks
+    (64 for filters of 128 taps and more on sequences past 4096), as many block rows as
+    cover the sequence, 16 to 128, and 4 warps. From ``sweep.py --toeplitz`` on an H100
+    (benchmarks/results/seqconv/2026-11-27/wide/sweep-toeplitz-e8c2895.log, widths 32-256,
+    lengths 256-16384): the best of 16 tiles on each of its 12 problems, 1.2-3.8x faster
+    than the one (64, 64, 4) tile used for all before."""
+    if TILE is not None:
+        return TILE
+    block = 64 if width >= 128 and seqlen > 4096 else 32
+    return block, min(128, max(16, triton.next_power_of_2(seqlen) // block)), 4
 
 
 @triton.jit
@@ -86,7 +101,7 @@ def _toeplitz_kernel(x_ptr, w_ptr, b_ptr, h_ptr, dy_ptr, out_ptr, seqlen,
 
 def _launch(x, weight, bias, initial_states, out, silu=False, dy=None, reverse=False):
     batch, dim, seqlen = x.shape
-    block, rows, warps = TILE
+    block, rows, warps = tile(seqlen, weight.shape[1])
     init = initial_states if initial_states is not None else x
     launch(_toeplitz_kernel, (cdiv(seqlen, block * rows), dim, batch),
            x, weight, x if bias is None else bias, init, x if dy is None else dy, out, seqlen,
