@@ -25,7 +25,8 @@ torch).
 ``python3 benchmarks/sweep.py --toeplitz``: the wide-filter kernel's tiles
 (``toeplitz.TILE``: block, block rows per program, warps) on causal conv1d shapes (bf16,
 seqlen-contiguous, SiLU) at widths 32-256, each tile's time (CUDA-graph replays), its
-percentage of the HBM floor and its error against float64.
+percentage of the HBM floor and its error against float64. ``--toeplitz-backward``: the
+backward's launches of that kernel (input gradient, dy · SiLU') over fewer tiles.
 """
 
 import dataclasses
@@ -179,12 +180,53 @@ def toeplitz_main() -> None:
               f"best {line}", flush=True)
 
 
+#: the tiles the backward's launches are timed with (``--toeplitz-backward``)
+TOEPLITZ_BACKWARD_TILES = [(b, r, 4) for b in (32, 64) for r in (16, 64, 128)]
+
+
+def toeplitz_backward_main() -> None:
+    """``--toeplitz-backward``: the backward's two launches of the forward kernel, the input
+    gradient (``REVERSE``) and dy · SiLU' (``silu_grad``), each with toeplitz.tile's tile
+    and TOEPLITZ_BACKWARD_TILES (ms per call, CUDA-graph replays)."""
+    from fastconv.backends.triton.toeplitz import _launch
+
+    print(torch.cuda.get_device_name(), "triton", triton.__version__)
+    for (batch, dim, seqlen), width in itertools.product(TOEPLITZ_SHAPES, TOEPLITZ_WIDTHS):
+        torch.manual_seed(0)
+        x = torch.randn(batch, dim, seqlen, device="cuda").bfloat16()
+        g = torch.randn_like(x)
+        w = (torch.randn(dim, width, device="cuda") / width ** 0.5).bfloat16()
+        b = torch.randn(dim, device="cuda").bfloat16()
+        ops = {"dx": lambda: _launch(g, w, None, None, torch.empty_like(x), reverse=True),
+               "silu_grad": lambda: toeplitz.silu_grad(g, x, w, b, None)}
+        mine = toeplitz.tile(seqlen, width)
+        for name, op in ops.items():
+            results = []
+            for tile in [mine] + [t for t in TOEPLITZ_BACKWARD_TILES if t != mine]:
+                toeplitz.TILE = tile
+                try:
+                    ms = statistics.median(time_graph([op], reps=10, calls=8))
+                except Exception as exc:  # e.g. out of registers or shared memory
+                    print(f"  {tile}: {type(exc).__name__}: {exc}"[:200])
+                    continue
+                results.append((ms, tile))
+            toeplitz.TILE = None
+            results.sort()
+            ms = next((r[0] for r in results if r[1] == mine), float("nan"))
+            print(f"b{batch} d{dim} l{seqlen} w{width} {name}: toeplitz.tile's {mine} "
+                  f"{ms:.3f} ms; best " + ", ".join(f"{t} {m:.3f}" for m, t in results[:3]),
+                  flush=True)
+
+
 def main(args):
     if args[:1] == ["--bn"]:
         bn_main("--default-only" in args)
         return
     if args[:1] == ["--toeplitz"]:
         toeplitz_main()
+        return
+    if args[:1] == ["--toeplitz-backward"]:
+        toeplitz_backward_main()
         return
     grid = args[:1] == ["--rows-grid"]
     args = args[1:] if grid else args
