@@ -448,3 +448,44 @@ def test_backward_launches_are_prepared_once_per_plan_and_layout(monkeypatch):
         want = F.conv_transpose2d(xt, w.detach(), None, (2, 1), (1, 0), 0, 2, (1, 1))
         assert relative_error(out, want) < 1e-12
     assert reused[before:] == [dgrad._conv_dgrad_kernel]
+
+
+def test_depthwise_gradient_launches_are_prepared_once_per_plan(monkeypatch):
+    """The direct (grouped) and rolling depthwise kernels' data and weight gradients: the
+    first call of a plan prepares its launches, the second reuses them all (the weight
+    gradients' per-call buffers included: ``launch.Fixed``). Results against float64."""
+    from fastconv.backends.triton import depthwise, dw_roll, launch
+    from fastconv.backends.triton.backend import TritonBackend
+
+    reused = []
+
+    def emulated(kernel, grid, ntensors, *args, **meta):
+        kernel[grid](*args, **meta)
+        return _EmulatedPrepared(kernel, grid, args[ntensors:], meta, reused)
+    for module in (depthwise, dw_roll, launch):
+        monkeypatch.setattr(module, "prepare", emulated)
+    cl = torch.channels_last
+    cases = [  # (x, w, groups, config, layout): grouped direct; depthwise rolling rows
+        (torch.randn(2, 8, 9, 7, dtype=torch.float64), torch.randn(6, 4, 3, 3,
+         dtype=torch.float64), 2, depthwise.DwConfig(8, 16, 4), None),
+        (torch.randn(2, 4, 9, 9, dtype=torch.float64), torch.randn(4, 1, 3, 3,
+         dtype=torch.float64), 4, depthwise.DwConfig(4, 8, 4, roll=3), cl)]
+    for x, w, groups, config, layout in cases:
+        if layout is not None:
+            x = x.contiguous(memory_format=layout)
+        problem = ConvProblem.from_tensors(x, w, None, 1, 1, 1, groups, rank=2)
+        run_dgrad = TritonBackend.bind(problem, config, "dgrad")
+        run_wgrad = TritonBackend.bind(problem, config, "wgrad")
+        for call in range(2):
+            xi = torch.randn_like(x).requires_grad_()
+            y = F.conv2d(xi, w.requires_grad_(), None, 1, 1, 1, groups)
+            g = torch.randn_like(y)
+            want_dx, want_dw = torch.autograd.grad(y, (xi, w), g)
+            before = len(reused)
+            dx = run_dgrad(g, w.detach(), torch.full_like(xi, float("nan")))
+            dw = run_wgrad(g, xi.detach(), torch.full_like(w, float("nan")))
+            assert relative_error(dx, want_dx) < 1e-12 and relative_error(dw, want_dw) < 1e-12
+            # the first call prepares; the second reuses every launch (dgrad's one; the
+            # weight gradient's: one per input channel of a group, or partials and their sum)
+            wgrad_launches = w.shape[1] if layout is None else 2
+            assert len(reused) - before == (0 if call == 0 else 1 + wgrad_launches), call

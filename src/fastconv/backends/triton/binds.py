@@ -131,15 +131,18 @@ class _Binder:
 
     def run_wgrad(self, launch):
         """A depthwise weight gradient's run: ``launch(dy, x, dw, int64=...)`` on the 4-D
-        views, into ``out`` or a new tensor of the weight's shape."""
+        views, into ``out`` or a new tensor of the weight's shape; the run it returns is
+        kept for the plan's later calls (:class:`_Kept`)."""
         problem = self.problem
+        kept = _Kept()
 
         def run_wgrad(grad_out, input, out):
             if out is None:
                 out = torch.empty(problem.weight_shape(), dtype=problem.dtype,
                                   device=grad_out.device)
-            d4, x4, o4 = self.four_d(grad_out, input, out)
-            launch(d4, x4, o4, int64=self.needs_int64(d4, x4))
+            tensors = self.four_d(grad_out, input, out)
+            if not kept(tensors):
+                kept.keep(tensors, launch(*tensors, int64=self.needs_int64(*tensors[:2])))
             return out
         return run_wgrad
 
@@ -152,13 +155,17 @@ class _Binder:
         geo = self.geo
         cl = problem.layout == "nhwc"
         if op == "dgrad":
+            kept = _Kept()
+
             def run_dgrad(grad_out, weight, out):
                 if out is None:
                     out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
                                           grad_out.dtype, grad_out.device)
-                d4, w4, o4 = self.four_d(grad_out, weight, out)
-                depthwise.launch_dgrad(d4, w4, o4, geo, channels_last=cl, config=config,
-                                       int64=self.needs_int64(d4, w4, o4))
+                tensors = self.four_d(grad_out, weight, out)
+                if not kept(tensors):
+                    kept.keep(tensors, depthwise.launch_dgrad(
+                        *tensors, geo, channels_last=cl, config=config,
+                        int64=self.needs_int64(*tensors)))
                 return out
             return run_dgrad
         if op == "wgrad":
@@ -200,14 +207,19 @@ class _Binder:
             return self.run_wgrad(functools.partial(dw_wgrad.launch_wgrad, geo=self.geo,
                                                     config=config))
         if op == "dgrad":
+            kept = _Kept()
+
             def run_dgrad(grad_out, weight, out):
                 if out is None:
                     out = empty_in_layout(problem.input_shape(), layout_of(grad_out),
                                           grad_out.dtype, grad_out.device)
                 d4, o4 = self.four_d(grad_out, out)
-                dw_roll.launch_dgrad(d4, roll_weight(weight, config.block_b), o4, self.geo,
-                                     kernel=kernel, config=config,
-                                     int64=self.needs_int64(d4, o4))
+                wp = roll_weight(weight, config.block_b)
+                tensors = (d4, wp, o4, o4, o4, o4)  # (no scale, shift or residual: out)
+                if not kept(tensors):
+                    kept.keep(tensors, dw_roll.launch_dgrad(
+                        d4, wp, o4, self.geo, kernel=kernel, config=config,
+                        int64=self.needs_int64(d4, o4)))
                 return out
             return run_dgrad
         act, slope = problem.epilogue.act_code, problem.epilogue.negative_slope

@@ -34,7 +34,7 @@ import triton.language as tl
 from ...epilogue import ACTIVATIONS
 from ...precision import accumulate_dtype
 from .common import activation, serialized
-from .launch import INTERPRETED, cdiv, prepare
+from .launch import INTERPRETED, Fixed, cdiv
 
 BLOCK_T = 64  # partial-statistics tiles combined at once by the finalize
 PARTIALS = 512  # row programs per channel block of the partial passes, at most
@@ -320,24 +320,6 @@ class Finalize(NamedTuple):
 STATS_ONLY = Finalize(False, False, False, 1.0, 0.0)
 
 
-class _Pass:
-    """One kernel launch whose grid, arguments after the tensors and constexprs are fixed;
-    called with the tensors. After its first launch it goes through ``launch.Prepared``
-    (Triton's path again where that refuses, or where there is none: the interpreter)."""
-
-    __slots__ = ("kernel", "grid", "rest", "meta", "prepared")
-
-    def __init__(self, kernel, grid: tuple, rest: tuple, meta: dict):
-        self.kernel, self.grid, self.rest, self.meta = kernel, grid, rest, meta
-        self.prepared = None
-
-    def __call__(self, *tensors: torch.Tensor) -> None:
-        prepared = self.prepared
-        if prepared is None or not prepared(*tensors):
-            self.prepared = prepare(self.kernel, self.grid, len(tensors), *tensors,
-                                    *self.rest, **self.meta)
-
-
 class Passes:
     """The training passes of one batch norm + activation (a plan): for outputs ``y`` of
     one shape, strides, dtype and device, with or without a residual, one activation and
@@ -364,10 +346,10 @@ class Passes:
 
         tile, tiles, cb = grid("stats")
         self.stats_programs, each = partials(tiles)
-        self.stats = _Pass(_stats_partials_kernel, (self.stats_programs, cb), (*geo, each),
+        self.stats = Fixed(_stats_partials_kernel, (self.stats_programs, cb), (*geo, each),
                            dict(ACC=acc, BLOCK_R=tile.block_r, BLOCK_C=tile.block_c,
                                 num_warps=tile.num_warps))
-        self.finalize = _Pass(
+        self.finalize = Fixed(
             _stats_finalize_kernel, (cb,),
             (self.stats_programs, r, each * tile.block_r, float(r), c, float(finalize.eps),
              float(finalize.momentum)),
@@ -375,12 +357,12 @@ class Passes:
                  HAS_RUNNING=finalize.has_running, ACC=acc, BLOCK_T=BLOCK_T,
                  BLOCK_C=tile.block_c))
         tile, t, cb = grid("apply")
-        self.apply_pass = _Pass(_apply_kernel, (t, cb), (*geo, slope),
+        self.apply_pass = Fixed(_apply_kernel, (t, cb), (*geo, slope),
                                 dict(flags, BLOCK_R=tile.block_r, BLOCK_C=tile.block_c,
                                      num_warps=tile.num_warps))
         tile, tiles, cb = grid("backward_sums")
         self.sums_programs, each = partials(tiles)
-        self.sums = _Pass(_backward_partials_kernel, (self.sums_programs, cb),
+        self.sums = Fixed(_backward_partials_kernel, (self.sums_programs, cb),
                           (self.sums_programs, *geo, slope, each),
                           dict(flags, BLOCK_R=tile.block_r, BLOCK_C=tile.block_c,
                                num_warps=tile.num_warps))
@@ -426,7 +408,7 @@ class Passes:
         shift)."""
         if self.back_count != count:  # a process group's count may change between calls
             kernel, grid, geo, slope, meta = self._apply_back
-            self.back = _Pass(kernel, grid, (*geo, float(count), slope), meta)
+            self.back = Fixed(kernel, grid, (*geo, float(count), slope), meta)
             self.back_count = count
         dy = torch.empty_like(y)
         dres = torch.empty_like(residual) if residual is not None else None

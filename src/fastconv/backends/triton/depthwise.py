@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .common import acc_type, activation
-from .launch import INTERPRETED, Prepared, cdiv, launch, prepare
+from .launch import INTERPRETED, Fixed, Prepared, cdiv, prepare
 from .launchargs import EpilogueArgs, Geometry
 
 __all__ = ["DwConfig", "candidates", "launch_fprop", "launch_dgrad", "launch_wgrad"]
@@ -490,14 +490,15 @@ ROW_LOOP_PAST = 49
 
 
 def launch_dgrad(dy4, w4, dx4, geo: Geometry, *, channels_last: bool, config: DwConfig,
-                 int64: bool):
+                 int64: bool) -> Prepared | None:
     """``dx`` of a depthwise (or grouped: ``w4`` (K, C/groups, R, S)) convolution, written
-    into the 4-D view ``dx4``."""
+    into the 4-D view ``dx4``. Returns the launch for later calls of the same plan (called
+    with ``dy4, w4, dx4`` of the same shapes and strides), or None (the interpreter)."""
     stride, pad, dilation, _ = geo
     n, c, h, w = dx4.shape
     k, cg, r, s = w4.shape
     _, _, p, q = dy4.shape
-    launch(_dw_dgrad_kernel, _grid(channels_last, n, c, h, w, config),
+    return prepare(_dw_dgrad_kernel, _grid(channels_last, n, c, h, w, config), 3,
         dy4, w4, dx4, n, c, h, w, p, q, k // (c // cg), cg, stride[0], stride[1], pad[0],
         pad[1], dilation[0], dilation[1], *plain_strides(dy4), *plain_strides(w4),
         *plain_strides(dx4),
@@ -510,7 +511,9 @@ def launch_dgrad(dy4, w4, dx4, geo: Geometry, *, channels_last: bool, config: Dw
 def launch_wgrad(dy4, x4, dw4, geo: Geometry, *, channels_last: bool, config: DwConfig,
                  int64: bool):
     """``dw`` of a depthwise convolution (shape (K, 1, R, S)), written into ``dw4``; of a
-    grouped one (K, C/groups, R, S) one input channel of each group per pass."""
+    grouped one (K, C/groups, R, S) one input channel of each group per pass. Returns the
+    same run for later calls of the plan (``run(dy4, x4, dw4)``, operands of the same
+    shapes and strides; its launches prepared: ``launch.Fixed``)."""
     stride, pad, dilation, _ = geo
     n, c, h, w = x4.shape
     k, cg, r, s = dw4.shape
@@ -530,14 +533,21 @@ def launch_wgrad(dy4, x4, dw4, geo: Geometry, *, channels_last: bool, config: Dw
     per = r * s // rows  # taps per program
     taps = triton.next_power_of_2(per)
     acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
-    part = torch.empty((splits, rows, taps, k), device=dy4.device, dtype=acc)
-    for c_off in range(cg):
-        launch(_dw_wgrad_kernel, (splits, cdiv(k, block_k), rows),
-            dy4, x4, part, n, h, w, k, p, q, k // (c // cg), cg, c_off, m_per, stride[0],
-            stride[1], pad[0], pad[1], dilation[0], dilation[1], *plain_strides(dy4),
-            *plain_strides(x4), R=r, S=s, TAPS=taps, ACC=acc_type(dy4.dtype), INT64=int64,
-            CL=channels_last, BLOCK_M=block_m, BLOCK_K=block_k, ROWS=rows > 1,
-            num_warps=config.num_warps)
-        # (R·S, K): one fixed-order sum over the splits
-        total = part.sum(0)[:, :per].reshape(r * s, k)
-        dw4[:, c_off].copy_(total.t().reshape(k, r, s))
+    part_shape = (splits, rows, taps, k)
+    meta = dict(R=r, S=s, TAPS=taps, ACC=acc_type(dy4.dtype), INT64=int64, CL=channels_last,
+                BLOCK_M=block_m, BLOCK_K=block_k, ROWS=rows > 1, num_warps=config.num_warps)
+    passes = [Fixed(_dw_wgrad_kernel, (splits, cdiv(k, block_k), rows),
+                    (n, h, w, k, p, q, k // (c // cg), cg, c_off, m_per, stride[0], stride[1],
+                     pad[0], pad[1], dilation[0], dilation[1], *plain_strides(dy4),
+                     *plain_strides(x4)), meta) for c_off in range(cg)]
+
+    def run(dy4, x4, dw4) -> bool:
+        part = torch.empty(part_shape, device=dy4.device, dtype=acc)
+        for c_off, one in enumerate(passes):
+            one(dy4, x4, part)
+            # (R·S, K): one fixed-order sum over the splits
+            total = part.sum(0)[:, :per].reshape(r * s, k)
+            dw4[:, c_off].copy_(total.t().reshape(k, r, s))
+        return True
+    run(dy4, x4, dw4)
+    return run

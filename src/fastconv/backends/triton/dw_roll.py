@@ -241,11 +241,14 @@ def launch_fprop(x4, wp, out4, epi: EpilogueArgs, geo: Geometry, *, kernel, conf
         BLOCK_C=config.block_b, num_warps=config.num_warps)
 
 
-def launch_dgrad(dy4, wp, dx4, geo: Geometry, *, kernel, config, int64: bool) -> None:
+def launch_dgrad(dy4, wp, dx4, geo: Geometry, *, kernel, config,
+                 int64: bool) -> Prepared | None:
     """``dx`` of a stride-1, multiplier-1 depthwise convolution (``dgrad_eligible``): the
-    forward walk over ``dy`` with the kernel flipped."""
+    forward walk over ``dy`` with the kernel flipped. Returns the launch prepared as
+    :func:`launch_fprop`'s (called with ``dy4, wp, dx4`` and ``dx4`` three times more)."""
     r, s = kernel
     _, pad, dilation, groups = geo
     flipped_pad = ((r - 1) * dilation[0] - pad[0], (s - 1) * dilation[1] - pad[1])
-    launch_fprop(dy4, wp, dx4, NO_EPILOGUE, Geometry((1, 1), flipped_pad, dilation, groups),
-                 kernel=kernel, config=config, int64=int64, flip=True)
+    return launch_fprop(dy4, wp, dx4, NO_EPILOGUE,
+                        Geometry((1, 1), flipped_pad, dilation, groups), kernel=kernel,
+                        config=config, int64=int64, flip=True)

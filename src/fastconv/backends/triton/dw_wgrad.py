@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .common import acc_type
 from .depthwise import and_row, plain_strides
-from .launch import INTERPRETED, cdiv, launch
+from .launch import INTERPRETED, Fixed, cdiv
 from .launchargs import Geometry
 
 __all__ = ["eligible", "launch_wgrad"]
@@ -197,12 +197,14 @@ def _sum_parts_kernel(part_ptr, dw_ptr, PARTS, K, swk, swr, sws,
 
 
 def launch_wgrad(dy4, x4, dw4, geo: Geometry, *, config, int64: bool,
-                 images: int | None = None) -> None:
+                 images: int | None = None):
     """``dw`` (K, 1, R, S) of a depthwise convolution (``eligible``) on 4-D (N, C, H, W)-
     indexed channels-last views, written into ``dw4`` (any strides). ``config``: a
     ``DwConfig`` with ``roll`` rows per program, ``block_a`` columns, ``block_b`` channels.
     ``images``: per program (fewer partials to sum); by default as many as leave about four
-    programs per multiprocessor."""
+    programs per multiprocessor. Returns the same run for later calls of the plan
+    (``run(dy4, x4, dw4)``, operands of the same shapes and strides; its two launches
+    prepared: ``launch.Fixed``)."""
     stride, pad, dilation, _ = geo
     n, c, h, w = x4.shape
     _, k, p, q = dy4.shape
@@ -215,13 +217,24 @@ def launch_wgrad(dy4, x4, dw4, geo: Geometry, *, config, int64: bool,
             images = max(1, n * tiles * cdiv(k, config.block_b) // (4 * sms))
     programs = cdiv(n, images) * tiles
     acc = torch.float64 if dy4.dtype == torch.float64 else torch.float32
-    part = torch.empty((programs, r, s, k), device=dy4.device, dtype=acc)
-    args = (dy4, x4, part, n, h, w, k, p, q, k // c, config.roll, images, stride[1], pad[0],
-            pad[1], dilation[1], *plain_strides(dy4), *plain_strides(x4))
-    meta = dict(R=r, S=s, SH=stride[0], NA=-(-r // stride[0]), ACC=acc_type(dy4.dtype), INT64=int64,
-                BLOCK_Q=config.block_a, BLOCK_C=config.block_b, num_warps=config.num_warps)
-    launch(_dw_wgrad_kernel, (programs, cdiv(k, config.block_b)), *args, **meta)
+    part_shape = (programs, r, s, k)
+    rest = (n, h, w, k, p, q, k // c, config.roll, images, stride[1], pad[0], pad[1],
+            dilation[1], *plain_strides(dy4), *plain_strides(x4))
+    meta = dict(R=r, S=s, SH=stride[0], NA=-(-r // stride[0]), ACC=acc_type(dy4.dtype),
+                INT64=int64, BLOCK_Q=config.block_a, BLOCK_C=config.block_b,
+                num_warps=config.num_warps)
+    partials = Fixed(_dw_wgrad_kernel, (programs, cdiv(k, config.block_b)), rest, meta)
     block = 16 if INTERPRETED or not dy4.is_cuda else 64
-    launch(_sum_parts_kernel, (cdiv(r * s * k, block),), part, dw4, programs, k,
-           dw4.stride(0), dw4.stride(2), dw4.stride(3), R=r, S=s, ACC=acc_type(dy4.dtype),
-           BLOCK_J=8 if INTERPRETED or not dy4.is_cuda else 32, BLOCK=block, num_warps=4)
+    total = Fixed(_sum_parts_kernel, (cdiv(r * s * k, block),),
+                  (programs, k, dw4.stride(0), dw4.stride(2), dw4.stride(3)),
+                  dict(R=r, S=s, ACC=acc_type(dy4.dtype),
+                       BLOCK_J=8 if INTERPRETED or not dy4.is_cuda else 32, BLOCK=block,
+                       num_warps=4))
+
+    def run(dy4, x4, dw4) -> bool:
+        part = torch.empty(part_shape, device=dy4.device, dtype=acc)
+        partials(dy4, x4, part)
+        total(part, dw4)
+        return True
+    run(dy4, x4, dw4)
+    return run

@@ -78,6 +78,26 @@ class Prepared:
         return True
 
 
+class Fixed:
+    """A launch whose grid, arguments after the leading tensors and constexprs are fixed
+    (a plan's launch whose buffers are made per call): ``f(*tensors)`` launches it, through
+    a prepared launch (:func:`prepare`) after the first call and Triton's own path where
+    that refuses (then prepared again). Returns True (it always launches)."""
+
+    __slots__ = ("kernel", "grid", "rest", "meta", "prepared")
+
+    def __init__(self, kernel, grid: tuple, rest: tuple, meta: dict):
+        self.kernel, self.grid, self.rest, self.meta = kernel, grid, rest, meta
+        self.prepared = None
+
+    def __call__(self, *tensors) -> bool:
+        prepared = self.prepared
+        if prepared is None or not prepared(*tensors):
+            self.prepared = prepare(self.kernel, self.grid, len(tensors), *tensors,
+                                    *self.rest, **self.meta)
+        return True
+
+
 def _launch(kernel, grid: tuple, args: tuple, meta: dict) -> tuple | None:
     """The launch; returns its cache entry (None on Triton's own path, and where the kernel
     was not compiled but recorded: ``compiles.collecting``)."""
