@@ -517,3 +517,18 @@ def check_bn_plans_follow_the_call(device: str, dtype: torch.dtype) -> None:
 def test_bn_plans_follow_the_call(monkeypatch):
     monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
     check_bn_plans_follow_the_call("cpu", torch.float32)
+
+
+def test_a_batch_norm_of_other_channels_is_refused_on_the_fused_route(monkeypatch):
+    """A ConvBNAct2d whose BatchNorm was replaced by one of another size: the fused passes
+    (as under a CUDA-graph capture) raise a ConvError naming the tensor, before any kernel
+    reads it past its end; torch's own route raises torch's error."""
+    m = ConvBNAct2d(3, 5, 3, padding=1)
+    m.bn = torch.nn.BatchNorm2d(4)
+    x = torch.randn(2, 3, 6, 6)
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
+    with pytest.raises(ConvError, match=r"batch norm weight: expected shape \(5,\).*got \(4,\)"):
+        m(x)
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", False)
+    with pytest.raises(RuntimeError):
+        m(x)

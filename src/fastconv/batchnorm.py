@@ -152,6 +152,18 @@ def _check_count(count: int, y: Tensor) -> None:
                         f"per channel, got {count} (input shape {tuple(y.shape)})")
 
 
+def _check_channels(y: Tensor, *per_channel: Tensor | None) -> None:
+    """Each given γ, β and running statistic holds one value per channel of ``y`` (the
+    kernels index them by channel; a BatchNorm of another size would be read past its
+    end)."""
+    c = y.shape[1]
+    for name, t in zip(("weight", "bias", "running_mean", "running_var"), per_channel):
+        if t is not None and t.shape != (c,):
+            raise ConvError(f"batch norm {name}: expected shape ({c},), one value per "
+                            f"channel of the convolution's output {tuple(y.shape)}, got "
+                            f"{tuple(t.shape)}")
+
+
 class BNActFunction(torch.autograd.Function):
     """``(y, γ, β, residual) -> z`` in training mode; updates ``running_mean`` and
     ``running_var`` in place (when given) with weight ``momentum``. ``options``:
@@ -160,6 +172,7 @@ class BNActFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, gamma, beta, residual, running_mean, running_var, options):
         momentum, eps, activation, negative_slope, group = options
+        _check_channels(y, gamma, beta, running_mean, running_var)
         count = y.numel() // y.shape[1]
         if group is None:
             _check_count(count, y)
