@@ -112,12 +112,10 @@ def plan(y, residual, norm: Norm, activation: str, negative_slope: float, sync: 
     kernels' finalize computes the local mean and variance alone."""
     if torch.compiler.is_compiling():
         return None
-    k = kernels()
-    finalize = k.STATS_ONLY if sync else k.Finalize(
-        norm.weight is not None, norm.bias is not None, norm.running_mean is not None,
-        float(norm.eps), float(norm.momentum))
-    return k.passes(y, residual, norm.weight, norm.bias, norm.running_mean, norm.running_var,
-                    activation, float(negative_slope), finalize)
+    if sync:  # (the finalize of statistics alone: bnstats.STATS_ONLY)
+        return _plan(y, residual, None, None, None, None, activation, float(negative_slope))
+    return _plan(y, residual, *norm[:4], activation, float(negative_slope), float(norm.eps),
+                 float(norm.momentum))
 
 
 def forward_stats(plan, y, norm: Norm) -> tuple:

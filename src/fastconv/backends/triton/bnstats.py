@@ -337,7 +337,6 @@ class Passes:
         slope = float(negative_slope)
         n, c, s, *strides = _view(y)
         r = n * s
-        self.rows = r
         geo = (r, c, s, *strides)
 
         def grid(name):
