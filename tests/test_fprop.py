@@ -154,6 +154,113 @@ def test_kernel_variants(flat_k, int64, split_k, device):
     assert relative_error(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+@pytest.mark.parametrize("case", ["stem", "grouped_dilated"])
+def test_tap_row_tiles(case, layout, device):
+    """The tap-row walk (one kernel row per step, its (s, c) run in one block) against
+    float64: the RGB stem's shape (7x7, stride 2, padding 3, 21-element runs in a 32-wide
+    block) with the epilogue, and a grouped, dilated, asymmetric one (4 channels per group,
+    a 3x5 kernel: 20-element runs) in both layouts, every output element written."""
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.backends.triton.configs import TileConfig
+    from fastconv.backends.triton.fprop import launch_fprop
+    from fastconv.backends.triton.launchargs import EpilogueArgs, Geometry
+    from fastconv.problem import ConvProblem
+
+    fmt = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}[layout]
+    if case == "stem":
+        x = torch.randn(2, 3, 13, 11, device=device)
+        w = torch.randn(20, 3, 7, 7, device=device)
+        geo, groups = Geometry((2, 2), (3, 3), (1, 1), 1), 1
+    else:
+        x = torch.randn(2, 8, 9, 12, device=device)
+        w = torch.randn(6, 4, 3, 5, device=device)
+        geo, groups = Geometry((1, 2), (2, 1), (2, 1), 2), 2
+    x = x.contiguous(memory_format=fmt)
+    conv = F.conv2d(x.double(), w.double(), stride=geo.stride, padding=geo.pad,
+                    dilation=geo.dilation, groups=groups)
+    k = w.shape[0]
+    scale, shift = torch.randn(k, device=device), torch.randn(k, device=device)
+    out = torch.full(conv.shape, float("nan"), device=device).contiguous(memory_format=fmt)
+    config = TileConfig(32, 16, 32, 4, 1, True, tap_rows=True)
+    problem = ConvProblem.from_tensors(x, w, stride=geo.stride, padding=geo.pad,
+                                       dilation=geo.dilation, groups=groups, rank=2)
+    assert TritonBackend.config_errors(problem, config) == []
+    launch_fprop(x, w, out, EpilogueArgs(scale, shift, None, fastconv.ACTIVATIONS.index("relu")),
+                 geo, precision="ieee", config=config, int64=False)
+    ref = F.relu(conv * scale.double().view(1, -1, 1, 1) + shift.double().view(1, -1, 1, 1))
+    assert not out.isnan().any()
+    assert relative_error(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("case", ["stem", "grouped_dilated"])
+def test_tap_row_weight_gradient(case, split, device):
+    """The weight gradient over kernel-row tiles against float64, its split reduction in a
+    fixed order (the same bits twice), every weight element written."""
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.backends.triton.configs import TileConfig
+    from fastconv.backends.triton.launchargs import Geometry
+    from fastconv.backends.triton.wgrad import launch_wgrad
+    from fastconv.problem import ConvProblem
+
+    if case == "stem":
+        x, wshape = torch.randn(2, 3, 13, 11, device=device), (20, 3, 7, 7)
+        geo, groups = Geometry((2, 2), (3, 3), (1, 1), 1), 1
+        x = x.contiguous(memory_format=torch.channels_last)
+    else:
+        x, wshape = torch.randn(2, 8, 9, 12, device=device), (6, 4, 3, 5)
+        geo, groups = Geometry((1, 2), (2, 1), (2, 1), 2), 2
+    conv = F.conv2d(x.double(), torch.randn(wshape, dtype=torch.float64, device=device),
+                    stride=geo.stride, padding=geo.pad, dilation=geo.dilation, groups=groups)
+    dy = torch.randn(conv.shape, device=device).contiguous(
+        memory_format=torch.channels_last if case == "stem" else torch.contiguous_format)
+    config = TileConfig(16, 32, 16, 4, 1, False, split, tap_rows=True)
+    problem = ConvProblem.from_tensors(x, torch.empty(wshape), stride=geo.stride,
+                                       padding=geo.pad, dilation=geo.dilation, groups=groups,
+                                       rank=2)
+    assert TritonBackend.config_errors(problem, config, "wgrad") == []
+    runs = []
+    for _ in range(2):
+        out = torch.full(wshape, float("nan"), device=device)
+        launch_wgrad(dy, x, out, geo, precision="ieee", config=config, int64=False)
+        runs.append(out)
+    assert torch.equal(runs[0], runs[1])
+    ref = torch.nn.grad.conv2d_weight(x.double(), wshape, dy.double(), geo.stride, geo.pad,
+                                      geo.dilation, groups)
+    assert relative_error(runs[0], ref) < 1e-5
+
+
+def test_tap_row_tiles_are_offered_where_they_fit():
+    """Tap-row tiles are forward and weight-gradient candidates for 2-15 channels per group
+    and kernel rows of 16-64 elements, each with a block wide enough for the run; a block
+    narrower than the run, a split forward, the data gradient or a problem they do not fit
+    is refused."""
+    import dataclasses
+
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.backends.triton.configs import fprop_candidates, wgrad_candidates
+    from fastconv.problem import ConvProblem
+
+    stem = ConvProblem.from_tensors(torch.randn(8, 3, 224, 224), torch.randn(64, 3, 7, 7),
+                                    stride=(2, 2), padding=(3, 3), rank=2)
+    taps = [c for c in fprop_candidates(stem) if c.tap_rows]
+    assert taps and all(c.block_k == 32 and c.flat_k for c in taps)
+    assert all(TritonBackend.config_errors(stem, c) == [] for c in taps)
+    for bad in (dataclasses.replace(taps[0], block_k=16), dataclasses.replace(taps[0], split_k=2),
+                dataclasses.replace(taps[0], flat_k=False)):
+        assert any("tap_rows" in e for e in TritonBackend.config_errors(stem, bad))
+    wide = ConvProblem.from_tensors(torch.randn(2, 12, 16, 16), torch.randn(8, 12, 7, 7), rank=2)
+    narrow = ConvProblem.from_tensors(torch.randn(2, 3, 16, 16), torch.randn(8, 3, 3, 3), rank=2)
+    assert not any(c.tap_rows for p in (wide, narrow) for c in fprop_candidates(p))
+    assert TritonBackend.config_errors(narrow, dataclasses.replace(taps[0], block_k=16))
+    grads = [c for c in wgrad_candidates(stem) if c.tap_rows]
+    assert grads and all(c.block_n == 32 and not c.flat_k and c.split_k > 1 for c in grads)
+    assert all(TritonBackend.config_errors(stem, c, "wgrad") == [] for c in grads)
+    assert TritonBackend.config_errors(stem, dataclasses.replace(grads[0], block_n=16), "wgrad")
+    assert TritonBackend.config_errors(stem, taps[0], "dgrad")
+
+
 def _tf32(t: torch.Tensor, nearest: bool) -> torch.Tensor:
     """float32 values with 10 mantissa bits: rounded to nearest (ties away) or truncated."""
     bits = t.view(torch.int32).to(torch.int64)

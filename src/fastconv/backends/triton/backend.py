@@ -32,6 +32,8 @@ from .configs import (
     interpreter_config,
     pack_candidates,
     rows_candidates,
+    tap_rows_candidates,
+    tap_run,
     wgrad_candidates,
 )
 
@@ -202,7 +204,7 @@ def _tile_errors(problem: ConvProblem, config: TileConfig, op: str) -> list[str]
         "block_k": (lambda v: _pow2(v, 16, 128), "a power of two in [16, 128]"),
         "num_warps": _WARPS,
         "num_stages": (lambda v: type(v) is int and 1 <= v <= 8, "an int in [1, 8]"),
-        "flat_k": _BOOL, "rows": _BOOL,
+        "flat_k": _BOOL, "rows": _BOOL, "tap_rows": _BOOL,
         "split_k": (lambda v: type(v) is int and 1 <= v <= split_max,
                     f"an int in [1, {split_max}] for this {op}"),
         "pack_groups": (lambda v: type(v) is int and v >= 1 and problem.groups % v == 0,
@@ -223,6 +225,17 @@ def _tile_errors(problem: ConvProblem, config: TileConfig, op: str) -> list[str]
                       f"(at most {_SMEM_LIMIT})")
     if config.flat_k and (op != "fprop" or problem.transposed):
         errors.append("flat_k: only the forward of a non-transposed convolution")
+    if config.tap_rows:
+        run = tap_run(problem)
+        fits = (op == "fprop" and config.flat_k and config.split_k == 1
+                and config.block_k >= run) or \
+            (op == "wgrad" and not config.flat_k and config.block_n >= run)
+        if not (fits and tap_rows_candidates(problem) and not config.rows
+                and config.pack_groups == 1):
+            errors.append(f"tap_rows: only the forward (a flat_k tile, block_k >= {run}, no "
+                          f"split-K) or the weight gradient (block_n >= {run}) of a "
+                          f"convolution with 2-15 channels per group and 16-64 kernel-row "
+                          f"elements")
     if config.rows and (op != "fprop" or not rows_candidates(problem)):
         errors.append("rows: only the forward of a channels-first conv1d with 16 or more "
                       "channels per group")

@@ -32,18 +32,27 @@ class TileConfig:
     # forward only: tile rows are consecutive columns of one output row, read and written
     # in a channels-first tensor's own layout (no channels-last copy; see rows_candidates)
     rows: bool = False
+    # one kernel row's (s, c) run at once (S * C_G of 16-64 elements): the forward's
+    # reduction step, with flat_k and block_k >= the run (tap_rows_candidates), or the
+    # weight gradient's columns, block_n >= the run (tap_rows_wgrad_candidates)
+    tap_rows: bool = False
 
     def name(self) -> str:
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}"
                 f"s{self.num_stages}{'f' if self.flat_k else ''}"
                 + (f"x{self.split_k}" if self.split_k > 1 else "")
                 + (f"g{self.pack_groups}" if self.pack_groups > 1 else "")
-                + ("r" if self.rows else ""))
+                + ("r" if self.rows else "") + ("t" if self.tap_rows else ""))
 
 
 def _flat_k(problem: ConvProblem) -> bool:
     """Walk the flattened (r, s, c) reduction when a group has too few channels for a tile."""
     return problem.c_per_group < 16
+
+
+def tap_run(problem: ConvProblem) -> int:
+    """Elements of one kernel row's ``(s, c)`` run: kernel width times channels per group."""
+    return problem.kernel[-1] * problem.c_per_group
 
 
 def _reduction_block(block_k: int, problem: ConvProblem) -> int:
@@ -82,7 +91,7 @@ def fprop_candidates(problem: ConvProblem) -> list[TileConfig]:
     if _flat_k(problem):
         narrow = problem.k_per_group <= 16
         shapes = [s for s in _FLAT if (s[1] == 16) == narrow]
-        return [TileConfig(*s, True) for s in shapes]
+        return tap_rows_candidates(problem) + [TileConfig(*s, True) for s in shapes]
     half = problem.dtype in (torch.float16, torch.bfloat16)
     cands = []
     for bm, bn, bk, w, st in (_HALF if half else _TF32):
@@ -106,6 +115,24 @@ def fprop_candidates(problem: ConvProblem) -> list[TileConfig]:
             if tiles * split <= 3 * sms and steps // split >= 4:
                 cands.append(dataclasses.replace(base, split_k=split))
     return cands
+
+
+# Tap-row tile shapes (block_m, block_n, warps, stages); block_k is the run rounded up.
+_TAP_ROWS = [(128, 64, 4, 3), (256, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)]
+
+
+def tap_rows_candidates(problem: ConvProblem) -> list[TileConfig]:
+    """Tap-row tiles for a forward whose groups have 2-15 channels and whose kernel rows hold
+    16-64 elements (``S * C_G``: the 7x7 RGB stem's 21, a 4x4 patchify's 12 is too few):
+    one step per kernel row instead of per-element index arithmetic over the flattened
+    reduction."""
+    run = tap_run(problem)
+    if problem.transposed or not 2 <= problem.c_per_group < 16 or not 16 <= run <= 64:
+        return []
+    block_k = 1 << (run - 1).bit_length()
+    narrow = problem.k_per_group <= 32
+    return [TileConfig(bm, bn, block_k, w, st, True, tap_rows=True)
+            for bm, bn, w, st in _TAP_ROWS if (bn == 32) == narrow]
 
 
 # dgrad reuses the forward's tile shapes (the same GEMM with the roles of C and K swapped);
@@ -138,7 +165,7 @@ def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
     pixels = problem.n * math.prod(problem.out_size)
     operands = pixels * (problem.k + problem.c) * problem.dtype.itemsize
     partial = problem.k * problem.c_per_group * math.prod(problem.kernel) * 4
-    cands = []
+    cands = tap_rows_wgrad_candidates(problem, sms)
     for bm, bn, bk, w, st in (_WGRAD_HALF if half else _WGRAD_TF32):
         bm = min(bm, _pow2_at_least_16(problem.k_per_group))
         bn = min(bn, _pow2_at_least_16(problem.c_per_group))
@@ -151,6 +178,33 @@ def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
             cfg = TileConfig(bm, bn, bk, w, st, False, split)
             if cfg not in cands:
                 cands.append(cfg)
+    return cands
+
+
+# Tap-row weight-gradient shapes (block_m: output channels, block_k: pixels per step, warps,
+# stages); block_n is the kernel row's run rounded up.
+_TAP_ROWS_WGRAD = [(64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3)]
+
+
+def tap_rows_wgrad_candidates(problem: ConvProblem, sms: int) -> list[TileConfig]:
+    """Weight-gradient tiles over one kernel row's ``(s, c)`` run (``tap_rows_candidates``'
+    problems), the pixel reduction split so that the programs fill the GPU about four times
+    (every split keeping at least 8 steps)."""
+    if not tap_rows_candidates(problem):
+        return []
+    block_n = 1 << (tap_run(problem) - 1).bit_length()
+    pixels = problem.n * math.prod(problem.out_size)
+    rows = problem.kernel[0] if problem.rank == 2 else 1
+    partial = problem.k * problem.c_per_group * math.prod(problem.kernel) * 4
+    cands = []
+    for bm, bk, w, st in _TAP_ROWS_WGRAD:
+        bm = min(bm, _pow2_at_least_16(problem.k_per_group))
+        tiles = -(-problem.k_per_group // bm) * rows * problem.groups
+        split = max(1, min(-(-4 * sms // tiles), pixels // (8 * bk), 128,
+                           (2**31 - 1) // (partial // 4)))
+        cfg = TileConfig(bm, block_n, bk, w, st, False, split, tap_rows=True)
+        if cfg not in cands:
+            cands.append(cfg)
     return cands
 
 

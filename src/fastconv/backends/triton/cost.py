@@ -51,6 +51,9 @@ def _gemm_sizes(problem: ConvProblem, op: str, config: TileConfig):
     taps = math.prod(p.kernel)
     groups = p.groups // config.pack_groups
     cpg, kpg = p.c_per_group * config.pack_groups, p.k_per_group * config.pack_groups
+    if op == "wgrad" and config.tap_rows:  # tiles over (K, one kernel row's (s, c) run)
+        return kpg, cpg * p.kernel[-1], p.n * math.prod(p.out_size), taps // p.kernel[-1], \
+            groups
     if op == "wgrad":  # tiles over (K, C) of one tap; the reduction runs over the pixels
         return kpg, cpg, p.n * math.prod(p.out_size), taps, groups
     pixels_in, pixels_out = p.n * math.prod(p.in_size), p.n * math.prod(p.out_size)
@@ -69,6 +72,8 @@ def _gemm(problem: ConvProblem, op: str, config: TileConfig) -> float:
     # reduction steps of one program (a split's share of the reduction)
     if op == "wgrad":  # a program per tap and split
         steps = _ceil(_ceil(red, config.split_k), bk)
+    elif config.tap_rows:  # one step per kernel row
+        steps = _ceil(taps // problem.kernel[-1], config.split_k)
     elif config.flat_k:  # the (r, s, c) reduction flattened
         steps = _ceil(_ceil(red * taps, bk), config.split_k)
     else:

@@ -7,6 +7,13 @@ GEMM view per group and tap ``(r, s)``: rows the group's ``K_G`` output channels
 the reduction long, so the reduction is split over program axis 2: each split writes fp32
 partial sums to its own slice of a ``[SPLIT, K, C_G, R, S]`` buffer and ``_wgrad_reduce``
 adds the slices in a fixed order. The result is bit-for-bit reproducible (no atomics).
+
+Tap-row tiles (``TileConfig.tap_rows``, few input channels per group: the RGB stem) cover
+one kernel row ``r`` and its whole ``(s, c)`` run as the columns instead of one tap's
+channels: ``_tap_rows_wgrad_kernel``, with the forward's tap-row addressing, writes the same
+partial-sum buffer. One tap's tile of a 3-channel stem would be 3 of 16 columns wide and
+read the output gradient 49 times; a kernel row's is 21 of 32, and 7 times (the programs of
+one split's rows run side by side, so mostly from L2).
 """
 
 from __future__ import annotations
@@ -19,6 +26,30 @@ from ...precision import accumulate_dtype
 from .common import acc_type, mma, strides
 from .launch import INTERPRETED, cdiv, launch, prepare
 from .launchargs import Geometry
+
+
+@triton.jit
+def _split_pixels(N, P, Q, split, SPLIT_K, BLOCK_K: tl.constexpr):
+    """[begin, end) of the output pixels that split ``split`` of ``SPLIT_K`` sums over."""
+    M = N * P * Q
+    per_split = tl.cdiv(tl.cdiv(M, BLOCK_K), SPLIT_K)
+    begin = split * per_split * BLOCK_K
+    return begin, min(M, begin + per_split * BLOCK_K)
+
+
+@triton.jit
+def _pixels(red, end, P, Q, INT64: tl.constexpr):
+    """(in range, image, row, column) of output pixels ``red`` (flat ``n·P·Q + p·Q + q``)."""
+    red_ok = red < end
+    img = red // (P * Q)
+    pq = red % (P * Q)
+    p = pq // Q
+    q = pq % Q
+    if INT64:
+        img = img.to(tl.int64)
+        p = p.to(tl.int64)
+        q = q.to(tl.int64)
+    return red_ok, img, p, q
 
 
 @triton.jit
@@ -67,25 +98,11 @@ def _conv_wgrad_kernel(
     b_cols = x_ptr + c_load * stride_xc + (r * dil_h - pad_h) * stride_xh + \
         (s * dil_w - pad_w) * stride_xw  # [BLOCK_N]
 
-    PQ = P * Q
-    M = N * PQ
-    steps = tl.cdiv(M, BLOCK_K)
-    per_split = tl.cdiv(steps, SPLIT_K)
-    begin = split * per_split * BLOCK_K
-    end = min(M, begin + per_split * BLOCK_K)
+    begin, end = _split_pixels(N, P, Q, split, SPLIT_K, BLOCK_K)
     offs_red = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
     for m0 in range(begin, end, BLOCK_K):
-        red = m0 + offs_red
-        red_ok = red < end
-        img = red // PQ
-        pq = red % PQ
-        p = pq // Q
-        q = pq % Q
-        if INT64:
-            img = img.to(tl.int64)
-            p = p.to(tl.int64)
-            q = q.to(tl.int64)
+        red_ok, img, p, q = _pixels(m0 + offs_red, end, P, Q, INT64)
         ih = p * stride_h + (r * dil_h - pad_h)
         iw = q * stride_w + (s * dil_w - pad_w)
         x_ok = red_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -101,6 +118,66 @@ def _conv_wgrad_kernel(
         k_glob = k_glob.to(tl.int64)
     ptrs = out_ptr + split * stride_split + (k_glob * stride_ok)[:, None] + \
         (offs_n * stride_oc)[None, :] + (r * stride_or + s * stride_os)
+    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tap_rows_wgrad_kernel(
+    dy_ptr, x_ptr, out_ptr,
+    N, H, W, C_G, P, Q, K_G, R, S,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    stride_dn, stride_dk, stride_dp, stride_dq,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_ok, stride_oc, stride_or, stride_os, stride_split,
+    PRECISION: tl.constexpr, INT64: tl.constexpr, DOT_FP32: tl.constexpr,
+    ROUND_TF32: tl.constexpr, ACC: tl.constexpr,
+    SPLIT_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_M: tl.constexpr,
+):
+    """Program (kernel row r and output-channel tile, group, split): ``[BLOCK_M output
+    channels x BLOCK_N (s, c) run elements]`` of row r, summed over the split's pixels."""
+    pid = tl.program_id(0)
+    group = tl.program_id(1)
+    split = tl.program_id(2)
+    r = pid % R  # a split's kernel rows are consecutive programs: they share dy in L2
+    pid_m = pid // R
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    k_glob = group * K_G + offs_m
+    if EVEN_M:  # a plain arange: contiguous channels-last dy loads as vectors (_conv_wgrad_kernel)
+        k_load = k_glob
+    else:
+        k_load = group * K_G + offs_m % K_G
+    offs_j = tl.arange(0, BLOCK_N)  # (s, c) of row r, c fastest
+    s_j = offs_j // C_G
+    c_j = offs_j % C_G
+    run_ok = offs_j < S * C_G
+    if INT64:
+        k_load = k_load.to(tl.int64)
+    a_cols = dy_ptr + k_load * stride_dk  # [BLOCK_M]
+    b_cols = x_ptr + (group * C_G + c_j) * stride_xc + (s_j * dil_w - pad_w) * stride_xw + \
+        (r * dil_h - pad_h) * stride_xh  # [BLOCK_N]
+
+    begin, end = _split_pixels(N, P, Q, split, SPLIT_K, BLOCK_K)
+    offs_red = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    for m0 in range(begin, end, BLOCK_K):
+        red_ok, img, p, q = _pixels(m0 + offs_red, end, P, Q, INT64)
+        ih = p * stride_h + (r * dil_h - pad_h)
+        iw = q[:, None] * stride_w + (s_j * dil_w - pad_w)[None, :]
+        x_ok = (red_ok & (ih >= 0) & (ih < H))[:, None] & run_ok[None, :] & \
+            (iw >= 0) & (iw < W)
+        a = tl.load(a_cols[:, None] + (img * stride_dn + p * stride_dp + q * stride_dq)[None, :],
+                    mask=red_ok[None, :], other=0.0)
+        b = tl.load(b_cols[None, :] + (img * stride_xn + p * stride_h * stride_xh +
+                                       q * stride_w * stride_xw)[:, None],
+                    mask=x_ok, other=0.0)
+        acc = mma(a, b, acc, DOT_FP32, ROUND_TF32, PRECISION, ACC)
+
+    mask = (offs_m < K_G)[:, None] & run_ok[None, :]
+    if INT64:
+        k_glob = k_glob.to(tl.int64)
+    ptrs = out_ptr + split * stride_split + (k_glob * stride_ok)[:, None] + \
+        (c_j * stride_oc + s_j * stride_os)[None, :] + r * stride_or
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -140,8 +217,11 @@ def prepare_wgrad(dy4, x4, out4, geo: Geometry, *, precision, config, int64, kee
     _, c_g, r, s = out4.shape
     k_g = k // groups
     split = config.split_k
-    grid = (cdiv(k_g, config.block_m) * cdiv(c_g, config.block_n) * r * s,
-            groups, split)
+    if config.tap_rows:
+        grid = (cdiv(k_g, config.block_m) * r, groups, split)
+    else:
+        grid = (cdiv(k_g, config.block_m) * cdiv(c_g, config.block_n) * r * s,
+                groups, split)
     if split > 1:
         target = torch.empty((split, k, c_g, r, s), device=out4.device,
                              dtype=accumulate_dtype(out4.dtype))
@@ -158,12 +238,16 @@ def prepare_wgrad(dy4, x4, out4, geo: Geometry, *, precision, config, int64, kee
         ROUND_TF32=precision == "tf32" and dy4.dtype == torch.float32,
         ACC=acc_type(dy4.dtype),
         SPLIT_K=split, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, EVEN_M=k_g % config.block_m == 0,
-        EVEN_N=c_g % config.block_n == 0, num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    meta.update(EVEN_M=k_g % config.block_m == 0)
+    if config.tap_rows:
+        kernel = _tap_rows_wgrad_kernel
+    else:
+        kernel = _conv_wgrad_kernel
+        meta.update(EVEN_N=c_g % config.block_n == 0)
     if split > 1 or not keep:
-        launch(_conv_wgrad_kernel, grid, *args, **meta)
+        launch(kernel, grid, *args, **meta)
         if split > 1:
             numel = k * c_g * r * s
             block = 1024
@@ -171,4 +255,4 @@ def prepare_wgrad(dy4, x4, out4, geo: Geometry, *, precision, config, int64, kee
                 target, out4, numel, c_g, r, s, *out4.stride(), SPLIT_K=split, BLOCK=block,
                 num_warps=4)
         return None
-    return prepare(_conv_wgrad_kernel, grid, 3, *args, **meta)
+    return prepare(kernel, grid, 3, *args, **meta)
