@@ -182,14 +182,19 @@ def wgrad_candidates(problem: ConvProblem) -> list[TileConfig]:
 
 
 # Tap-row weight-gradient shapes (block_m: output channels, block_k: pixels per step, warps,
-# stages); block_n is the kernel row's run rounded up.
-_TAP_ROWS_WGRAD = [(64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3)]
+# stages) and the factors applied to the split that fills the GPU four times: the winners of
+# the stem sweep on the H100 (7x7 s2, 3 -> 64 channels, bf16/fp16; benchmarks/NOTES.md):
+# 256 pixels per step and twice the filling split at b256 and DeepLabV3's 512² b8, half of
+# it at b32. (Tiles over every kernel row at once, which read dy once, measured 1.2x slower:
+# the x gather, not dy, limits.)
+_TAP_ROWS_WGRAD = [(64, 256, 4, 3, 2.0), (64, 256, 4, 3, 0.5), (64, 128, 4, 3, 2.0),
+                   (64, 128, 4, 3, 1.0), (64, 256, 4, 3, 1.0)]
 
 
 def tap_rows_wgrad_candidates(problem: ConvProblem, sms: int) -> list[TileConfig]:
     """Weight-gradient tiles over one kernel row's ``(s, c)`` run (``tap_rows_candidates``'
-    problems), the pixel reduction split so that the programs fill the GPU about four times
-    (every split keeping at least 8 steps)."""
+    problems), the pixel reduction split around what fills the GPU four times (every split
+    keeping at least 8 steps)."""
     if not tap_rows_candidates(problem):
         return []
     block_n = 1 << (tap_run(problem) - 1).bit_length()
@@ -197,10 +202,10 @@ def tap_rows_wgrad_candidates(problem: ConvProblem, sms: int) -> list[TileConfig
     rows = problem.kernel[0] if problem.rank == 2 else 1
     partial = problem.k * problem.c_per_group * math.prod(problem.kernel) * 4
     cands = []
-    for bm, bk, w, st in _TAP_ROWS_WGRAD:
+    for bm, bk, w, st, factor in _TAP_ROWS_WGRAD:
         bm = min(bm, _pow2_at_least_16(problem.k_per_group))
         tiles = -(-problem.k_per_group // bm) * rows * problem.groups
-        split = max(1, min(-(-4 * sms // tiles), pixels // (8 * bk), 128,
+        split = max(1, min(round(factor * -(-4 * sms // tiles)), pixels // (8 * bk), 128,
                            (2**31 - 1) // (partial // 4)))
         cfg = TileConfig(bm, block_n, bk, w, st, False, split, tap_rows=True)
         if cfg not in cands:
