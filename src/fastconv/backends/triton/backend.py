@@ -198,10 +198,11 @@ def _tile_errors(problem: ConvProblem, config: TileConfig, op: str) -> list[str]
         return ["a depthwise convolution runs direct tiles (DwConfig), not GEMM tiles"]
     split_max = 1 if config.rows or (op == "fprop" and problem.transposed) \
         else _SPLIT_MAX.get(op, 1)
+    block_k_max = 256 if config.tap_rows is True and op == "wgrad" else 128  # pixels per step
     errors = _field_errors(config, {
         "block_m": (lambda v: _pow2(v, 16, 256), "a power of two in [16, 256]"),
         "block_n": (lambda v: _pow2(v, 16, 256), "a power of two in [16, 256]"),
-        "block_k": (lambda v: _pow2(v, 16, 128), "a power of two in [16, 128]"),
+        "block_k": (lambda v: _pow2(v, 16, block_k_max), f"a power of two in [16, {block_k_max}]"),
         "num_warps": _WARPS,
         "num_stages": (lambda v: type(v) is int and 1 <= v <= 8, "an int in [1, 8]"),
         "flat_k": _BOOL, "rows": _BOOL, "tap_rows": _BOOL,

@@ -117,6 +117,9 @@ def fprop_candidates(problem: ConvProblem) -> list[TileConfig]:
     return cands
 
 
+#: the shared memory a tile's pipeline may take (backend._SMEM_LIMIT)
+_SMEM = 200 * 1024
+
 # Tap-row tile shapes (block_m, block_n, warps, stages); block_k is the run rounded up.
 _TAP_ROWS = [(128, 64, 4, 3), (256, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)]
 
@@ -131,7 +134,9 @@ def tap_rows_candidates(problem: ConvProblem) -> list[TileConfig]:
         return []
     block_k = 1 << (run - 1).bit_length()
     narrow = problem.k_per_group <= 32
-    return [TileConfig(bm, bn, block_k, w, st, True, tap_rows=True)
+    item = problem.dtype.itemsize
+    return [TileConfig(bm, bn, block_k, w, st if (bm + bn) * block_k * item * st <= _SMEM else 2,
+                       True, tap_rows=True)
             for bm, bn, w, st in _TAP_ROWS if (bn == 32) == narrow]
 
 
@@ -204,6 +209,10 @@ def tap_rows_wgrad_candidates(problem: ConvProblem, sms: int) -> list[TileConfig
     cands = []
     for bm, bk, w, st, factor in _TAP_ROWS_WGRAD:
         bm = min(bm, _pow2_at_least_16(problem.k_per_group))
+        if (bm + block_n) * bk * problem.dtype.itemsize * st > _SMEM:
+            st = 2  # fp32 operands: a shallower pipeline fits the shared memory
+        if (bm + block_n) * bk * problem.dtype.itemsize * st > _SMEM:
+            continue
         tiles = -(-problem.k_per_group // bm) * rows * problem.groups
         split = max(1, min(round(factor * -(-4 * sms // tiles)), pixels // (8 * bk), 128,
                            (2**31 - 1) // (partial // 4)))
