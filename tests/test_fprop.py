@@ -231,6 +231,36 @@ def test_tap_row_weight_gradient(case, split, device):
     assert relative_error(runs[0], ref) < 1e-5
 
 
+@pytest.mark.parametrize("rank", [1, 2])
+def test_tap_row_tiles_through_the_backend(rank):
+    """The backend's bound forward and weight gradient (the entry points dispatch calls:
+    views, layout copies, the partial-sum reduce) with tap-row tiles, conv1d in NCL and a
+    channels-last conv2d, against float64."""
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.backends.triton.configs import TileConfig
+    from fastconv.problem import ConvProblem
+
+    if rank == 1:
+        x, w = torch.randn(3, 4, 29, dtype=torch.float64), torch.randn(6, 4, 5, dtype=torch.float64)
+        conv, grad_w = F.conv1d, torch.nn.grad.conv1d_weight
+    else:
+        x = torch.randn(2, 3, 15, 13, dtype=torch.float64).contiguous(
+            memory_format=torch.channels_last)
+        w = torch.randn(6, 3, 7, 7, dtype=torch.float64)
+        conv, grad_w = F.conv2d, torch.nn.grad.conv2d_weight
+    problem = ConvProblem.from_tensors(x, w, None, 2, 2, rank=rank)
+    y = conv(x, w, None, 2, 2)
+    g = torch.randn_like(y)
+    forward = TileConfig(16, 16, 32, 4, 1, True, tap_rows=True)
+    grad = TileConfig(16, 32, 16, 4, 1, False, 3, tap_rows=True)
+    for cfg, op in ((forward, "fprop"), (grad, "wgrad")):
+        assert TritonBackend.config_errors(problem, cfg, op) == [], (cfg, op)
+    out = TritonBackend.bind(problem, forward)(x, w, None, None, None, None, None)
+    assert relative_error(out, y) < 1e-12
+    dw = TritonBackend.bind(problem, grad, "wgrad")(g, x, None)
+    assert relative_error(dw, grad_w(x, w.shape, g, 2, 2)) < 1e-12
+
+
 def test_tap_row_tiles_are_offered_where_they_fit():
     """Tap-row tiles are forward and weight-gradient candidates for 2-15 channels per group
     and kernel rows of 16-64 elements, each with a block wide enough for the run; a block
