@@ -154,9 +154,10 @@ def test_kernel_variants(flat_k, int64, split_k, device):
     assert relative_error(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("int64", [False, True])
 @pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
 @pytest.mark.parametrize("case", ["stem", "grouped_dilated"])
-def test_tap_row_tiles(case, layout, device):
+def test_tap_row_tiles(case, layout, int64, device):
     """The tap-row walk (one kernel row per step, its (s, c) run in one block) against
     float64: the RGB stem's shape (7x7, stride 2, padding 3, 21-element runs in a 32-wide
     block) with the epilogue, and a grouped, dilated, asymmetric one (4 channels per group,
@@ -187,15 +188,15 @@ def test_tap_row_tiles(case, layout, device):
                                        dilation=geo.dilation, groups=groups, rank=2)
     assert TritonBackend.config_errors(problem, config) == []
     launch_fprop(x, w, out, EpilogueArgs(scale, shift, None, fastconv.ACTIVATIONS.index("relu")),
-                 geo, precision="ieee", config=config, int64=False)
+                 geo, precision="ieee", config=config, int64=int64)
     ref = F.relu(conv * scale.double().view(1, -1, 1, 1) + shift.double().view(1, -1, 1, 1))
     assert not out.isnan().any()
     assert relative_error(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("split,int64", [(1, False), (3, False), (3, True)])
 @pytest.mark.parametrize("case", ["stem", "grouped_dilated"])
-def test_tap_row_weight_gradient(case, split, device):
+def test_tap_row_weight_gradient(case, split, int64, device):
     """The weight gradient over kernel-row tiles against float64, its split reduction in a
     fixed order (the same bits twice), every weight element written."""
     from fastconv.backends.triton.backend import TritonBackend
@@ -223,7 +224,7 @@ def test_tap_row_weight_gradient(case, split, device):
     runs = []
     for _ in range(2):
         out = torch.full(wshape, float("nan"), device=device)
-        launch_wgrad(dy, x, out, geo, precision="ieee", config=config, int64=False)
+        launch_wgrad(dy, x, out, geo, precision="ieee", config=config, int64=int64)
         runs.append(out)
     assert torch.equal(runs[0], runs[1])
     ref = torch.nn.grad.conv2d_weight(x.double(), wshape, dy.double(), geo.stride, geo.pad,

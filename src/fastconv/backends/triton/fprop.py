@@ -178,6 +178,8 @@ def _conv_fprop_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
     if TAP_ROWS:
         offs_j = tl.arange(0, BLOCK_K)  # (s, c) of one kernel row, c fastest
+        if INT64:
+            offs_j = offs_j.to(tl.int64)
         s_j = offs_j // C_G
         c_j = offs_j % C_G
         run_ok = offs_j < S * C_G

@@ -148,6 +148,8 @@ def _tap_rows_wgrad_kernel(
     else:
         k_load = group * K_G + offs_m % K_G
     offs_j = tl.arange(0, BLOCK_N)  # (s, c) of row r, c fastest
+    if INT64:
+        offs_j = offs_j.to(tl.int64)
     s_j = offs_j // C_G
     c_j = offs_j % C_G
     run_ok = offs_j < S * C_G
