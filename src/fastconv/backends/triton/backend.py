@@ -26,13 +26,14 @@ from .binds import (
     roll_problem,
 )
 from .configs import (
+    SMEM_LIMIT,
     TileConfig,
     dgrad_candidates,
     fprop_candidates,
     interpreter_config,
     pack_candidates,
     rows_candidates,
-    tap_rows_candidates,
+    tap_rows_fit,
     tap_run,
     wgrad_candidates,
 )
@@ -186,8 +187,6 @@ def _field_errors(config, rules: dict) -> list[str]:
             for name, (test, allowed) in rules.items() if not test(getattr(config, name))]
 
 
-#: Shared memory a GEMM tile's pipeline may ask for (the H100 has 227 KiB per block).
-_SMEM_LIMIT = 200 * 1024
 _SPLIT_MAX = {"fprop": 16, "wgrad": 128}  # the candidates' largest splits: 6 and 128
 _BOOL = (lambda v: type(v) is bool, "True or False")
 _WARPS = (lambda v: _pow2(v, 1, 16), "a power of two in [1, 16]")
@@ -221,9 +220,9 @@ def _tile_errors(problem: ConvProblem, config: TileConfig, op: str) -> list[str]
                             dataclasses.replace(config, pack_groups=1), op)
     item = 4 if problem.dtype in (torch.float32, torch.float64) else 2
     smem = (config.block_m + config.block_n) * config.block_k * item * config.num_stages
-    if problem.device == "cuda" and smem > _SMEM_LIMIT:
+    if problem.device == "cuda" and smem > SMEM_LIMIT:
         errors.append(f"the tile's pipeline needs {smem} bytes of shared memory "
-                      f"(at most {_SMEM_LIMIT})")
+                      f"(at most {SMEM_LIMIT})")
     if config.flat_k and (op != "fprop" or problem.transposed):
         errors.append("flat_k: only the forward of a non-transposed convolution")
     if config.tap_rows:
@@ -231,7 +230,7 @@ def _tile_errors(problem: ConvProblem, config: TileConfig, op: str) -> list[str]
         fits = (op == "fprop" and config.flat_k and config.split_k == 1
                 and config.block_k >= run) or \
             (op == "wgrad" and not config.flat_k and config.block_n >= run)
-        if not (fits and tap_rows_candidates(problem) and not config.rows
+        if not (fits and tap_rows_fit(problem) and not config.rows
                 and config.pack_groups == 1):
             errors.append(f"tap_rows: only the forward (a flat_k tile, block_k >= {run}, no "
                           f"split-K) or the weight gradient (block_n >= {run}) of a "

@@ -117,27 +117,44 @@ def fprop_candidates(problem: ConvProblem) -> list[TileConfig]:
     return cands
 
 
-#: the shared memory a tile's pipeline may take (backend._SMEM_LIMIT)
-_SMEM = 200 * 1024
+#: Shared memory a GEMM tile's pipeline may ask for (the H100 has 227 KiB per block).
+SMEM_LIMIT = 200 * 1024
+
+
+def _stages_that_fit(bm: int, bn: int, bk: int, problem: ConvProblem, stages: int):
+    """``stages``, or 2 where that pipeline of ``(bm + bn) x bk`` operands would exceed the
+    shared memory (fp32 operands), or None where even 2 stages would."""
+    for st in (stages, 2):
+        if (bm + bn) * bk * problem.dtype.itemsize * st <= SMEM_LIMIT:
+            return st
+    return None
+
+
+def tap_rows_fit(problem: ConvProblem) -> bool:
+    """Whether tap-row tiles serve ``problem``: a non-transposed convolution whose groups
+    have 2-15 channels and whose kernel rows hold 16-64 elements (``S * C_G``: the 7x7 RGB
+    stem's 21; a 4x4 patchify's 12 is too few)."""
+    return (not problem.transposed and 2 <= problem.c_per_group < 16
+            and 16 <= tap_run(problem) <= 64)
+
 
 # Tap-row tile shapes (block_m, block_n, warps, stages); block_k is the run rounded up.
 _TAP_ROWS = [(128, 64, 4, 3), (256, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)]
 
 
 def tap_rows_candidates(problem: ConvProblem) -> list[TileConfig]:
-    """Tap-row tiles for a forward whose groups have 2-15 channels and whose kernel rows hold
-    16-64 elements (``S * C_G``: the 7x7 RGB stem's 21, a 4x4 patchify's 12 is too few):
-    one step per kernel row instead of per-element index arithmetic over the flattened
-    reduction."""
-    run = tap_run(problem)
-    if problem.transposed or not 2 <= problem.c_per_group < 16 or not 16 <= run <= 64:
+    """Forward tap-row tiles (``tap_rows_fit``' problems): one step per kernel row instead
+    of per-element index arithmetic over the flattened reduction."""
+    if not tap_rows_fit(problem):
         return []
-    block_k = 1 << (run - 1).bit_length()
+    block_k = _pow2_at_least_16(tap_run(problem))
     narrow = problem.k_per_group <= 32
-    item = problem.dtype.itemsize
-    return [TileConfig(bm, bn, block_k, w, st if (bm + bn) * block_k * item * st <= _SMEM else 2,
-                       True, tap_rows=True)
-            for bm, bn, w, st in _TAP_ROWS if (bn == 32) == narrow]
+    cands = []
+    for bm, bn, w, st in _TAP_ROWS:
+        st = _stages_that_fit(bm, bn, block_k, problem, st)
+        if (bn == 32) == narrow and st is not None:
+            cands.append(TileConfig(bm, bn, block_k, w, st, True, tap_rows=True))
+    return cands
 
 
 # dgrad reuses the forward's tile shapes (the same GEMM with the roles of C and K swapped);
@@ -197,21 +214,20 @@ _TAP_ROWS_WGRAD = [(64, 256, 4, 3, 2.0), (64, 256, 4, 3, 0.5), (64, 128, 4, 3, 2
 
 
 def tap_rows_wgrad_candidates(problem: ConvProblem, sms: int) -> list[TileConfig]:
-    """Weight-gradient tiles over one kernel row's ``(s, c)`` run (``tap_rows_candidates``'
+    """Weight-gradient tiles over one kernel row's ``(s, c)`` run (``tap_rows_fit``'
     problems), the pixel reduction split around what fills the GPU four times (every split
     keeping at least 8 steps)."""
-    if not tap_rows_candidates(problem):
+    if not tap_rows_fit(problem):
         return []
-    block_n = 1 << (tap_run(problem) - 1).bit_length()
+    block_n = _pow2_at_least_16(tap_run(problem))
     pixels = problem.n * math.prod(problem.out_size)
     rows = problem.kernel[0] if problem.rank == 2 else 1
     partial = problem.k * problem.c_per_group * math.prod(problem.kernel) * 4
     cands = []
     for bm, bk, w, st, factor in _TAP_ROWS_WGRAD:
         bm = min(bm, _pow2_at_least_16(problem.k_per_group))
-        if (bm + block_n) * bk * problem.dtype.itemsize * st > _SMEM:
-            st = 2  # fp32 operands: a shallower pipeline fits the shared memory
-        if (bm + block_n) * bk * problem.dtype.itemsize * st > _SMEM:
+        st = _stages_that_fit(bm, block_n, bk, problem, st)
+        if st is None:
             continue
         tiles = -(-problem.k_per_group // bm) * rows * problem.groups
         split = max(1, min(round(factor * -(-4 * sms // tiles)), pixels // (8 * bk), 128,
