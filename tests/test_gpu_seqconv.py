@@ -150,3 +150,32 @@ def test_wide_filter_gradients_bf16_within_the_contract(width):
     for got, want in zip(results[torch.bfloat16], results[torch.float64]):
         assert got.dtype == torch.bfloat16 and got.isfinite().all()
         assert relative_error(got, want) <= TOLERANCE[Precision.BF16]
+
+
+@pytest.mark.parametrize("width", [2, 4, 16, 31])
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_training_kernels_within_the_contract(width, layout, dtype, monkeypatch):
+    """The one-pass kernels of causal_conv1d's training route (the size rule lowered to any
+    size) on a GPU: output and gradients of x, weight, bias and the initial states against
+    torch's F.conv1d in float64 (another computation), every dtype within its contract,
+    the windows' halos crossing a row of 2,100 positions."""
+    from fastconv import seqconv
+
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    x, w, b = _inputs(width, layout, batch=2, dim=130, seqlen=2100)
+    s = torch.randn(x.shape[0], x.shape[1], width - 1, device="cuda")
+    g = torch.randn_like(x)
+    want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
+    full = torch.cat([want_args[3], want_args[0]], -1)
+    want_out = torch.nn.functional.silu(torch.nn.functional.conv1d(
+        full, want_args[1].unsqueeze(1), want_args[2], groups=x.shape[1]))
+    want = (want_out, *torch.autograd.grad(want_out, want_args, g.double()))
+    args = [t.to(dtype).requires_grad_() for t in (x, w, b, s)]
+    out = fastconv.causal_conv1d(*args[:3], None, args[3], activation="silu")
+    got = (out, *torch.autograd.grad(out, args, g.to(dtype)))
+    tol = {torch.bfloat16: TOLERANCE[Precision.BF16], torch.float32: TOLERANCE[Precision.IEEE],
+           torch.float64: 1e-12}[dtype]
+    for a, c in zip(got, want):
+        assert a.dtype == dtype and a.isfinite().all()
+        assert relative_error(a, c) <= tol

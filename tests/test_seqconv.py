@@ -228,17 +228,25 @@ def test_gradients_in_float64():
         assert torch.autograd.gradcheck(f, args, fast_mode=packed is not None)
 
 
-@pytest.mark.parametrize("width,seqlen,activation", [
-    pytest.param(4, 1100, "silu", marks=pytest.mark.slow), (7, 5, "silu"), (3, 70, None),
-    (40, 45, "silu")])
-def test_packed_kernel_gradients_match_the_torch_route(width, seqlen, activation, monkeypatch):
-    """The packed kernels' gradients (x in the dim-contiguous layout, more positions than
-    one weight-gradient chunk of 1,024, or fewer than the state, more taps than one
-    weight-gradient program's 32) against the torch route's autograd, in float64;
+@pytest.mark.parametrize("width,seqlen,activation,layout", [
+    pytest.param(4, 1100, "silu", "dim", marks=pytest.mark.slow), (7, 5, "silu", "dim"),
+    (3, 70, None, "dim"), (40, 45, "silu", "dim"), (9, 1100, "silu", "seqlen"),
+    (2, 500, None, "seqlen")])
+def test_packed_kernel_gradients_match_the_torch_route(width, seqlen, activation, layout,
+                                                       monkeypatch):
+    """The packed kernels' gradients (both layouts; many windows, a window's length
+    exactly, or fewer positions than the state; a halo past 32 positions) against the torch
+    route's autograd, in float64, every buffer poisoned (every element written);
     deterministic (two backward passes, the same bits)."""
     from fastconv import seqconv
+    from fastconv.backends.triton import packed
 
-    x, w, b, s = _inputs(2, 5, seqlen, width, layout="dim", dtype=torch.float64, seed=width)
+    empty_like, empty = torch.empty_like, torch.empty
+    monkeypatch.setattr(packed.torch, "empty_like",
+                        lambda t, *a, **k: empty_like(t, *a, **k).fill_(float("nan")))
+    monkeypatch.setattr(packed.torch, "empty",
+                        lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    x, w, b, s = _inputs(2, 5, seqlen, width, layout=layout, dtype=torch.float64, seed=width)
     seq_idx = torch.tensor([[min(t // 300, 2) for t in range(seqlen)],
                             [int(t >= seqlen - 2) for t in range(seqlen)]], dtype=torch.int32)
     g = torch.randn(2, 5, seqlen, dtype=torch.float64)

@@ -9,7 +9,8 @@ concatenate, convolve, shift the state) at batch 1 to 256, mode ``fwd``; long co
 packed sequences (``causal_conv1d`` with ``seq_idx``, sequences of 37-300 positions, against
 the same masked sum written in torch, one pass per tap).
 Providers: ``fastconv`` and ``torch``. ``min_bytes`` is what a pass must read and write
-(inputs, outputs, weights; gradients too in ``train``), so ``hbm_pct`` is the floor's
+(inputs, outputs, weights; in ``train`` also the output's gradient, x read again and its
+gradient: five passes of x's size), so ``hbm_pct`` is the floor's
 time (``min_bytes`` at the measured copy bandwidth) over the median.
 """
 
@@ -147,7 +148,9 @@ def _calls(case: SeqCase, dtype, device, train: bool):
             xg.grad = wg.grad = bg.grad = None
             return out.detach()
         return call
-    return {p: step(f) for p, f in fns.items()}, ref, 3 * moved + size * x.numel()
+    # forward + backward: x and the output (the forward), the output's gradient, x again and
+    # its gradient (the backward: x cannot stay on chip between them), the weights twice
+    return {p: step(f) for p, f in fns.items()}, ref, 2 * moved + size * x.numel()
 
 
 def run_case(case: SeqCase, providers: list[str], precision: Precision, mode: str,
