@@ -252,8 +252,9 @@ def _kernel_failed(family: str, exc: Exception) -> None:
 
 class _PackedFunction(torch.autograd.Function):
     """The packed kernels with their backward: the forward saves its inputs (no output);
-    the backward is one pass (the pre-activation recomputed in it where SiLU was applied)
-    for every gradient, the weight's and bias's as per-window sums added after it."""
+    the backward is one pass for the pre-activation's gradient where SiLU was applied (the
+    pre-activation recomputed in it, float32), one for the input gradients and one for the
+    weight's."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, initial_states, seq_idx, silu):
@@ -266,13 +267,15 @@ class _PackedFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        from .backends.triton.packed import packed_backward
+        from .backends.triton.packed import packed_backward, silu_grad
 
         x, weight, bias, initial_states, seq_idx = ctx.saved_tensors
         needs = ctx.needs_input_grad
         try:
-            dx, dh, dw, db = packed_backward(dy, x, seq_idx, initial_states, weight, bias,
-                                             ctx.silu, needs[3])
+            g = silu_grad(dy, x, seq_idx, initial_states, weight, bias) if ctx.silu else dy
+            dx, dh, dw = packed_backward(g, x, seq_idx, initial_states, weight, needs[3])
+            db = g.sum((0, 2), dtype=accumulate_dtype(x.dtype)).to(bias.dtype) \
+                if bias is not None and needs[2] else None
             grads = [dx, dw, db, dh]
         except Exception as exc:  # the torch route's gradients (see _packed_kernel)
             _kernel_failed("packed", exc)
