@@ -152,12 +152,13 @@ def test_wide_filter_gradients_bf16_within_the_contract(width):
         assert relative_error(got, want) <= TOLERANCE[Precision.BF16]
 
 
-@pytest.mark.parametrize("width", [2, 4, 16, 31])
+@pytest.mark.parametrize("width", [2, 4, 9, 16])
 @pytest.mark.parametrize("layout", ["seqlen", "dim"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_training_kernels_within_the_contract(width, layout, dtype, monkeypatch):
-    """The one-pass kernels of causal_conv1d's training route (the size rule lowered to any
-    size) on a GPU: output and gradients of x, weight, bias and the initial states against
+    """The kernels of causal_conv1d's training route (the size rule lowered to any size) on
+    a GPU, shortconv.py's (16-bit and float32, seqlen-contiguous, widths ≤ 9) and
+    packed.py's (the rest): output and gradients of x, weight, bias and the initial states against
     torch's F.conv1d in float64 (another computation), every dtype within its contract,
     the windows' halos crossing a row of 2,100 positions."""
     from fastconv import seqconv

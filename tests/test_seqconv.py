@@ -294,6 +294,52 @@ def test_training_without_seq_idx_runs_the_kernels(layout, states, monkeypatch):
     assert all(_rel(a, c) < 1e-12 for a, c in zip(got, want_grads))
 
 
+@pytest.mark.parametrize("width,seqlen,states,bias", [
+    (4, 300, True, True), (2, 37, False, False), (9, 513, True, False), (3, 5, True, True),
+    (7, 8, False, True)])
+def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bias,
+                                                      monkeypatch):
+    """causal_conv1d's training route for widths ≤ 9 on seqlen-contiguous float32 x
+    (shortconv.py's kernels, interpreted; packed.py's and fastconv.conv1d made to fail, every
+    buffer poisoned): output, final states and every gradient as F.conv1d's in float64;
+    windows of one or several chunks and programs, rows shorter than a chunk or the
+    state; deterministic (two backward passes, the same bits)."""
+    from fastconv import seqconv
+    from fastconv.backends.triton import packed, shortconv
+
+    def refused(*args, **kwargs):
+        raise AssertionError("another route ran")
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    monkeypatch.setattr(seqconv, "conv1d", refused)
+    for name in ("packed_forward", "packed_backward", "silu_grad"):
+        monkeypatch.setattr(packed, name, refused)
+    empty_like, empty = torch.empty_like, torch.empty
+    monkeypatch.setattr(shortconv.torch, "empty_like",
+                        lambda t, *a, **k: empty_like(t, *a, **k).fill_(float("nan")))
+    monkeypatch.setattr(shortconv.torch, "empty",
+                        lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    x, w, b, s = _inputs(2, 6, seqlen, width, seed=width + seqlen)
+    g = torch.randn(2, 6, seqlen, dtype=torch.float64)
+    used = (True, True, bias, states)
+    want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
+    start = want_args[3] if states else torch.zeros(2, 6, width - 1, dtype=torch.float64)
+    want = F.silu(F.conv1d(torch.cat([start, want_args[0]], -1), want_args[1].unsqueeze(1),
+                           want_args[2] if bias else None, groups=6))
+    want_grads = torch.autograd.grad(want, [t for t, u in zip(want_args, used) if u], g)
+    runs = []
+    for _ in range(2):
+        args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+        out = fastconv.causal_conv1d(args[0], args[1], args[2] if bias else None,
+                                     initial_states=args[3] if states else None,
+                                     activation="silu")
+        runs.append(torch.autograd.grad(out, [t for t, u in zip(args, used) if u],
+                                        g.float()))
+        assert _rel(out, want) < 1e-6
+    for got, ref in zip(runs[0], want_grads):
+        assert _rel(got, ref) < 1e-6
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+
+
 @pytest.mark.parametrize("width,seqlen,states", [(32, 7, True), (64, 4100, True),
                                                   (65, 300, False), (256, 129, True),
                                                   (128, 4200, True)])

@@ -251,31 +251,42 @@ def _kernel_failed(family: str, exc: Exception) -> None:
 
 
 class _PackedFunction(torch.autograd.Function):
-    """The packed kernels with their backward: the forward saves its inputs (no output);
-    the backward is one pass for the pre-activation's gradient where SiLU was applied (the
-    pre-activation recomputed in it, float32), one for the input gradients and one for the
-    weight's."""
+    """The packed kernels with their backward: the forward saves its inputs (no output).
+    Without seq_idx, short filters on seqlen-contiguous x run shortconv.py's kernels (one
+    pass each way); otherwise the backward is one pass for the pre-activation's gradient
+    where SiLU was applied (the pre-activation recomputed in it, float32), one for the input
+    gradients and one for the weight's."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, initial_states, seq_idx, silu):
+        from .backends.triton import shortconv
         from .backends.triton.packed import packed_forward
 
         ctx.save_for_backward(x, weight, bias, initial_states, seq_idx)
         ctx.silu = silu
+        ctx.short = seq_idx is None and shortconv.eligible(x, weight.shape[1])
+        if ctx.short:
+            return shortconv.short_forward(x, initial_states, weight, bias, silu)
         return packed_forward(x, seq_idx, initial_states, weight, bias, silu)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         from .backends.triton.packed import packed_backward, silu_grad
+        from .backends.triton.shortconv import short_backward
 
         x, weight, bias, initial_states, seq_idx = ctx.saved_tensors
         needs = ctx.needs_input_grad
         try:
-            g = silu_grad(dy, x, seq_idx, initial_states, weight, bias) if ctx.silu else dy
-            dx, dh, dw = packed_backward(g, x, seq_idx, initial_states, weight, needs[3])
-            db = g.sum((0, 2), dtype=accumulate_dtype(x.dtype)).to(bias.dtype) \
-                if bias is not None and needs[2] else None
+            if ctx.short:
+                dx, dh, dw, db = short_backward(dy, x, initial_states, weight, bias, ctx.silu,
+                                                needs[3])
+            else:
+                g = silu_grad(dy, x, seq_idx, initial_states, weight, bias) if ctx.silu \
+                    else dy
+                dx, dh, dw = packed_backward(g, x, seq_idx, initial_states, weight, needs[3])
+                db = g.sum((0, 2), dtype=accumulate_dtype(x.dtype)).to(bias.dtype) \
+                    if bias is not None and needs[2] else None
             grads = [dx, dw, db, dh]
         except Exception as exc:  # the torch route's gradients (see _packed_kernel)
             _kernel_failed("packed", exc)

@@ -1,0 +1,293 @@
+"""causal_conv1d's training route for short filters (width ≤ 9) without ``seq_idx``, x
+seqlen-contiguous: forward and backward one pass each, every load aligned.
+
+A program holds ``BLOCK_D`` channels × ``8·CHUNKS`` positions of one batch row as eight
+*columns*: column ``e`` holds positions ``8q + e`` (q < CHUNKS), split in registers from a
+``[BLOCK_D, CHUNKS, 8]`` load (16-byte vectors of 16-bit data). Tap ``k`` of position
+``8q + e`` reads position ``8q + e − s`` (``s = width − 1 − k`` ≤ 8): column ``e − s`` of the
+same chunk where ``e ≥ s``, else column ``8 + e − s`` of the chunk before, which is the
+same window loaded 8 positions earlier (an aligned load that hits the cache). No shift
+moves data between threads, so taps cost multiply-adds only (packed.py's kernels load each
+tap's window at its own, unaligned, offset: 2-byte loads).
+
+Forward: the chunk and the one before → bias, SiLU → the output. Backward: x at −8, 0,
++8 and dy at 0, +8 → the pre-activation of this chunk and the next recomputed →
+``g = dy · SiLU'`` → dx (tap ``k`` of g read ``s`` positions later: columns of this chunk or
+the next) → the weight's and bias's sums over the window, added in a fixed order after
+the pass; the initial states' gradient is dx of the positions before 0 (a first window
+starting 8 positions early). x and dy are read once from memory, dx written once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import cdiv, launch
+
+#: the widest filter: a tap reaches at most one chunk (8 positions) back
+MAX_WIDTH = 9
+
+
+def eligible(x: torch.Tensor, width: int) -> bool:
+    """Whether these kernels run causal_conv1d(x) of this width (no seq_idx): up to
+    MAX_WIDTH taps, seqlen-contiguous, not float64 (they compute in float32)."""
+    return width <= MAX_WIDTH and x.stride(2) == 1 and x.dtype != torch.float64
+
+
+@triton.jit
+def _columns(v, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr):
+    """The eight columns ([BLOCK_D, CHUNKS] each) of a [BLOCK_D, CHUNKS, 8] window."""
+    even, odd = tl.split(tl.reshape(v, [BLOCK_D, CHUNKS, 4, 2]))  # positions 2f, 2f + 1
+    e04, e26 = tl.split(tl.reshape(even, [BLOCK_D, CHUNKS, 2, 2]))  # 4g, 4g + 2
+    e15, e37 = tl.split(tl.reshape(odd, [BLOCK_D, CHUNKS, 2, 2]))  # 4g + 1, 4g + 3
+    c0, c4 = tl.split(e04)
+    c2, c6 = tl.split(e26)
+    c1, c5 = tl.split(e15)
+    c3, c7 = tl.split(e37)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@triton.jit
+def _window(c, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr):
+    """The [BLOCK_D, CHUNKS, 8] window of eight columns (:func:`_columns`' inverse)."""
+    even = tl.reshape(tl.join(tl.join(c[0], c[4]), tl.join(c[2], c[6])),
+                      [BLOCK_D, CHUNKS, 4])
+    odd = tl.reshape(tl.join(tl.join(c[1], c[5]), tl.join(c[3], c[7])),
+                     [BLOCK_D, CHUNKS, 4])
+    return tl.reshape(tl.join(even, odd), [BLOCK_D, CHUNKS, 8])
+
+
+@triton.jit
+def _load(ptr, init_ptr, rows, b, d, dmask, p, seqlen, s_t, sh_b, sh_d, sh_k,
+          WIDTH: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr,
+          CHUNKS: tl.constexpr):
+    """The columns of a tensor at positions ``p`` ([1, CHUNKS, 8]) of channels ``d``, in
+    float32 (``initial_states`` before 0 where given, zero elsewhere outside)."""
+    inside = (p >= 0) & (p < seqlen)
+    v = tl.load(ptr + rows + p.to(tl.int64) * s_t, mask=dmask[:, None, None] & inside,
+                other=0.0).to(tl.float32)
+    if HAS_INIT:
+        before = (p < 0) & (p >= 1 - WIDTH)
+        v += tl.load(init_ptr + b * sh_b + d[:, None, None] * sh_d + (WIDTH - 1 + p) * sh_k,
+                     mask=dmask[:, None, None] & before, other=0.0).to(tl.float32)
+    return _columns(v, BLOCK_D, CHUNKS)
+
+
+@triton.jit
+def _pre(cur, prev, w, bias, E: tl.constexpr, WIDTH: tl.constexpr):
+    """The pre-activation at column E: Σ_k w[k]·x[8q + E − (WIDTH − 1 − k)] + bias."""
+    acc = bias[:, None] + tl.zeros(cur[0].shape, tl.float32)
+    for k in tl.static_range(WIDTH):
+        if E >= WIDTH - 1 - k:
+            acc += cur[E - (WIDTH - 1 - k)] * w[k][:, None]
+        else:
+            acc += prev[8 + E - (WIDTH - 1 - k)] * w[k][:, None]
+    return acc
+
+
+@triton.jit
+def _tap(w_ptr, d, dmask, sw_d, sw_k, K: tl.constexpr, WIDTH: tl.constexpr):
+    return tl.load(w_ptr + d * sw_d + K * sw_k, mask=dmask & (K < WIDTH), other=0.0) \
+        .to(tl.float32)
+
+
+@triton.jit
+def _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """(the taps of channels d in float32, MAX_WIDTH of them (zero past WIDTH); the bias
+    or zeros)."""
+    w = (_tap(w_ptr, d, dmask, sw_d, sw_k, 0, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 1, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 2, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 3, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 4, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 5, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 6, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 7, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 8, WIDTH))
+    bias = tl.zeros(d.shape, tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+    return w, bias
+
+
+@triton.jit
+def _positions(FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr):
+    """(positions [1, CHUNKS, 8] of this program's window, channels, row)."""
+    q = tl.arange(0, CHUNKS)[None, :, None]
+    e = tl.arange(0, 8)[None, None, :]
+    p = tl.program_id(0) * (8 * CHUNKS) + FIRST + 8 * q + e
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    return p, d, tl.program_id(2).to(tl.int64)
+
+
+@triton.jit
+def _out(cur, prev, w, bias, E: tl.constexpr, WIDTH: tl.constexpr, SILU: tl.constexpr):
+    v = _pre(cur, prev, w, bias, E, WIDTH)
+    if SILU:
+        v = v * tl.sigmoid(v)
+    return v
+
+
+@triton.jit
+def _forward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen, sx_b, sx_d, sx_t,
+                    sh_b, sh_d, sh_k, sw_d, sw_k, so_b, so_d, so_t,
+                    WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
+                    HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    p, d, b = _positions(0, BLOCK_D, CHUNKS)
+    dmask = d < dim
+    rows = b * sx_b + d[:, None, None].to(tl.int64) * sx_d
+    cur = _load(x_ptr, init_ptr, rows, b, d, dmask, p, seqlen, sx_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT, BLOCK_D, CHUNKS)
+    prev = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 8, seqlen, sx_t, sh_b, sh_d, sh_k,
+                 WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+    w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
+    y = (_out(cur, prev, w, bias, 0, WIDTH, SILU), _out(cur, prev, w, bias, 1, WIDTH, SILU),
+         _out(cur, prev, w, bias, 2, WIDTH, SILU), _out(cur, prev, w, bias, 3, WIDTH, SILU),
+         _out(cur, prev, w, bias, 4, WIDTH, SILU), _out(cur, prev, w, bias, 5, WIDTH, SILU),
+         _out(cur, prev, w, bias, 6, WIDTH, SILU), _out(cur, prev, w, bias, 7, WIDTH, SILU))
+    tl.store(out_ptr + b * so_b + d[:, None, None].to(tl.int64) * so_d + p.to(tl.int64) * so_t,
+             _window(y, BLOCK_D, CHUNKS).to(out_ptr.dtype.element_ty),
+             mask=dmask[:, None, None] & (p < seqlen))
+
+
+@triton.jit
+def _grad(dy, cur, prev, w, bias, E: tl.constexpr, WIDTH: tl.constexpr, SILU: tl.constexpr):
+    """The pre-activation's gradient at column E: dy · SiLU'(pre), or dy."""
+    g = dy[E]
+    if SILU:
+        pre = _pre(cur, prev, w, bias, E, WIDTH)
+        sig = tl.sigmoid(pre)
+        g = g * sig * (1 + pre * (1 - sig))
+    return g
+
+
+@triton.jit
+def _dx(g, g_next, w, E: tl.constexpr, WIDTH: tl.constexpr):
+    """The input gradient at column E: Σ_k w[k]·g[8q + E + WIDTH − 1 − k] (this chunk's
+    columns, or the next chunk's)."""
+    acc = tl.zeros(g[0].shape, tl.float32)
+    for k in tl.static_range(WIDTH):
+        if E + WIDTH - 1 - k < 8:
+            acc += g[E + WIDTH - 1 - k] * w[k][:, None]
+        else:
+            acc += g_next[E + WIDTH - 1 - k - 8] * w[k][:, None]
+    return acc
+
+
+@triton.jit
+def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part_ptr, dim,
+                     seqlen, sx_b, sx_d, sx_t, sh_b, sh_d, sh_k, sw_d, sw_k, sy_b, sy_d, sy_t,
+                     sdx_b, sdx_d, sdx_t, sdh_b, sdh_d, sdh_k,
+                     WIDTH: tl.constexpr, TAPS: tl.constexpr, FIRST: tl.constexpr,
+                     BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr, HAS_INIT: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, INIT_GRAD: tl.constexpr):
+    # FIRST: the first position of the first window (−8 with the initial states' gradient:
+    # dx of positions −8..−1, else 0)
+    p, d, b = _positions(FIRST, BLOCK_D, CHUNKS)
+    dmask = d < dim
+    rows = b * sx_b + d[:, None, None].to(tl.int64) * sx_d
+    prev = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 8, seqlen, sx_t, sh_b, sh_d, sh_k,
+                 WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+    cur = _load(x_ptr, init_ptr, rows, b, d, dmask, p, seqlen, sx_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT, BLOCK_D, CHUNKS)
+    nxt = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 8, seqlen, sx_t, sh_b, sh_d, sh_k,
+                WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+    dy_rows = b * sy_b + d[:, None, None].to(tl.int64) * sy_d
+    dy = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p, seqlen, sy_t, sh_b, sh_d, sh_k,
+               WIDTH, False, BLOCK_D, CHUNKS)
+    dy_next = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 8, seqlen, sy_t, sh_b, sh_d,
+                    sh_k, WIDTH, False, BLOCK_D, CHUNKS)
+    w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
+    g = (_grad(dy, cur, prev, w, bias, 0, WIDTH, SILU),
+         _grad(dy, cur, prev, w, bias, 1, WIDTH, SILU),
+         _grad(dy, cur, prev, w, bias, 2, WIDTH, SILU),
+         _grad(dy, cur, prev, w, bias, 3, WIDTH, SILU),
+         _grad(dy, cur, prev, w, bias, 4, WIDTH, SILU),
+         _grad(dy, cur, prev, w, bias, 5, WIDTH, SILU),
+         _grad(dy, cur, prev, w, bias, 6, WIDTH, SILU),
+         _grad(dy, cur, prev, w, bias, 7, WIDTH, SILU))
+    g_next = (_grad(dy_next, nxt, cur, w, bias, 0, WIDTH, SILU),
+              _grad(dy_next, nxt, cur, w, bias, 1, WIDTH, SILU),
+              _grad(dy_next, nxt, cur, w, bias, 2, WIDTH, SILU),
+              _grad(dy_next, nxt, cur, w, bias, 3, WIDTH, SILU),
+              _grad(dy_next, nxt, cur, w, bias, 4, WIDTH, SILU),
+              _grad(dy_next, nxt, cur, w, bias, 5, WIDTH, SILU),
+              _grad(dy_next, nxt, cur, w, bias, 6, WIDTH, SILU),
+              _grad(dy_next, nxt, cur, w, bias, 7, WIDTH, SILU))
+    dx = (_dx(g, g_next, w, 0, WIDTH), _dx(g, g_next, w, 1, WIDTH), _dx(g, g_next, w, 2, WIDTH),
+          _dx(g, g_next, w, 3, WIDTH), _dx(g, g_next, w, 4, WIDTH), _dx(g, g_next, w, 5, WIDTH),
+          _dx(g, g_next, w, 6, WIDTH), _dx(g, g_next, w, 7, WIDTH))
+    dx = _window(dx, BLOCK_D, CHUNKS)
+    tl.store(dx_ptr + b * sdx_b + d[:, None, None].to(tl.int64) * sdx_d
+             + p.to(tl.int64) * sdx_t, dx.to(dx_ptr.dtype.element_ty),
+             mask=dmask[:, None, None] & (p >= 0) & (p < seqlen))
+    if INIT_GRAD:
+        tl.store(dh_ptr + b * sdh_b + d[:, None, None] * sdh_d + (WIDTH - 1 + p) * sdh_k,
+                 dx.to(dh_ptr.dtype.element_ty),
+                 mask=dmask[:, None, None] & (p < 0) & (p >= 1 - WIDTH))
+    # this window's share of dw[k] = Σ_t g[t]·x[t − (WIDTH − 1 − k)] and db = Σ_t g[t]
+    # (g is zero outside [0, seqlen): dy is)
+    taps = tl.arange(0, TAPS)
+    part = tl.zeros([BLOCK_D, TAPS], tl.float32)
+    for k in tl.static_range(WIDTH):
+        tap = tl.zeros(d.shape, tl.float32)
+        for e in tl.static_range(8):
+            if e >= WIDTH - 1 - k:
+                tap += tl.sum(g[e] * cur[e - (WIDTH - 1 - k)], axis=1)
+            else:
+                tap += tl.sum(g[e] * prev[8 + e - (WIDTH - 1 - k)], axis=1)
+        part += tl.where(taps[None, :] == k, tap[:, None], 0.0)
+    if HAS_BIAS:
+        total = tl.zeros(d.shape, tl.float32)
+        for e in tl.static_range(8):
+            total += tl.sum(g[e], axis=1)
+        part += tl.where(taps[None, :] == WIDTH, total[:, None], 0.0)
+    out = part_ptr + ((b * tl.num_programs(0) + tl.program_id(0)) * dim
+                      + d[:, None].to(tl.int64)) * TAPS
+    tl.store(out + taps[None, :], part, mask=dmask[:, None] & (taps <= WIDTH)[None, :])
+
+
+#: (BLOCK_D, CHUNKS, warps): a window of BLOCK_D channels × 8·CHUNKS positions
+TILE = (4, 32, 4)
+
+
+def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias,
+                  silu: bool) -> torch.Tensor:
+    """causal_conv1d's output (x's shape, layout and dtype; see the module docstring)."""
+    batch, dim, seqlen = x.shape
+    block_d, chunks, warps = TILE
+    out = torch.empty_like(x)
+    init = initial_states if initial_states is not None else x
+    launch(_forward_kernel, (cdiv(seqlen, 8 * chunks), cdiv(dim, block_d), batch),
+           x, init, weight, x if bias is None else bias, out, dim, seqlen, *x.stride(),
+           *init.stride(), *weight.stride(), *out.stride(),
+           WIDTH=weight.shape[1], BLOCK_D=block_d, CHUNKS=chunks,
+           HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
+           num_warps=warps)
+    return out
+
+
+def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: torch.Tensor,
+                   bias, silu: bool, init_grad: bool) -> tuple:
+    """(dx, d initial_states or None, d weight, d bias or None) of :func:`short_forward`
+    given the output's gradient: one pass, then the per-window sums of the weight's and
+    bias's gradients added in a fixed order (float32)."""
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    block_d, chunks, warps = TILE
+    first = -8 if init_grad else 0
+    windows = cdiv(seqlen - first, 8 * chunks)
+    dx = torch.empty_like(x)
+    dh = torch.empty((batch, dim, width - 1), device=x.device, dtype=x.dtype) \
+        if init_grad else dx
+    taps = triton.next_power_of_2(width + 1)
+    part = torch.empty((batch, windows, dim, taps), device=x.device, dtype=torch.float32)
+    init = initial_states if initial_states is not None else x
+    launch(_backward_kernel, (windows, cdiv(dim, block_d), batch),
+           x, init, weight, x if bias is None else bias, dy, dx, dh, part, dim, seqlen,
+           *x.stride(), *init.stride(), *weight.stride(), *dy.stride(), *dx.stride(),
+           *dh.stride(),
+           WIDTH=width, TAPS=taps, FIRST=first, BLOCK_D=block_d, CHUNKS=chunks,
+           HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
+           INIT_GRAD=init_grad, num_warps=warps)
+    sums = part[..., :width + 1].sum((0, 1))
+    return (dx, dh if init_grad else None, sums[:, :width].to(weight.dtype),
+            sums[:, width].to(bias.dtype) if bias is not None else None)
