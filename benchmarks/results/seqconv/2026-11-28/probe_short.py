@@ -1,6 +1,7 @@
-"""Device probe (kept as the record of its output, probe-short-*.log): shortconv.py's
-windows (BLOCK_D, CHUNKS, warps) on causal_conv1d's training shapes, forward and backward
-alone, against the byte floor at the measured copy bandwidth and against packed.py's
+"""Device probe (kept as the record of its output, probe-short-*.log; the sha in a log's
+name is the tree it measured, this file as of that commit): shortconv.py's windows
+(BLOCK_D, CHUNKS, warps) on causal_conv1d's training shapes (x seqlen- or dim-contiguous),
+forward and backward alone, against the byte floor at the measured copy bandwidth and against packed.py's
 kernels (the training route before); then the route's size rule (kernels against
 fastconv.conv1d's route, forward + backward, per size)."""
 import os
@@ -41,25 +42,28 @@ def copy_bw():
     return 2 * a.numel() / (t * 1e-3) / 1e9  # GB/s
 
 
-TILES = [(4, 32, 4), (8, 16, 4), (2, 64, 4), (4, 64, 4), (8, 32, 8), (16, 16, 4), (4, 16, 4),
-         (2, 32, 2), (8, 8, 2)]
+TILES = {"seqlen": [(4, 64, 4), (2, 128, 4), (4, 128, 8), (8, 64, 8), (2, 64, 2), (4, 32, 4),
+                    (8, 32, 4), (4, 128, 4)],
+         "dim": [(32, 8, 4), (64, 4, 4), (16, 16, 4), (32, 4, 4), (64, 8, 8), (128, 2, 4)]}
 
 
-def tiles(bw, shapes):
+def tiles(bw, shapes, layout="seqlen"):
     best = {}
     for (bsz, dim, n, w) in shapes:
         x = torch.randn(bsz, dim, n, device=dev, dtype=torch.bfloat16)
+        if layout == "dim":
+            x = x.transpose(1, 2).contiguous().transpose(1, 2)
         wt = torch.randn(dim, w, device=dev, dtype=torch.bfloat16) * w ** -0.5
         b = torch.randn(dim, device=dev, dtype=torch.bfloat16)
         dy = torch.randn_like(x)
         fns = {}
-        for t in TILES:
+        for t in TILES[layout]:
             def run_f(t=t):
-                shortconv.TILE = t
+                shortconv.FORWARD_TILE = t
                 return shortconv.short_forward(x, None, wt, b, True)
 
             def run_b(t=t):
-                shortconv.TILE = t
+                shortconv.BACKWARD_TILE = t
                 return shortconv.short_backward(dy, x, None, wt, b, True, False)
             fns[f"fwd {t}"] = run_f
             fns[f"bwd {t}"] = run_b
@@ -73,7 +77,7 @@ def tiles(bw, shapes):
         fns["bwd packed.py"] = old_b
         t = bench(fns)
         nb = x.numel() * 2
-        print(f"== b{bsz} d{dim} L{n} w{w}: floor fwd {2 * nb / bw / 1e6:.4f} ms, "
+        print(f"== {layout} b{bsz} d{dim} L{n} w{w}: floor fwd {2 * nb / bw / 1e6:.4f} ms, "
               f"bwd {3 * nb / bw / 1e6:.4f} ms", flush=True)
         for k, v in t.items():
             passes = 2 if k.startswith("fwd") else 3
@@ -118,5 +122,6 @@ if __name__ == "__main__":
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     tiles(bw, [(8, 4096, 2048, 4), (1, 8192, 16384, 4), (8, 4096, 2048, 2),
                (8, 4096, 2048, 9)])
+    tiles(bw, [(8, 4096, 2048, 4), (8, 2048, 2048, 4)], "dim")
     size_rule()
     sys.exit(0)

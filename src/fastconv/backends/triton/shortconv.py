@@ -224,36 +224,40 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
                  dx.to(dh_ptr.dtype.element_ty),
                  mask=dmask[:, None, None] & (p < 0) & (p >= 1 - WIDTH))
     # this window's share of dw[k] = Σ_t g[t]·x[t − (WIDTH − 1 − k)] and db = Σ_t g[t]
-    # (g is zero outside [0, seqlen): dy is)
+    # (g is zero outside [0, seqlen): dy is; one reduction across the window per tap)
     taps = tl.arange(0, TAPS)
     part = tl.zeros([BLOCK_D, TAPS], tl.float32)
     for k in tl.static_range(WIDTH):
-        tap = tl.zeros(d.shape, tl.float32)
+        acc = tl.zeros(cur[0].shape, tl.float32)
         for e in tl.static_range(8):
             if e >= WIDTH - 1 - k:
-                tap += tl.sum(g[e] * cur[e - (WIDTH - 1 - k)], axis=1)
+                acc += g[e] * cur[e - (WIDTH - 1 - k)]
             else:
-                tap += tl.sum(g[e] * prev[8 + e - (WIDTH - 1 - k)], axis=1)
-        part += tl.where(taps[None, :] == k, tap[:, None], 0.0)
+                acc += g[e] * prev[8 + e - (WIDTH - 1 - k)]
+        part += tl.where(taps[None, :] == k, tl.sum(acc, axis=1)[:, None], 0.0)
     if HAS_BIAS:
-        total = tl.zeros(d.shape, tl.float32)
+        acc = tl.zeros(cur[0].shape, tl.float32)
         for e in tl.static_range(8):
-            total += tl.sum(g[e], axis=1)
-        part += tl.where(taps[None, :] == WIDTH, total[:, None], 0.0)
+            acc += g[e]
+        part += tl.where(taps[None, :] == WIDTH, tl.sum(acc, axis=1)[:, None], 0.0)
     out = part_ptr + ((b * tl.num_programs(0) + tl.program_id(0)) * dim
                       + d[:, None].to(tl.int64)) * TAPS
     tl.store(out + taps[None, :], part, mask=dmask[:, None] & (taps <= WIDTH)[None, :])
 
 
-#: (BLOCK_D, CHUNKS, warps): a window of BLOCK_D channels × 8·CHUNKS positions
-TILE = (4, 32, 4)
+#: (BLOCK_D, CHUNKS, warps) of the forward and the backward: a window of BLOCK_D channels ×
+#: 8·CHUNKS positions. The forward's: the best of 9 on four training shapes (H100, bf16,
+#: widths 2-9; results/seqconv/2026-11-28/probe-short-H100-38774f2.log): 92-95 % of the
+#: byte floor at widths 2-4.
+FORWARD_TILE = (4, 64, 4)
+BACKWARD_TILE = (4, 64, 4)
 
 
 def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias,
                   silu: bool) -> torch.Tensor:
     """causal_conv1d's output (x's shape, layout and dtype; see the module docstring)."""
     batch, dim, seqlen = x.shape
-    block_d, chunks, warps = TILE
+    block_d, chunks, warps = FORWARD_TILE
     out = torch.empty_like(x)
     init = initial_states if initial_states is not None else x
     launch(_forward_kernel, (cdiv(seqlen, 8 * chunks), cdiv(dim, block_d), batch),
@@ -272,7 +276,7 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     bias's gradients added in a fixed order (float32)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    block_d, chunks, warps = TILE
+    block_d, chunks, warps = BACKWARD_TILE
     first = -8 if init_grad else 0
     windows = cdiv(seqlen - first, 8 * chunks)
     dx = torch.empty_like(x)
