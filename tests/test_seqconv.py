@@ -294,12 +294,13 @@ def test_training_without_seq_idx_runs_the_kernels(layout, states, monkeypatch):
     assert all(_rel(a, c) < 1e-12 for a, c in zip(got, want_grads))
 
 
-@pytest.mark.parametrize("width,seqlen,states,bias", [
-    (4, 300, True, True), (2, 37, False, False), (9, 513, True, False), (3, 5, True, True),
-    (7, 8, False, True)])
-def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bias,
+@pytest.mark.parametrize("width,seqlen,states,bias,layout", [
+    (4, 300, True, True, "seqlen"), (2, 37, False, False, "seqlen"),
+    (9, 513, True, False, "seqlen"), (3, 5, True, True, "seqlen"), (7, 8, False, True, "seqlen"),
+    (4, 70, True, True, "dim"), (9, 3, True, False, "dim")])
+def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bias, layout,
                                                       monkeypatch):
-    """causal_conv1d's training route for widths ≤ 9 on seqlen-contiguous float32 x
+    """causal_conv1d's training route for widths ≤ 9 on float32 x in both layouts
     (shortconv.py's kernels, interpreted; packed.py's and fastconv.conv1d made to fail, every
     buffer poisoned): output, final states and every gradient as F.conv1d's in float64;
     windows of one or several chunks and programs, rows shorter than a chunk or the
@@ -318,7 +319,7 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
                         lambda t, *a, **k: empty_like(t, *a, **k).fill_(float("nan")))
     monkeypatch.setattr(shortconv.torch, "empty",
                         lambda *a, **k: empty(*a, **k).fill_(float("nan")))
-    x, w, b, s = _inputs(2, 6, seqlen, width, seed=width + seqlen)
+    x, w, b, s = _inputs(2, 6, seqlen, width, layout, seed=width + seqlen)
     g = torch.randn(2, 6, seqlen, dtype=torch.float64)
     used = (True, True, bias, states)
     want_args = [t.double().requires_grad_() for t in (x, w, b, s)]

@@ -252,8 +252,8 @@ def _kernel_failed(family: str, exc: Exception) -> None:
 
 class _PackedFunction(torch.autograd.Function):
     """The packed kernels with their backward: the forward saves its inputs (no output).
-    Without seq_idx, short filters on seqlen-contiguous x run shortconv.py's kernels (one
-    pass each way); otherwise the backward is one pass for the pre-activation's gradient
+    Without seq_idx, short filters (16-bit or float32) run shortconv.py's kernels (one pass
+    each way); otherwise the backward is one pass for the pre-activation's gradient
     where SiLU was applied (the pre-activation recomputed in it, float32), one for the input
     gradients and one for the weight's."""
 

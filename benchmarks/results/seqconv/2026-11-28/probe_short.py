@@ -42,9 +42,8 @@ def copy_bw():
     return 2 * a.numel() / (t * 1e-3) / 1e9  # GB/s
 
 
-TILES = {"seqlen": [(4, 64, 4), (2, 128, 4), (4, 128, 8), (8, 64, 8), (2, 64, 2), (4, 32, 4),
-                    (8, 32, 4), (4, 128, 4)],
-         "dim": [(32, 8, 4), (64, 4, 4), (16, 16, 4), (32, 4, 4), (64, 8, 8), (128, 2, 4)]}
+TILES = {"seqlen": [(2, 128, 4), (2, 64, 2), (1, 64, 1), (2, 32, 1), (1, 128, 2), (2, 128, 2)],
+         "dim": [(128, 2, 4), (32, 8, 4), (64, 4, 2), (32, 4, 2)]}
 
 
 def tiles(bw, shapes, layout="seqlen"):
@@ -57,13 +56,14 @@ def tiles(bw, shapes, layout="seqlen"):
         b = torch.randn(dim, device=dev, dtype=torch.bfloat16)
         dy = torch.randn_like(x)
         fns = {}
+        saved = shortconv.TILES
         for t in TILES[layout]:
             def run_f(t=t):
-                shortconv.FORWARD_TILE = t
+                shortconv.TILES = {layout: (t, t)}
                 return shortconv.short_forward(x, None, wt, b, True)
 
             def run_b(t=t):
-                shortconv.BACKWARD_TILE = t
+                shortconv.TILES = {layout: (t, t)}
                 return shortconv.short_backward(dy, x, None, wt, b, True, False)
             fns[f"fwd {t}"] = run_f
             fns[f"bwd {t}"] = run_b
@@ -76,6 +76,7 @@ def tiles(bw, shapes, layout="seqlen"):
             return out
         fns["bwd packed.py"] = old_b
         t = bench(fns)
+        shortconv.TILES = saved
         nb = x.numel() * 2
         print(f"== {layout} b{bsz} d{dim} L{n} w{w}: floor fwd {2 * nb / bw / 1e6:.4f} ms, "
               f"bwd {3 * nb / bw / 1e6:.4f} ms", flush=True)

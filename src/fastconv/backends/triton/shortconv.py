@@ -1,5 +1,5 @@
-"""causal_conv1d's training route for short filters (width ≤ 9) without ``seq_idx``, x
-seqlen-contiguous: forward and backward one pass each, every load aligned.
+"""causal_conv1d's training route for short filters (width ≤ 9) without ``seq_idx``:
+forward and backward one pass each, every load aligned where x is seqlen-contiguous.
 
 A program holds ``BLOCK_D`` channels × ``8·CHUNKS`` positions of one batch row as eight
 *columns*: column ``e`` holds positions ``8q + e`` (q < CHUNKS), split in registers from a
@@ -8,7 +8,9 @@ A program holds ``BLOCK_D`` channels × ``8·CHUNKS`` positions of one batch row
 same chunk where ``e ≥ s``, else column ``8 + e − s`` of the chunk before, which is the
 same window loaded 8 positions earlier (an aligned load that hits the cache). No shift
 moves data between threads, so taps cost multiply-adds only (packed.py's kernels load each
-tap's window at its own, unaligned, offset: 2-byte loads).
+tap's window at its own, unaligned, offset: 2-byte loads). x dim-contiguous (a (batch,
+seqlen, dim) tensor transposed, as Mamba's blocks pass it) takes the same kernels with
+windows of many channels (the loads' vectors run along the channels).
 
 Forward: the chunk and the one before → bias, SiLU → the output. Backward: x at −8, 0,
 +8 and dy at 0, +8 → the pre-activation of this chunk and the next recomputed →
@@ -32,8 +34,8 @@ MAX_WIDTH = 9
 
 def eligible(x: torch.Tensor, width: int) -> bool:
     """Whether these kernels run causal_conv1d(x) of this width (no seq_idx): up to
-    MAX_WIDTH taps, seqlen-contiguous, not float64 (they compute in float32)."""
-    return width <= MAX_WIDTH and x.stride(2) == 1 and x.dtype != torch.float64
+    MAX_WIDTH taps, not float64 (they compute in float32)."""
+    return width <= MAX_WIDTH and x.dtype != torch.float64
 
 
 @triton.jit
@@ -245,19 +247,23 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
     tl.store(out + taps[None, :], part, mask=dmask[:, None] & (taps <= WIDTH)[None, :])
 
 
-#: (BLOCK_D, CHUNKS, warps) of the forward and the backward: a window of BLOCK_D channels ×
-#: 8·CHUNKS positions. The forward's: the best of 9 on four training shapes (H100, bf16,
-#: widths 2-9; results/seqconv/2026-11-28/probe-short-H100-38774f2.log): 92-95 % of the
-#: byte floor at widths 2-4.
-FORWARD_TILE = (4, 64, 4)
-BACKWARD_TILE = (4, 64, 4)
+#: (BLOCK_D, CHUNKS, warps) of the forward and the backward, for x seqlen-contiguous and
+#: otherwise: a window of BLOCK_D channels × 8·CHUNKS positions. The best of 8 (6 for the
+#: other layout) on 4 (2) training shapes, H100, bf16, widths 2-9
+#: (results/seqconv/2026-11-28/probe-short-H100-25bbbc3.log): seqlen-contiguous, forward
+#: 92-95 % of the byte floor at widths 2-4, backward 70-85 %.
+TILES = {"seqlen": ((2, 128, 4), (2, 64, 2)), "dim": ((128, 2, 4), (32, 8, 4))}
+
+
+def _tiles(x: torch.Tensor) -> tuple:
+    return TILES["seqlen" if x.stride(2) == 1 else "dim"]
 
 
 def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias,
                   silu: bool) -> torch.Tensor:
     """causal_conv1d's output (x's shape, layout and dtype; see the module docstring)."""
     batch, dim, seqlen = x.shape
-    block_d, chunks, warps = FORWARD_TILE
+    block_d, chunks, warps = _tiles(x)[0]
     out = torch.empty_like(x)
     init = initial_states if initial_states is not None else x
     launch(_forward_kernel, (cdiv(seqlen, 8 * chunks), cdiv(dim, block_d), batch),
@@ -276,7 +282,7 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     bias's gradients added in a fixed order (float32)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    block_d, chunks, warps = BACKWARD_TILE
+    block_d, chunks, warps = _tiles(x)[1]
     first = -8 if init_grad else 0
     windows = cdiv(seqlen - first, 8 * chunks)
     dx = torch.empty_like(x)
