@@ -248,11 +248,11 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
 
 
 #: (BLOCK_D, CHUNKS, warps) of the forward and the backward, for x seqlen-contiguous and
-#: otherwise: a window of BLOCK_D channels × 8·CHUNKS positions. The best of 8 (6 for the
-#: other layout) on 4 (2) training shapes, H100, bf16, widths 2-9
-#: (results/seqconv/2026-11-28/probe-short-H100-25bbbc3.log): seqlen-contiguous, forward
-#: 92-95 % of the byte floor at widths 2-4, backward 70-85 %.
-TILES = {"seqlen": ((2, 128, 4), (2, 64, 2)), "dim": ((128, 2, 4), (32, 8, 4))}
+#: otherwise: a window of BLOCK_D channels × 8·CHUNKS positions. The best of 14 (6 for the
+#: other layout) on 4 (2) training shapes, H100, bf16, widths 2-9, in two probes
+#: (results/seqconv/2026-11-28/probe-short-H100-*.log): seqlen-contiguous, forward
+#: 93-97 % of the byte floor at widths 2-4 (91 % at 9), backward 76-82 % (54 %).
+TILES = {"seqlen": ((1, 128, 2), (1, 64, 1)), "dim": ((128, 2, 4), (32, 8, 4))}
 
 
 def _tiles(x: torch.Tensor) -> tuple:
