@@ -302,7 +302,8 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
                                                       monkeypatch):
     """causal_conv1d's training route for widths ≤ 9 on float32 x in both layouts
     (shortconv.py's kernels, interpreted; packed.py's and fastconv.conv1d made to fail, every
-    buffer poisoned): output, final states and every gradient as F.conv1d's in float64;
+    buffer poisoned): output and every gradient as F.conv1d's in float64, and the same
+    output and the final states without autograd (the forward kernel alone);
     windows of one or several chunks and programs, rows shorter than a chunk or the
     state; deterministic (two backward passes, the same bits)."""
     from fastconv import seqconv
@@ -339,6 +340,12 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
     for got, ref in zip(runs[0], want_grads):
         assert _rel(got, ref) < 1e-6
     assert all(torch.equal(a, c) for a, c in zip(*runs))
+    with torch.no_grad():  # the forward kernel alone (any size), and the final states
+        out, final = fastconv.causal_conv1d(x, w, b if bias else None,
+                                            initial_states=s if states else None,
+                                            return_final_states=True, activation="silu")
+    assert _rel(out, want) < 1e-6 and out.stride() == x.stride()
+    assert torch.equal(final.double(), torch.cat([start, want_args[0]], -1)[..., 1 - width:])
 
 
 @pytest.mark.parametrize("width,seqlen,states", [(32, 7, True), (64, 4100, True),
@@ -695,7 +702,7 @@ def test_check_rows_fail_on_a_wrong_route_and_on_a_failed_kernel(monkeypatch):
     from fastconv.tools.check import seqconv_rows
 
     rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
-    assert len(rows) == 12 and all(r.ok for r in rows), [(r.case, r.rel_err) for r in rows]
+    assert len(rows) == 14 and all(r.ok for r in rows), [(r.case, r.rel_err) for r in rows]
     real = seqconv._wide_kernel
     monkeypatch.setattr(seqconv, "_wide_kernel", lambda *args: real(*args) * 1.01)
     rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
@@ -706,4 +713,4 @@ def test_check_rows_fail_on_a_wrong_route_and_on_a_failed_kernel(monkeypatch):
     rows = seqconv_rows("cpu", torch.Generator().manual_seed(1))
     assert [r.case for r in rows if not r.ok] == [
         "causal_conv1d wide kernels FAILED: RuntimeError: no such kernel"]
-    assert len(rows) == 9  # (the wide rows gone; the packed kernels' still run)
+    assert len(rows) == 11  # (the wide rows gone; the packed kernels' still run)

@@ -4,12 +4,14 @@ with ``width - 1`` zeros on the left: ``weight[:, -1]`` multiplies the current p
 that a model switches by changing an import. Its decode step is ``decode.py``'s, the long
 convolutions of Hyena ``longconv.py``'s.
 
-Routes: without ``seq_idx`` it runs through :func:`fastconv.conv1d` (dispatch picks the
-Triton depthwise kernel or torch's; initial states are prepended to the input), except where
-it will be differentiated and is large (``_TRAIN_KERNELS_MIN_NUMEL``): then the kernels of
-``backends/triton/packed.py`` run it, forward and backward, where they run; and from width
+Routes without ``seq_idx``: widths up to 9 (16-bit or float32) run the forward kernel of
+``backends/triton/shortconv.py`` where no gradient is wanted; where one is and the problem
+is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and backward (widths up to
+9) or ``backends/triton/packed.py``'s (up to ``_TRAIN_KERNELS_MAX_WIDTH``); from width
 ``_WIDE_MIN_WIDTH`` (16-bit, seqlen-contiguous) the tensor-core kernels of
-``backends/triton/toeplitz.py``. With ``seq_idx`` each tap is masked where it would reach
+``backends/triton/toeplitz.py``; everything else, and wherever those kernels do not run,
+:func:`fastconv.conv1d` (dispatch picks the Triton depthwise kernel or torch's; initial
+states are prepended to the input). With ``seq_idx`` each tap is masked where it would reach
 into another sequence (the packed kernels on a GPU; torch operations, one pass per tap, under
 torch.compile's tracing and where Triton does not run). Everything has autograd, with a
 deterministic backward (weight gradients summed in a fixed order), and captures in a CUDA
@@ -119,6 +121,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         out = _packed_kernel(x, weight, bias, None, initial_states, act == "silu")
     elif width >= _WIDE_MIN_WIDTH:
         out = _wide_kernel(x, weight, bias, initial_states, act == "silu")
+    elif not grad:
+        out = _short_kernel(x, weight, bias, initial_states, act == "silu")
     else:
         out = None
     if out is not None:
@@ -218,6 +222,25 @@ def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
         from .backends.triton.packed import packed_forward
 
         return packed_forward(x, seq_idx, initial_states, weight, bias, silu)
+    except Exception as exc:  # (not a user error: the arguments were checked)
+        _kernel_failed("packed", exc)
+        return None
+
+
+def _short_kernel(x, weight, bias, initial_states, silu: bool):
+    """The output without autograd by backends/triton/shortconv.py's forward kernel (93-97 %
+    of the byte floor at widths 2-4 on an H100, where fastconv.conv1d's depthwise kernels
+    reach 83 %), or None where it does not run: a filter wider than it takes or float64
+    data, and as :func:`_packed_kernel` (its family)."""
+    if torch.compiler.is_compiling() or x.device.type != kernel_device() \
+            or "packed" in _KERNEL_FAILED:
+        return None
+    from .backends.triton import shortconv
+
+    if not shortconv.eligible(x, weight.shape[1]):
+        return None
+    try:
+        return shortconv.short_forward(x, initial_states, weight, bias, silu)
     except Exception as exc:  # (not a user error: the arguments were checked)
         _kernel_failed("packed", exc)
         return None

@@ -125,7 +125,8 @@ def run_check(count: int = 50, seed: int = 0, verbose: bool = False,
 
 def seqconv_rows(device: str, gen: torch.Generator) -> list[CheckRow]:
     """``causal_conv1d``'s routes in float32 (the ieee bound) and bfloat16 against float64: the
-    public call (conv1d's route at this size), the wide-filter tensor-core kernels (forward,
+    public call without autograd (shortconv.py's forward at width 4, fastconv.conv1d's
+    route at width 16), the wide-filter tensor-core kernels (forward,
     and with every gradient), the training kernels (output and every gradient) without and
     with packed sequences, and a decode step (output and state). A route that does not run
     here (no Triton; the wide kernel on float32 data on a GPU) has no row; a kernel that
@@ -143,6 +144,7 @@ def seqconv_rows(device: str, gen: torch.Generator) -> list[CheckRow]:
             return (torch.randn(shape, generator=gen) * scale).to(device, dtype)
         routes = (  # (width, label, the call of (x, w, b, initial states, ids))
             (4, "forward", functools.partial(_public, precision=prec.value)),
+            (16, "forward", functools.partial(_public, precision=prec.value)),
             (4, "fwd+bwd, kernels", _kernels),
             (4, "packed, fwd+bwd", _kernels),
             (40, "forward, tensor cores", _wide_kernel),
