@@ -31,8 +31,9 @@ def test_check_passes_end_to_end_on_the_cpu(tmp_path):
     assert "Traceback" not in run.stderr
     backends = {line.split()[-5] for line in lines[2:-1] if line.endswith(" ok")}
     assert backends == {"aten", "triton", "auto"}, backends
+    # the sequence convolutions' routes, both dtypes
     for route in ("w4 forward", "w16 forward", "w4 fwd+bwd, kernels", "w4 packed, fwd+bwd",
-                  "w40 forward, tensor cores", "_update w4, one token"):  # the sequence convolutions' routes, both dtypes
+                  "w40 forward, tensor cores", "_update w4, one token"):
         assert sum(route in line and line.endswith(" ok") for line in lines) == 2, route
     info = _fastconv("info", tmp_path=tmp_path)
     assert "backend triton   available" in info.stdout, info.stdout

@@ -162,6 +162,19 @@ def _grad(dy, cur, prev, w, bias, E: tl.constexpr, WIDTH: tl.constexpr, SILU: tl
 
 
 @triton.jit
+def _grads(dy, cur, prev, w, bias, WIDTH: tl.constexpr, SILU: tl.constexpr):
+    """:func:`_grad` of the eight columns of a chunk (``cur``) given the chunk before."""
+    return (_grad(dy, cur, prev, w, bias, 0, WIDTH, SILU),
+            _grad(dy, cur, prev, w, bias, 1, WIDTH, SILU),
+            _grad(dy, cur, prev, w, bias, 2, WIDTH, SILU),
+            _grad(dy, cur, prev, w, bias, 3, WIDTH, SILU),
+            _grad(dy, cur, prev, w, bias, 4, WIDTH, SILU),
+            _grad(dy, cur, prev, w, bias, 5, WIDTH, SILU),
+            _grad(dy, cur, prev, w, bias, 6, WIDTH, SILU),
+            _grad(dy, cur, prev, w, bias, 7, WIDTH, SILU))
+
+
+@triton.jit
 def _dx(g, g_next, w, E: tl.constexpr, WIDTH: tl.constexpr):
     """The input gradient at column E: Σ_k w[k]·g[8q + E + WIDTH − 1 − k] (this chunk's
     columns, or the next chunk's)."""
@@ -198,22 +211,8 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
     dy_next = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 8, seqlen, sy_t, sh_b, sh_d,
                     sh_k, WIDTH, False, BLOCK_D, CHUNKS)
     w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
-    g = (_grad(dy, cur, prev, w, bias, 0, WIDTH, SILU),
-         _grad(dy, cur, prev, w, bias, 1, WIDTH, SILU),
-         _grad(dy, cur, prev, w, bias, 2, WIDTH, SILU),
-         _grad(dy, cur, prev, w, bias, 3, WIDTH, SILU),
-         _grad(dy, cur, prev, w, bias, 4, WIDTH, SILU),
-         _grad(dy, cur, prev, w, bias, 5, WIDTH, SILU),
-         _grad(dy, cur, prev, w, bias, 6, WIDTH, SILU),
-         _grad(dy, cur, prev, w, bias, 7, WIDTH, SILU))
-    g_next = (_grad(dy_next, nxt, cur, w, bias, 0, WIDTH, SILU),
-              _grad(dy_next, nxt, cur, w, bias, 1, WIDTH, SILU),
-              _grad(dy_next, nxt, cur, w, bias, 2, WIDTH, SILU),
-              _grad(dy_next, nxt, cur, w, bias, 3, WIDTH, SILU),
-              _grad(dy_next, nxt, cur, w, bias, 4, WIDTH, SILU),
-              _grad(dy_next, nxt, cur, w, bias, 5, WIDTH, SILU),
-              _grad(dy_next, nxt, cur, w, bias, 6, WIDTH, SILU),
-              _grad(dy_next, nxt, cur, w, bias, 7, WIDTH, SILU))
+    g = _grads(dy, cur, prev, w, bias, WIDTH, SILU)
+    g_next = _grads(dy_next, nxt, cur, w, bias, WIDTH, SILU)
     dx = (_dx(g, g_next, w, 0, WIDTH), _dx(g, g_next, w, 1, WIDTH), _dx(g, g_next, w, 2, WIDTH),
           _dx(g, g_next, w, 3, WIDTH), _dx(g, g_next, w, 4, WIDTH), _dx(g, g_next, w, 5, WIDTH),
           _dx(g, g_next, w, 6, WIDTH), _dx(g, g_next, w, 7, WIDTH))
