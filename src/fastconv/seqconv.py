@@ -4,10 +4,11 @@ with ``width - 1`` zeros on the left: ``weight[:, -1]`` multiplies the current p
 that a model switches by changing an import. Its decode step is ``decode.py``'s, the long
 convolutions of Hyena ``longconv.py``'s.
 
-Routes without ``seq_idx``: widths up to 9 (16-bit or float32) run the forward kernel of
-``backends/triton/shortconv.py`` where no gradient is wanted; where one is and the problem
-is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and backward (widths up to
-9) or ``backends/triton/packed.py``'s (up to ``_TRAIN_KERNELS_MAX_WIDTH``); from width
+Routes without ``seq_idx``: widths up to 9 (16-bit or float32, seqlen-contiguous) run the
+forward kernel of ``backends/triton/shortconv.py`` where no gradient is wanted; where one
+is and the problem is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and
+backward (widths up to 9, either layout) or ``backends/triton/packed.py``'s (up to
+``_TRAIN_KERNELS_MAX_WIDTH``); from width
 ``_WIDE_MIN_WIDTH`` (16-bit, seqlen-contiguous) the tensor-core kernels of
 ``backends/triton/toeplitz.py``; everything else, and wherever those kernels do not run,
 :func:`fastconv.conv1d` (dispatch picks the Triton depthwise kernel or torch's; initial
@@ -228,12 +229,14 @@ def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
 
 
 def _short_kernel(x, weight, bias, initial_states, silu: bool):
-    """The output without autograd by backends/triton/shortconv.py's forward kernel (93-97 %
-    of the byte floor at widths 2-4 on an H100, where fastconv.conv1d's depthwise kernels
-    reach 83 %), or None where it does not run: a filter wider than it takes or float64
-    data, and as :func:`_packed_kernel` (its family)."""
+    """The output without autograd by backends/triton/shortconv.py's forward kernel, x
+    seqlen-contiguous (on an H100, bf16, eager calls: 90-97 % of the byte floor at widths
+    2-8, where fastconv.conv1d's route measured 70-79 %; its depthwise kernel alone reaches
+    91-94 % in graph time), or None where it does not run: x dim-contiguous (conv1d's
+    channels-last kernels, not compared), a filter wider than it takes or float64 data, and
+    as :func:`_packed_kernel` (its family)."""
     if torch.compiler.is_compiling() or x.device.type != kernel_device() \
-            or "packed" in _KERNEL_FAILED:
+            or "packed" in _KERNEL_FAILED or x.stride(2) != 1:
         return None
     from .backends.triton import shortconv
 
