@@ -1,5 +1,6 @@
-"""causal_conv1d's training route for short filters (width ≤ 9) without ``seq_idx``:
-forward and backward one pass each, every load aligned where x is seqlen-contiguous.
+"""causal_conv1d for short filters (width ≤ 9) without ``seq_idx``: its training route
+(either layout) and its calls without autograd (x seqlen-contiguous). Forward and backward
+one pass each, every load aligned where x is seqlen-contiguous.
 
 A program holds ``BLOCK_D`` channels × ``8·CHUNKS`` positions of one batch row as eight
 *columns*: column ``e`` holds positions ``8q + e`` (q < CHUNKS), split in registers from a
@@ -91,6 +92,7 @@ def _pre(cur, prev, w, bias, E: tl.constexpr, WIDTH: tl.constexpr):
 
 @triton.jit
 def _tap(w_ptr, d, dmask, sw_d, sw_k, K: tl.constexpr, WIDTH: tl.constexpr):
+    """Tap K of channels d in float32 (zero from WIDTH on)."""
     return tl.load(w_ptr + d * sw_d + K * sw_k, mask=dmask & (K < WIDTH), other=0.0) \
         .to(tl.float32)
 
