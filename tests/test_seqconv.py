@@ -191,6 +191,46 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
     assert _rel(out, ref) < 1e-6 and torch.equal(out, again)
 
 
+@pytest.mark.parametrize("broken", ["short_forward", "short_backward"])
+def test_short_kernel_failure_leaves_the_packed_kernels_in_use(broken, monkeypatch):
+    """A shortconv kernel that fails is said once in a warning; packed.py's kernels answer
+    for training (the same gradients) and fastconv.conv1d without autograd, and packed
+    sequences keep packed.py's kernels."""
+    from fastconv import seqconv
+    from fastconv.backends.triton import packed, shortconv
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("no such kernel")
+    monkeypatch.setattr(shortconv, broken, failing)
+    monkeypatch.setattr(seqconv, "_KERNEL_FAILED", {})
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    ran = []
+    real_backward = packed.packed_backward
+    monkeypatch.setattr(packed, "packed_backward",
+                        lambda *a, **k: ran.append(1) or real_backward(*a, **k))
+    x, w, b, s = _inputs(2, 3, 19, 4, seed=6)
+    g = torch.randn(2, 3, 19)
+    args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+    with pytest.warns(RuntimeWarning, match=r"kernels \(short\) failed .*no such kernel"):
+        out = fastconv.causal_conv1d(*args[:3], initial_states=args[3], activation="silu")
+        got = torch.autograd.grad(out, args, g)
+    assert ran and set(seqconv._KERNEL_FAILED) == {"short"}
+    want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
+    want = F.silu(F.conv1d(torch.cat([want_args[3], want_args[0]], -1),
+                           want_args[1].unsqueeze(1), want_args[2], groups=3))
+    assert _rel(out, want) < 1e-6
+    assert all(_rel(a, c) < 1e-6
+               for a, c in zip(got, torch.autograd.grad(want, want_args, g.double())))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = fastconv.causal_conv1d(x, w, b, initial_states=s, activation="silu")
+        seq_idx = torch.tensor([[0] * 9 + [1] * 10, [0] * 19], dtype=torch.int32)
+        packed_out = fastconv.causal_conv1d(*args[:3], seq_idx, args[3], activation="silu")
+        torch.autograd.grad(packed_out, args, g)
+    assert _rel(again, want) < 1e-6 and len(ran) == 2  # (the first call, the packed one)
+    assert _rel(packed_out, _reference(x, w, b, seq_idx, s, silu=True)[0]) < 1e-6
+
+
 def test_packed_backward_kernel_failure_falls_back_to_torch(monkeypatch):
     """A backward kernel that fails is said in a warning and the gradients come from the
     torch route (the inputs that need none get none)."""

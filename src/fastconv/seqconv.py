@@ -200,12 +200,15 @@ def _packed_torch(x, weight, bias, seq_idx, initial_states, return_final_states:
     return out, _packed_final_states(x, seq_idx, initial_states, pad)
 
 
-#: kernel family ("packed": packed.py's, "wide": toeplitz.py's) -> why it failed in this
-#: process (then the other routes run: one family's failure leaves the other's in use)
+#: kernel family ("packed": packed.py's, "short": shortconv.py's, "wide": toeplitz.py's) ->
+#: why it failed in this process (then the other routes run: one family's failure leaves
+#: the others in use)
 _KERNEL_FAILED: dict[str, str] = {}
 #: what runs instead of a family that failed
 _INSTEAD = {"packed": "torch operations with seq_idx, and fastconv.conv1d for training "
                       "without it",
+            "short": "packed.py's kernels for training and fastconv.conv1d without "
+                     "autograd, for widths up to 9",
             "wide": "fastconv.conv1d for widths from 32"}
 
 
@@ -234,9 +237,9 @@ def _short_kernel(x, weight, bias, initial_states, silu: bool):
     2-8, where fastconv.conv1d's route measured 70-79 %; its depthwise kernel alone reaches
     91-94 % in graph time), or None where it does not run: x dim-contiguous (conv1d's
     channels-last kernels, not compared), a filter wider than it takes or float64 data, and
-    as :func:`_packed_kernel` (its family)."""
+    as :func:`_packed_kernel` (its own family, "short")."""
     if torch.compiler.is_compiling() or x.device.type != kernel_device() \
-            or "packed" in _KERNEL_FAILED or x.stride(2) != 1:
+            or "short" in _KERNEL_FAILED or x.stride(2) != 1:
         return None
     from .backends.triton import shortconv
 
@@ -245,7 +248,7 @@ def _short_kernel(x, weight, bias, initial_states, silu: bool):
     try:
         return shortconv.short_forward(x, initial_states, weight, bias, silu)
     except Exception as exc:  # (not a user error: the arguments were checked)
-        _kernel_failed("packed", exc)
+        _kernel_failed("short", exc)
         return None
 
 
@@ -279,9 +282,10 @@ def _kernel_failed(family: str, exc: Exception) -> None:
 class _PackedFunction(torch.autograd.Function):
     """The packed kernels with their backward: the forward saves its inputs (no output).
     Without seq_idx, short filters (16-bit or float32) run shortconv.py's kernels (one pass
-    each way); otherwise the backward is one pass for the pre-activation's gradient
-    where SiLU was applied (the pre-activation recomputed in it, float32), one for the input
-    gradients and one for the weight's."""
+    each way; where one fails, its family "short" is set aside and packed.py's answer);
+    otherwise the backward is one pass for the pre-activation's gradient where SiLU was
+    applied (the pre-activation recomputed in it, float32), one for the input gradients and
+    one for the weight's."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, initial_states, seq_idx, silu):
@@ -290,9 +294,14 @@ class _PackedFunction(torch.autograd.Function):
 
         ctx.save_for_backward(x, weight, bias, initial_states, seq_idx)
         ctx.silu = silu
-        ctx.short = seq_idx is None and shortconv.eligible(x, weight.shape[1])
+        ctx.short = seq_idx is None and "short" not in _KERNEL_FAILED \
+            and shortconv.eligible(x, weight.shape[1])
         if ctx.short:
-            return shortconv.short_forward(x, initial_states, weight, bias, silu)
+            try:
+                return shortconv.short_forward(x, initial_states, weight, bias, silu)
+            except Exception as exc:  # (packed.py's kernels answer)
+                _kernel_failed("short", exc)
+                ctx.short = False
         return packed_forward(x, seq_idx, initial_states, weight, bias, silu)
 
     @staticmethod
@@ -303,20 +312,25 @@ class _PackedFunction(torch.autograd.Function):
 
         x, weight, bias, initial_states, seq_idx = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        try:
-            if ctx.short:
+        grads = None
+        if ctx.short and "short" not in _KERNEL_FAILED:
+            try:
                 dx, dh, dw, db = short_backward(dy, x, initial_states, weight, bias, ctx.silu,
                                                 needs[3])
-            else:
+                grads = [dx, dw, db, dh]
+            except Exception as exc:  # (packed.py's kernels answer)
+                _kernel_failed("short", exc)
+        if grads is None:
+            try:
                 g = silu_grad(dy, x, seq_idx, initial_states, weight, bias) if ctx.silu \
                     else dy
                 dx, dh, dw = packed_backward(g, x, seq_idx, initial_states, weight, needs[3])
                 db = g.sum((0, 2), dtype=accumulate_dtype(x.dtype)).to(bias.dtype) \
                     if bias is not None and needs[2] else None
-            grads = [dx, dw, db, dh]
-        except Exception as exc:  # the torch route's gradients (see _packed_kernel)
-            _kernel_failed("packed", exc)
-            grads = _torch_grads(ctx, dy, seq_idx)
+                grads = [dx, dw, db, dh]
+            except Exception as exc:  # the torch route's gradients (see _packed_kernel)
+                _kernel_failed("packed", exc)
+                grads = _torch_grads(ctx, dy, seq_idx)
         return (*[g if need else None for g, need in zip(grads, needs)], None, None)
 
 
