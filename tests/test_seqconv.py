@@ -191,6 +191,19 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
     assert _rel(out, ref) < 1e-6 and torch.equal(out, again)
 
 
+def test_short_kernels_take_what_their_grid_holds():
+    """shortconv runs batches of 1 to 65,535 rows and up to 65,535 channels (grid axes),
+    16-bit and float32 data, widths to 9; the rest goes to the other routes."""
+    from fastconv.backends.triton.shortconv import eligible
+
+    def x(*shape, dtype=torch.float32):
+        return torch.empty(shape, dtype=dtype)
+    assert eligible(x(2, 65535, 1), 9) and eligible(x(65535, 3, 1, dtype=torch.bfloat16), 2)
+    assert not eligible(x(2, 3, 5), 10) and not eligible(x(2, 3, 5, dtype=torch.float64), 4)
+    assert not eligible(x(0, 3, 5), 4) and not eligible(x(65536, 3, 1), 4)
+    assert not eligible(x(1, 65536, 1), 4)
+
+
 @pytest.mark.parametrize("broken", ["short_forward", "short_backward"])
 def test_short_kernel_failure_leaves_the_packed_kernels_in_use(broken, monkeypatch):
     """A shortconv kernel that fails is said once in a warning; packed.py's kernels answer

@@ -35,8 +35,10 @@ MAX_WIDTH = 9
 
 def eligible(x: torch.Tensor, width: int) -> bool:
     """Whether these kernels run causal_conv1d(x) of this width (no seq_idx): up to
-    MAX_WIDTH taps, not float64 (they compute in float32)."""
-    return width <= MAX_WIDTH and x.dtype != torch.float64
+    MAX_WIDTH taps, not float64 (they compute in float32), a batch of 1 to 65,535 rows and
+    at most 65,535 channels (grid axes 2 and 1: a program may hold one channel)."""
+    return (width <= MAX_WIDTH and x.dtype != torch.float64 and 0 < x.shape[0] <= 65535
+            and x.shape[1] <= 65535)
 
 
 @triton.jit
