@@ -1,5 +1,6 @@
-"""Device probe (kept as the record of its output, probe-*.log): (1) the one-pass packed
-kernels' windows (BLOCK_T x BLOCK_D) on causal_conv1d's training shapes, forward and
+"""Device probe (kept as the record of its output, probe-tiles-H100-7d88e2e.log; it runs
+against 7d88e2e's packed.py, the tl.gather kernels, reverted by 9ce6edc): (1) the one-pass
+packed kernels' windows (BLOCK_T x BLOCK_D) on causal_conv1d's training shapes, forward and
 backward alone, against the byte floor at the measured copy bandwidth; (2) the training
 route's size rule: kernels against fastconv.conv1d's route, forward + backward, per size."""
 import os
