@@ -212,23 +212,31 @@ _INSTEAD = {"packed": "torch operations with seq_idx, and fastconv.conv1d for tr
             "wide": "fastconv.conv1d for widths from 32"}
 
 
-def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
-    """The output by backends/triton/packed.py's kernels (with autograd: their backward;
-    ``seq_idx`` may be None), or None where they do not run: torch.compile's tracing, a
-    device Triton's kernels do not run on, or kernels that failed here before (said once in
-    a warning; the other routes' result is the same)."""
+def _by_family(family: str, x: torch.Tensor, run):
+    """``run()``: a call of one kernel family's kernels, or None where they do not run:
+    torch.compile's tracing, a device Triton's kernels do not run on, or kernels of the
+    family that failed here before (a failure is said once in a warning; the other
+    routes' result is the same)."""
     if torch.compiler.is_compiling() or x.device.type != kernel_device() \
-            or "packed" in _KERNEL_FAILED:
+            or family in _KERNEL_FAILED:
         return None
     try:
+        return run()
+    except Exception as exc:  # (not a user error: the arguments were checked)
+        _kernel_failed(family, exc, stacklevel=5)
+        return None
+
+
+def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
+    """The output by backends/triton/packed.py's kernels (with autograd: their backward;
+    ``seq_idx`` may be None), or None where they do not run (:func:`_by_family`)."""
+    def run():
         if _requires_grad(x, weight, bias, initial_states):
             return _PackedFunction.apply(x, weight, bias, initial_states, seq_idx, silu)
         from .backends.triton.packed import packed_forward
 
         return packed_forward(x, seq_idx, initial_states, weight, bias, silu)
-    except Exception as exc:  # (not a user error: the arguments were checked)
-        _kernel_failed("packed", exc)
-        return None
+    return _by_family("packed", x, run)
 
 
 def _short_kernel(x, weight, bias, initial_states, silu: bool):
@@ -237,46 +245,38 @@ def _short_kernel(x, weight, bias, initial_states, silu: bool):
     2-8, where fastconv.conv1d's route measured 70-79 %; its depthwise kernel alone reaches
     91-94 % in graph time), or None where it does not run: x dim-contiguous (conv1d's
     channels-last kernels, not compared), a filter wider than it takes or float64 data, and
-    as :func:`_packed_kernel` (its own family, "short")."""
-    if torch.compiler.is_compiling() or x.device.type != kernel_device() \
-            or "short" in _KERNEL_FAILED or x.stride(2) != 1:
-        return None
-    from .backends.triton import shortconv
+    as :func:`_by_family` says (its own family, "short")."""
+    def run():
+        from .backends.triton import shortconv
 
-    if not shortconv.eligible(x, weight.shape[1]):
-        return None
-    try:
+        if not shortconv.eligible(x, weight.shape[1]):
+            return None
         return shortconv.short_forward(x, initial_states, weight, bias, silu)
-    except Exception as exc:  # (not a user error: the arguments were checked)
-        _kernel_failed("short", exc)
-        return None
+    return _by_family("short", x, run) if x.stride(2) == 1 else None
 
 
 def _wide_kernel(x, weight, bias, initial_states, silu: bool):
     """The output by backends/triton/toeplitz.py's kernels (with autograd: their backward),
-    or None where they do not run: torch.compile's tracing, a device Triton's kernels do
-    not run on, data other than 16-bit floats on a GPU, x not seqlen-contiguous, more than
-    65,535 channels or rows, or a kernel that failed here before."""
-    if torch.compiler.is_compiling() or x.device.type != kernel_device() \
-            or "wide" in _KERNEL_FAILED or x.stride(2) != 1 or max(x.shape[:2]) > 65535 \
+    or None where they do not run: data other than 16-bit floats on a GPU, x not
+    seqlen-contiguous, more than 65,535 channels or rows, and as :func:`_by_family` says."""
+    if x.stride(2) != 1 or max(x.shape[:2]) > 65535 \
             or (x.dtype not in (torch.float16, torch.bfloat16) and x.device.type != "cpu"):
         return None
-    try:
+
+    def run():
         if _requires_grad(x, weight, bias, initial_states):
             return _WideFunction.apply(x, weight, bias, initial_states, silu)
         from .backends.triton.toeplitz import toeplitz_forward
 
         return toeplitz_forward(x, weight, bias, initial_states, silu)
-    except Exception as exc:  # (not a user error: the arguments were checked)
-        _kernel_failed("wide", exc)
-        return None
+    return _by_family("wide", x, run)
 
 
-def _kernel_failed(family: str, exc: Exception) -> None:
+def _kernel_failed(family: str, exc: Exception, stacklevel: int = 4) -> None:
     _KERNEL_FAILED[family] = f"{type(exc).__name__}: {str(exc)[:200]}"
     warnings.warn(f"fastconv: the sequence-convolution kernels ({family}) failed "
                   f"({_KERNEL_FAILED[family]}); causal_conv1d runs {_INSTEAD[family]} in "
-                  f"this process", RuntimeWarning, stacklevel=4)
+                  f"this process", RuntimeWarning, stacklevel=stacklevel)
 
 
 class _PackedFunction(torch.autograd.Function):
