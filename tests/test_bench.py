@@ -435,3 +435,61 @@ def test_breakdown_lists_every_fused_layer_with_its_floor(mode, monkeypatch):
         assert r["timing"] == "not measured (no GPU)"
     text = breakdown.table(rows)
     assert "layers:" in text and "step:" in text
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_layer_check_lists_each_convolution_of_the_step_once(mode):
+    """The CPU layer check: one row per distinct convolution the shrunk resnet50's step ran
+    (the same set as hooks on torch's own nn.Conv2d calls find), untimed without a GPU."""
+    from fastconv import plans
+    from fastconv.tools.bench import layercheck, models
+
+    case = models.shrink(models.CASES[2])
+    rows = layercheck.run_case(case, Precision.BF16, mode, "cpu")
+    assert rows and all("error" not in r for r in rows), rows
+    assert all(r["timing"] == "not measured (no GPU)" for r in rows)
+    got = {(p.input_shape(), p.weight_shape(), p.stride, p.pad_pre)
+           for op, p in ((op, plan.problem) for op, plan in plans.cached_plans(graph=False))
+           if op == "fprop"}
+    assert len(rows) == len({(r["op"], r["problem"], r["epilogue"]) for r in rows})
+    torch.manual_seed(0)
+    net = models.BUILDERS[case.model]().train(mode == "train")
+    seen = set()
+    hooks = [m.register_forward_hook(lambda m, a, y: seen.add(
+                 (tuple(a[0].shape), tuple(m.weight.shape), m.stride, m.padding)))
+             for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        net(models.model_input(case.model, case.batch, case.size, "cpu"))
+    for h in hooks:
+        h.remove()
+    assert got == seen
+
+
+@pytest.mark.parametrize("op", ["fprop", "dgrad", "wgrad"])
+def test_layer_check_compares_torch_on_the_same_call(op):
+    """torch's side of a layer-check row computes the plan's own function: a strided,
+    padded convolution with bias, residual and ReLU (and its two gradients), in float64
+    against F.conv2d and torch.nn.grad on the same operands."""
+    from fastconv.epilogue import Epilogue
+    from fastconv.problem import ConvProblem
+    from fastconv.tools.bench import layercheck
+
+    x = torch.randn(2, 5, 9, 7, dtype=torch.float64)
+    w = torch.randn(6, 5, 3, 3, dtype=torch.float64)
+    ep = Epilogue("relu", has_shift=True, has_residual=True) if op == "fprop" else Epilogue()
+    res = torch.randn(2, 6, 5, 4, dtype=torch.float64) if op == "fprop" else None
+    problem = ConvProblem.from_tensors(x, w, None, (2, 2), ((1, 1), (1, 1)), (1, 1), 1,
+                                       rank=2, epilogue=ep, residual=res)
+    args = layercheck.operands(problem, op, "cpu")
+    got = layercheck.torch_run(problem, op)(*args)
+    if op == "fprop":
+        xi, wi, bias, _, _, resid, _ = args
+        want = torch.relu(torch.nn.functional.conv2d(xi, wi, bias, 2, 1) + resid)
+    elif op == "dgrad":
+        dy, wi, _ = args
+        want = torch.nn.grad.conv2d_input(problem.input_shape(), wi, dy, 2, 1)
+    else:
+        dy, xi, _ = args
+        want = torch.nn.grad.conv2d_weight(xi, problem.weight_shape(), dy, 2, 1)
+    assert got.shape == want.shape
+    assert ((got - want).norm() / want.norm()).item() < 1e-12

@@ -18,7 +18,7 @@ What one cached call costs on the host, top to bottom (nothing else runs):
 * ``plan.run``: the backend's bound launcher (``Backend.bind``), made once per plan: for
   aten the torch call itself, for Triton the prepared kernel launch, for cuDNN the graph's
   execute on {tensor uid: tensor} with a pooled workspace; with bias folded into shift
-  (``_bound``) for backends that take no bias.
+  (``bound_forward``) for backends that take no bias.
 
 Layering: functional (the public API) and ops (the custom ops) use this module; it uses
 dispatch, the backends and the epilogue, never the modules above it (tests/test_layering.py
@@ -85,6 +85,20 @@ def _sig(t):
     return (t.shape, t.stride(), t.dtype, t.device)
 
 
+def cached_plans(graph: bool) -> list[tuple[str, _Plan]]:
+    """``(op, plan)`` of every cached plan made under CUDA-graph settings (``graph``) or
+    eager ones, op "fprop", "dgrad" or "wgrad": what ``fastconv bench --layer-check``
+    compares with torch's own choice."""
+    out = []
+    for sig, plan in list(_PLANS.items()):
+        # (the settings, ``dispatch.current()``: a forward's sig ends with them and its
+        # grad flag, a gradient's with them)
+        settings = sig[-2] if sig[0] == "fprop" else sig[-1]
+        if settings[2] == graph:
+            out.append((sig[0], plan))
+    return out
+
+
 def _remember(sig, plan) -> None:
     if sig is None or (plan.provisional and plan.until is None):
         return
@@ -132,7 +146,7 @@ def _plan(call: ConvCall, input, weight, bias, residual, scale, shift, out, grad
     backend = call.backend
     if grad and backend == "auto" and _eager_native(problem):
         cls = backends.REGISTRY["aten"]
-        return _Plan(problem, _bound(problem, cls, None), "aten", native_grad=True)
+        return _Plan(problem, bound_forward(problem, cls, None), "aten", native_grad=True)
     trial = forward_trial(problem, input, weight, bias, scale, shift, residual, out, backend,
                           grad)
     choice = dispatch.choose(problem, backend, run=trial, grad=grad)
@@ -140,7 +154,7 @@ def _plan(call: ConvCall, input, weight, bias, residual, scale, shift, out, grad
     # host cost); the others' go through ConvFunction. With grad, dispatch timed each
     # candidate with its own backward.
     cls = backends.REGISTRY[choice.backend]
-    return _Plan(problem, _bound(problem, cls, choice.config), choice.backend,
+    return _Plan(problem, bound_forward(problem, cls, choice.config), choice.backend,
                  native_grad=_native(cls, choice.config, problem),
                  provisional=choice.provisional, until=choice.until)
 
@@ -179,7 +193,7 @@ def forward_problem(call: ConvCall, input, weight, bias, residual, scale, shift,
         shift=shift, out=out)
 
 
-def _bound(problem: ConvProblem, cls, config):
+def bound_forward(problem: ConvProblem, cls, config):
     """``cls``'s forward of ``problem``, with bias folded into shift for backends that do
     not take it."""
     run = cls.bind(problem, config)
@@ -261,7 +275,7 @@ def forward_trial(problem, input, weight, bias, scale, shift, residual, out, bac
     # buffer in every trial charged aten's bound call an output copy its plan never makes)
     sets = _Sets((input, weight, bias, scale, shift, residual), _like(out),
                  _output_bytes(problem))
-    bound = _binder(lambda cls, config: _bound(problem, cls, config))
+    bound = _binder(lambda cls, config: bound_forward(problem, cls, config))
 
     def trial(cls, config, k=0):
         bound(cls, config)(*sets[k])
@@ -279,8 +293,8 @@ def _grad_trial(problem: ConvProblem, operands: tuple, backend: str):
     sets = _Sets(leaves, lambda k: (problem.new_output(operands[0].device).normal_(),),
                  _output_bytes(problem))
 
-    plans = _binder(lambda cls, config: _Plan(problem, _bound(problem, cls, config), cls.NAME,
-                                              native_grad=_native(cls, config, problem)))
+    plans = _binder(lambda cls, config: _Plan(problem, bound_forward(problem, cls, config),
+                                              cls.NAME, native_grad=_native(cls, config, problem)))
 
     def trial(cls, config, k=0):
         *xs, grad_out = sets[k]

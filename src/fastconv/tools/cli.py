@@ -373,6 +373,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="suite models: where one step's GPU time goes, by kind of kernel and "
                         "per fused conv layer against its floor (torch.profiler), instead of "
                         "the timing table")
+    p.add_argument("--layer-check", action="store_true",
+                   help="suite models: every convolution of a CUDA-graph step against torch's "
+                        "own choice for the same call, in graph time (same and rotated "
+                        "operands), instead of the timing table")
     p.add_argument("--spent-budget", action="store_true",
                    help="with --fresh: start each process with its tuning budget spent")
     p.add_argument("--tune-budget", default="exhaustive",

@@ -63,9 +63,10 @@ def run(args, has_gpu: bool) -> int:
         print(f"--fresh: got {args.fresh:g} s with mode {args.mode!r} and suite {args.suite!r}; "
               f"expected at least 1 s, mode fwd and a convolution suite")
         return 2
-    if args.breakdown and args.suite != "models":
-        print(f"--breakdown: got suite {args.suite!r}; it breaks down suite models only")
-        return 2
+    for flag, on in (("--breakdown", args.breakdown), ("--layer-check", args.layer_check)):
+        if on and args.suite != "models":
+            print(f"{flag}: got suite {args.suite!r}; it runs on suite models only")
+            return 2
     if args.fresh is not None and not has_gpu:
         print("--fresh: times a new process's calls on a GPU; there is none here")
         return 2
@@ -100,6 +101,11 @@ def run(args, has_gpu: bool) -> int:
             rows = []
             for case in cases:
                 advance(f"{suite} {mode} {prec} {layout} {case.name}")
+                if args.layer_check:
+                    from fastconv.tools.bench import layercheck
+                    rows += layercheck.run_case(case, prec, mode, "cuda" if has_gpu else "cpu",
+                                                echo=has_gpu)
+                    continue
                 if args.breakdown:
                     from fastconv.tools.bench import breakdown
                     rows += breakdown.run_case(case, providers, prec, mode,
@@ -129,6 +135,12 @@ def run(args, has_gpu: bool) -> int:
             report.add_roofline(rows, ceilings)
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
+            if args.layer_check:
+                from fastconv.tools.bench import layercheck
+                stem = stem.replace("models", "models-layer-check", 1)
+                written += report.write(doc, out_dir, stem)
+                print(layercheck.table(rows))
+                continue
             if args.breakdown:
                 from fastconv.tools.bench import breakdown
                 stem = stem.replace("models", "models-breakdown", 1)
