@@ -449,9 +449,12 @@ def test_layer_check_lists_each_convolution_of_the_step_once(mode):
     assert rows and all("error" not in r for r in rows), rows
     assert all(r["timing"] == "not measured (no GPU)" for r in rows)
     got = {(p.input_shape(), p.weight_shape(), p.stride, p.pad_pre)
-           for op, p in ((op, plan.problem) for op, plan in plans.cached_plans(graph=False))
+           for op, _, p in ((op, g, plan.problem)
+                            for op, g, plan in plans.cached_plans(graph=False))
            if op == "fprop"}
     assert len(rows) == len({(r["op"], r["problem"], r["epilogue"]) for r in rows})
+    # a training step's forwards are chosen with their backward: timed as layers
+    assert {r["op"] for r in rows} == ({"layer"} if mode == "train" else {"fprop"})
     torch.manual_seed(0)
     net = models.BUILDERS[case.model]().train(mode == "train")
     seen = set()
@@ -493,3 +496,24 @@ def test_layer_check_compares_torch_on_the_same_call(op):
         want = torch.nn.grad.conv2d_weight(xi, problem.weight_shape(), dy, 2, 1)
     assert got.shape == want.shape
     assert ((got - want).norm() / want.norm()).item() < 1e-12
+
+
+@pytest.mark.parametrize("need_input", [True, False])
+def test_layer_check_layer_rows_differentiate_the_same_function(need_input):
+    """A training layer's two runs (fastconv's functional call and torch's ops) give the
+    same gradients of a grouped, strided, padded convolution with bias and ReLU, in float64,
+    and the input's only where the step needs it."""
+    from fastconv.epilogue import Epilogue
+    from fastconv.problem import ConvProblem
+    from fastconv.tools.bench import layercheck
+
+    x = torch.randn(2, 4, 9, 7, dtype=torch.float64)
+    w = torch.randn(6, 2, 3, 3, dtype=torch.float64)
+    problem = ConvProblem.from_tensors(x, w, None, (2, 1), ((1, 1), (0, 0)), (1, 1), 2,
+                                       rank=2, epilogue=Epilogue("relu", has_shift=True))
+    fast, slow = layercheck.layer_runs(problem, need_input)
+    args = layercheck.layer_operands(problem, need_input, "cpu")
+    got, want = fast(*args), slow(*args)
+    assert len(got) == len(want) == (3 if need_input else 2)
+    for g, r in zip(got, want):
+        assert ((g - r).norm() / r.norm()).item() < 1e-12

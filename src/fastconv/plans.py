@@ -85,17 +85,17 @@ def _sig(t):
     return (t.shape, t.stride(), t.dtype, t.device)
 
 
-def cached_plans(graph: bool) -> list[tuple[str, _Plan]]:
-    """``(op, plan)`` of every cached plan made under CUDA-graph settings (``graph``) or
-    eager ones, op "fprop", "dgrad" or "wgrad": what ``fastconv bench --layer-check``
-    compares with torch's own choice."""
+def cached_plans(graph: bool) -> list[tuple[str, bool, _Plan]]:
+    """``(op, grad, plan)`` of every cached plan made under CUDA-graph settings (``graph``)
+    or eager ones: op "fprop", "dgrad" or "wgrad"; ``grad``, a forward whose backward
+    follows. What ``fastconv bench --layer-check`` compares with torch's own choice."""
     out = []
     for sig, plan in list(_PLANS.items()):
         # (the settings, ``dispatch.current()``: a forward's sig ends with them and its
         # grad flag, a gradient's with them)
         settings = sig[-2] if sig[0] == "fprop" else sig[-1]
         if settings[2] == graph:
-            out.append((sig[0], plan))
+            out.append((sig[0], sig[0] == "fprop" and sig[-1], plan))
     return out
 
 

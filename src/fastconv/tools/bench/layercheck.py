@@ -13,6 +13,12 @@ the call's shapes, layout and dtype, two ways:
   (cudnn.benchmark, as the models suite runs torch), and torch's own ops for a fused
   epilogue (bias, folded BatchNorm, residual, activation): what torch runs for that call.
 
+A training step's forwards are chosen with their backward (dispatch times each candidate
+through autograd): their rows (op ``layer``) time the forward and backward together,
+fastconv's through its functional call under the same settings (the model's choices for
+the forward, data and weight gradients) and torch's through autograd on aten's ops; the
+step's data- and weight-gradient plans also get rows of their own.
+
 Each is captured ``CALLS`` times in a CUDA graph, twice: on the same operands every call
 (``same``: what stays in the L2 cache stays, as a layer's input just written by the layer
 before it) and rotating over operand copies larger than the L2 cache (``cold``: how
@@ -26,6 +32,7 @@ The check of issue 54: every row ≥ 0.98 (``BAR``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 
@@ -33,6 +40,7 @@ import torch
 
 from ... import backends, dispatch, plans
 from ...costs import rotation_count
+from ...epilogue import Epilogue
 from ...precision import Precision
 from ...problem import ConvProblem, layout_strides
 
@@ -71,6 +79,51 @@ def torch_run(problem: ConvProblem, op: str):
     return cls.bind(problem, None, op)
 
 
+def layer_runs(problem: ConvProblem, need_input: bool) -> tuple:
+    """(fastconv's, torch's) forward + backward of a training layer's convolution (a
+    forward chosen with its backward, ``grad``) through autograd, each
+    ``run(input, weight, bias, scale, shift, residual, grad_out)`` giving the gradients of
+    the input (where ``need_input``), weight and bias: fastconv's functional call (the
+    model's choices: the same problem under the same settings) and aten's torch ops."""
+    from ... import functional
+
+    if problem.transposed:
+        raise ValueError("a transposed convolution's layer is not measured")
+    conv = functional.conv2d if problem.rank == 2 else functional.conv1d
+    ep = problem.epilogue
+    padding = tuple(zip(problem.pad_pre, problem.pad_post))
+    ref = torch_run(problem, "fprop")
+
+    def grads(y, input, weight, bias, grad_out):
+        wrt = [t for t in (input if need_input else None, weight, bias) if t is not None]
+        return torch.autograd.grad(y, wrt, grad_out)
+
+    def fast(input, weight, bias, scale, shift, residual, grad_out):
+        y = conv(input, weight, bias, problem.stride, padding, problem.dilation,
+                 problem.groups, activation=ep.activation, negative_slope=ep.negative_slope,
+                 residual=residual, scale=scale, shift=shift)
+        return grads(y, input, weight, bias, grad_out)
+
+    def slow(input, weight, bias, scale, shift, residual, grad_out):
+        return grads(ref(input, weight, bias, scale, shift, residual, None), input, weight,
+                     bias, grad_out)
+    return fast, slow
+
+
+def layer_operands(problem: ConvProblem, need_input: bool, device) -> tuple:
+    """The forward's operands (``operands``), those autograd differentiates marked so, and
+    a random output gradient in place of ``out``."""
+    args = list(operands(problem, "fprop", device))
+    args[0].requires_grad_(need_input)
+    args[1].requires_grad_(True)
+    if args[2] is not None:
+        args[2].requires_grad_(True)
+    shape = problem.output_shape()
+    grad_out = torch.empty_strided(shape, layout_strides(shape, problem.layout),
+                                   dtype=problem.dtype, device=device).normal_()
+    return (*args[:6], grad_out)
+
+
 def graph_of(run, sets: list[tuple], calls: int = CALLS) -> torch.cuda.CUDAGraph:
     """A CUDA graph of ``calls`` calls of ``run`` cycling through the operand ``sets``."""
     side = torch.cuda.Stream()
@@ -103,17 +156,28 @@ def replay_alternately(graphs: dict, rounds: int = ROUNDS, calls: int = CALLS) -
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def measure(op: str, plan, device) -> dict:
-    """One row's timings: fastconv's plan and torch's, on the same and on rotated operands."""
+def measure(op: str, plan, device, need_input: bool | None = None) -> dict:
+    """One row's timings, fastconv's and torch's, on the same and on rotated operands: of
+    ``plan`` and aten's plan of its problem; with ``need_input`` given (op "layer"), of the
+    forward + backward through autograd (``layer_runs``)."""
     problem = plan.problem
-    same = [operands(problem, op, device)]
+    if need_input is None:
+        fast, ref = plan.run, torch_run(problem, op)
+
+        def make():
+            return operands(problem, op, device)
+    else:
+        fast, ref = layer_runs(problem, need_input)
+
+        def make():
+            return layer_operands(problem, need_input, device)
+    same = [make()]
     nbytes = sum(t.numel() * t.element_size() for t in same[0] if t is not None)
-    cold = same + [operands(problem, op, device) for _ in range(rotation_count(nbytes) - 1)]
-    ref = torch_run(problem, op)
+    cold = same + [make() for _ in range(rotation_count(nbytes) - 1)]
     with dispatch.settings(graph=True):
-        graphs = {("fastconv", "same"): graph_of(plan.run, same),
+        graphs = {("fastconv", "same"): graph_of(fast, same),
                   ("torch", "same"): graph_of(ref, same),
-                  ("fastconv", "cold"): graph_of(plan.run, cold),
+                  ("fastconv", "cold"): graph_of(fast, cold),
                   ("torch", "cold"): graph_of(ref, cold)}
     ms = replay_alternately(graphs)
     row = {}
@@ -150,19 +214,26 @@ def run_case(case, precision: Precision, mode: str, device: str,
             fn()
             if device == "cuda":
                 torch.cuda.synchronize()
+        made = plans.cached_plans(graph=device == "cuda")
+        # the input gradients the step computed (a first layer's input needs none)
+        dgrads = {p.problem for op, _, p in made if op == "dgrad"}
         seen = set()
-        for op, plan in plans.cached_plans(graph=device == "cuda"):
+        for op, grad, plan in made:
+            need_input = None
+            if grad:  # the forward was chosen with its backward: timed with it
+                op = "layer"
+                need_input = dataclasses.replace(plan.problem, epilogue=Epilogue()) in dgrads
             key = (op, plan.problem)
             if key in seen:
                 continue
             seen.add(key)
             row = dict(base, op=op, problem=plan.problem.describe(),
-                       epilogue=plan.problem.epilogue.signature(),
-                       choice=plan.backend, gflop=plan.problem.flops() / 1e9)
+                       epilogue=plan.problem.epilogue.signature(), choice=plan.backend,
+                       provisional=plan.provisional, gflop=plan.problem.flops() / 1e9)
             rows.append(row)
             try:
                 if device == "cuda":
-                    row.update(measure(op, plan, device))
+                    row.update(measure(op, plan, device, need_input))
                 else:
                     row["timing"] = "not measured (no GPU)"
             except Exception as exc:  # reported, not fatal
