@@ -6,7 +6,9 @@ runs a step (``train``: forward, backward and the SGD step; ``eval``: a forward)
 kernels it left building finish, and it runs again, so every choice is the final one. Each
 plan that step made under CUDA-graph settings (forwards with their fused epilogue, data
 and weight gradients: ``plans.cached_plans``) is then run alone, on random operands of
-the call's shapes, layout and dtype, two ways:
+the call's shapes, layout and dtype, two ways. (Left out: provisional stand-ins whose
+builds are done, which the next lookup replaces and the graph's capture did; a row
+``stale_plans`` counts them.)
 
 * **fastconv**: the plan the model runs (its backend and configuration);
 * **torch**: aten's plan of the same problem: ``F.conv`` with cuDNN's searched algorithm
@@ -218,7 +220,11 @@ def run_case(case, precision: Precision, mode: str, device: str,
         # the input gradients the step computed (a first layer's input needs none)
         dgrads = {p.problem for op, _, p in made if op == "dgrad"}
         seen = set()
+        stale = 0
         for op, grad, plan in made:
+            if plan.provisional and plan.expired():  # a stand-in the next lookup replaces
+                stale += 1
+                continue
             need_input = None
             if grad:  # the forward was chosen with its backward: timed with it
                 op = "layer"
@@ -240,6 +246,8 @@ def run_case(case, precision: Precision, mode: str, device: str,
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             if echo:
                 print(json.dumps(row), flush=True)
+        if stale:
+            rows.append(dict(base, stale_plans=stale))
     except Exception as exc:
         rows.append(dict(base, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
     finally:
@@ -257,6 +265,9 @@ def table(rows: list[dict]) -> str:
                      f"{r['torch_ms_same']:10.4f}{r['fastconv_ms_same']:9.4f}"
                      f"{r['ratio_same']:7.3f}{r['ratio_cold']:7.3f}  {r['problem'][:90]}")
     for r in rows:
+        if "stale_plans" in r:
+            lines.append(f"{r['case']} {r['mode']}: {r['stale_plans']} provisional plans "
+                         f"replaced at their next lookup, not timed")
         if "error" in r:
             lines.append(f"{r['case'][:21]:22}{r['mode']:6}{r.get('op', '-'):6}"
                          f"{r.get('choice', '-')[:7]:8}{r['error']}")
