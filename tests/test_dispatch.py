@@ -710,6 +710,9 @@ def test_candidates_left_building_are_timed_once_built(fakes, clock, monkeypatch
     final = dispatch.choose(p, run=run, mode="benchmark")
     assert (final.config, final.provisional) == ("c", False)
     assert calls == [("fake", "a"), ("fake", "b"), ("fake", "c")]  # all again, and "c"
+    # a stand-in kept elsewhere (a plan of another signature of the same problem, which
+    # did not make the final call) asks again rather than running for good
+    assert first.until() and again.until()
     stored = json.loads((tmp_path / plancache.FILE_NAME).read_text())["entries"]
     assert [e["config"] for e in stored.values()] == ["c", "c"]  # both rankings
     assert not any(e.get("partial") for e in stored.values())

@@ -34,9 +34,12 @@ class Upgrade:
         return self.done
 
     def ready(self) -> bool:
-        """Whether some candidate's build has finished and it waits to be timed (a
-        provisional plan's ``until``)."""
-        return any(all(j.done() for j in r.builds) for r in self.rows if r.builds)
+        """Whether some candidate's build has finished and it waits to be timed, or every
+        build is done (a provisional plan's ``until``: true for good once the final choice
+        is made, so that a stand-in kept under another signature than the call that
+        finished the upgrade asks again instead of running for good)."""
+        return self.done or any(all(j.done() for j in r.builds) for r in self.rows
+                                if r.builds)
 
     def stand_in(self, graph: bool) -> Choice:
         """The provisional choice while the builds run: the best timed row. A problem met
