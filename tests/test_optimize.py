@@ -147,6 +147,37 @@ def test_a_failed_training_capture_is_said_when_it_happens(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(opt.model.buffers(), before))
 
 
+def test_a_training_graph_captured_while_kernels_build_is_captured_again(monkeypatch):
+    """A training graph captured while chosen kernels were still compiling (their layers
+    ran stand-ins) is captured again at the first call after the builds are done, and kept
+    from then on; one captured with nothing building is kept."""
+    from fastconv import dispatch
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    opt = optimize(model, "training", precision="ieee", cuda_graph=True)
+    captures = []
+
+    def capture(module, args):
+        captures.append(len(captures))
+        return lambda *a: captures[-1]
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
+    building = [True]
+    monkeypatch.setattr(dispatch, "building", lambda: building[0])
+    x = torch.randn(2, 3, 7, 7)
+    assert opt._train_graph((x,))(x) == 0
+    assert opt._train_graph((x,))(x) == 0  # still building: the same graph
+    building[0] = False
+    assert opt._train_graph((x,))(x) == 1  # built: captured again
+    assert opt._train_graph((x,))(x) == 1
+    assert len(captures) == 2
+    y = torch.randn(1, 3, 9, 9)  # captured with nothing building: kept
+    assert opt._train_graph((y,))(y) == 2
+    building[0] = True
+    assert opt._train_graph((y,))(y) == 2
+    building[0] = False
+    assert opt._train_graph((y,))(y) == 2 and len(captures) == 3
+
+
 def test_a_model_holding_fastconv_modules_is_traced_with_them_as_leaves():
     """Traced into, ConvBNAct2d's forward met the tracer's proxies: the trace failed after
     the layer had counted a training step on the copy."""

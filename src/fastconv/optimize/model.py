@@ -30,7 +30,9 @@ class OptimizedModel(nn.Module):
     layer).
 
     An inference graph is captured again when a parameter or buffer was changed in place
-    since its capture (the layers' cached folded weights are read by the graph).
+    since its capture (the layers' cached folded weights are read by the graph). A graph
+    of either kind captured while kernels the layers chose were still compiling (their
+    layers ran stand-ins: aten) is captured again at the first call after they are built.
     Training graphs compute what eager calls compute, with these rules: the warm-up runs
     before capture leave the running statistics as they were (they are restored); a call
     while any parameter already holds a gradient runs eagerly (a replayed backward writes
@@ -151,8 +153,14 @@ class OptimizedModel(nn.Module):
             return None
         key = (tuple((a.shape, a.dtype, a.stride(), a.device, a.requires_grad) for a in args),
                self._flags())
-        if key in self._train_graphs:
-            return self._train_graphs[key]
+        hit = self._train_graphs.get(key)
+        if hit is not None:
+            # A graph captured while kernels were still building ran those layers'
+            # provisional choices (aten; the backward's builds start in the last warm-up
+            # step): captured again once they are built, as an inference graph is.
+            if not (hit[1] and not dispatch.building()):
+                return hit[0]
+            del self._train_graphs[key]
         buffers = list(self.model.buffers())
         saved = [b.clone() for b in buffers]
         graphed = None
@@ -175,7 +183,7 @@ class OptimizedModel(nn.Module):
                     b.copy_(v)
             for p in self.model.parameters():
                 p.grad = None
-        self._train_graphs[key] = graphed
+        self._train_graphs[key] = (graphed, graphed is not None and dispatch.building())
         return graphed
 
     def _replay(self, args):
