@@ -143,11 +143,17 @@ def graph_of(run, sets: list[tuple], calls: int = CALLS) -> torch.cuda.CUDAGraph
 
 
 def replay_alternately(graphs: dict, rounds: int = ROUNDS, calls: int = CALLS) -> dict:
-    """Median GPU ms per call of each graph, the graphs replayed in turn ``rounds`` times."""
+    """Median GPU ms per call of each graph, the graphs replayed in turn ``rounds`` times;
+    each timed replay follows an untimed one of the same graph, so that it finds the L2
+    cache as its own calls leave it, not as the graph before it did (timed straight after
+    another, the "same operands" graph of a small layer found its operands evicted by the
+    rotated graph before it, or left warm by the other provider's graph on the same ones:
+    aten against itself measured 0.92-0.97)."""
     times: dict = {name: [] for name in graphs}
     torch.cuda.synchronize()
     for _ in range(rounds):
         for name, graph in graphs.items():
+            graph.replay()
             begin = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             begin.record()
