@@ -517,3 +517,45 @@ def test_layer_check_layer_rows_differentiate_the_same_function(need_input):
     assert len(got) == len(want) == (3 if need_input else 2)
     for g, r in zip(got, want):
         assert ((g - r).norm() / r.norm()).item() < 1e-12
+
+
+def test_ddp_worker_trains_every_provider_under_ddp(tmp_path, monkeypatch):
+    """One process of ``bench --ddp`` (world 1, gloo, CPU): each provider's module wrapped
+    in DistributedDataParallel takes training steps (fastconv's optimized copy inside DDP,
+    its fused layers' backward through DDP's gradient hooks), rows without errors."""
+    from fastconv.tools.bench import ddp, models
+
+    def tiny():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                   torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                   torch.nn.Flatten(), torch.nn.Linear(8, 5))
+    monkeypatch.setitem(models.BUILDERS, "tiny", tiny)
+    out = tmp_path / "rows.json"
+    case = models.ModelCase("tiny_b2", "tiny", 2, 9)
+    ddp._worker(0, 1, ddp._free_port(), case, ["torch", "fastconv", "fastconv_cuda_graph"],
+                Precision.IEEE, "cpu", 2, str(out))
+    rows = json.loads(out.read_text())
+    assert [r["provider"] for r in rows] == ["torch", "fastconv", "fastconv_cuda_graph"]
+    assert all("error" not in r and r["world"] == 1 and r["ddp"] for r in rows), rows
+
+
+def test_ddp_rows_get_the_scaling_efficiency(monkeypatch):
+    """``run_case`` runs world 1 and world N and gives each provider's world-N row its step
+    time on one GPU over that on N; a provider DDP cannot wrap is refused first."""
+    from fastconv.tools.bench import ddp, models
+
+    def spawn(fn, args, nprocs, join):
+        world, out = args[0], args[-1]
+        ms = {1: 10.0, 2: 12.5}[world]
+        with open(out, "w") as f:
+            json.dump([dict(case="c", provider="torch", world=world, ms_p50=ms,
+                            images_per_s=world * 1000 / ms)], f)
+    monkeypatch.setattr(torch.multiprocessing, "spawn", spawn)
+    case = models.ModelCase("c", "resnet50", 4, 32)
+    rows = ddp.run_case(case, ["torch"], Precision.BF16, 2, "cpu")
+    assert [r["world"] for r in rows] == [1, 2]
+    assert "scaling_efficiency" not in rows[0]
+    assert rows[1]["scaling_efficiency"] == pytest.approx(0.8)
+    assert "0.800" in ddp.table(rows)
+    with pytest.raises(ValueError, match="fastconv_compile"):
+        ddp.run_case(case, ["fastconv_compile"], Precision.BF16, 2, "cpu")

@@ -373,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="suite models: where one step's GPU time goes, by kind of kernel and "
                         "per fused conv layer against its floor (torch.profiler), instead of "
                         "the timing table")
+    p.add_argument("--ddp", type=int, metavar="N", default=None,
+                   help="suite models, mode train: training steps under "
+                        "DistributedDataParallel on 1 and on N GPUs of this host (per-GPU "
+                        "batch fixed), with the scaling efficiency, instead of the timing "
+                        "table")
     p.add_argument("--layer-check", action="store_true",
                    help="suite models: every convolution of a CUDA-graph step against torch's "
                         "own choice for the same call, in graph time (same and rotated "

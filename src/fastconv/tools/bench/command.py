@@ -63,10 +63,15 @@ def run(args, has_gpu: bool) -> int:
         print(f"--fresh: got {args.fresh:g} s with mode {args.mode!r} and suite {args.suite!r}; "
               f"expected at least 1 s, mode fwd and a convolution suite")
         return 2
-    for flag, on in (("--breakdown", args.breakdown), ("--layer-check", args.layer_check)):
+    for flag, on in (("--breakdown", args.breakdown), ("--layer-check", args.layer_check),
+                     ("--ddp", args.ddp is not None)):
         if on and args.suite != "models":
             print(f"{flag}: got suite {args.suite!r}; it runs on suite models only")
             return 2
+    if args.ddp is not None and (args.ddp < 2 or modes != ["train"]):
+        print(f"--ddp: got {args.ddp} with mode {args.mode!r}; expected at least 2 GPUs and "
+              f"mode train")
+        return 2
     if args.fresh is not None and not has_gpu:
         print("--fresh: times a new process's calls on a GPU; there is none here")
         return 2
@@ -101,6 +106,11 @@ def run(args, has_gpu: bool) -> int:
             rows = []
             for case in cases:
                 advance(f"{suite} {mode} {prec} {layout} {case.name}")
+                if args.ddp is not None:
+                    from fastconv.tools.bench import ddp
+                    rows += ddp.run_case(case, providers, prec, args.ddp,
+                                         "cuda" if has_gpu else "cpu", min(args.reps, 20))
+                    continue
                 if args.layer_check:
                     from fastconv.tools.bench import layercheck
                     rows += layercheck.run_case(case, prec, mode, "cuda" if has_gpu else "cpu",
@@ -135,6 +145,12 @@ def run(args, has_gpu: bool) -> int:
             report.add_roofline(rows, ceilings)
             doc = {"meta": report.environment(ceilings, suite), "rows": rows}
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
+            if args.ddp is not None:
+                from fastconv.tools.bench import ddp
+                stem = stem.replace("models", f"models-ddp{args.ddp}", 1)
+                written += report.write(doc, out_dir, stem)
+                print(ddp.table(rows))
+                continue
             if args.layer_check:
                 from fastconv.tools.bench import layercheck
                 stem = stem.replace("models", "models-layer-check", 1)

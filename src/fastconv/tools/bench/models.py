@@ -175,9 +175,15 @@ def train_step(net: torch.nn.Module, x: torch.Tensor, lr: float = 1e-3):
     return step
 
 
-def provider_call(provider: str, model, x, precision: Precision, mode: str):
-    """(call, network) for one provider (the demo runs its rows through it too)."""
+def provider_call(provider: str, model, x, precision: Precision, mode: str, wrap=None):
+    """(call, network) for one provider (the demo runs its rows through it too). ``wrap``
+    (e.g. DistributedDataParallel) wraps the provider's module: torch's before
+    ``torch.compile`` compiles it, fastconv's ``optimize`` result (not ``fastconv.compile``)."""
     from ...optimize import compile_model, optimize
+
+    if wrap is not None and provider.startswith("fastconv_compile"):
+        raise ValueError(f"{provider}: not run wrapped (DistributedDataParallel)")
+    wrap = wrap or (lambda net: net)
 
     half = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(precision)
     cmode = "reduce-overhead" if provider.endswith("_ro") else None
@@ -185,15 +191,16 @@ def provider_call(provider: str, model, x, precision: Precision, mode: str):
         net = compile_model(model, precision.value, training=mode == "train",
                             channels_last=half is not None, mode=cmode)
     elif provider.startswith("fastconv"):
-        net = optimize(model, "training" if mode == "train" else "inference",
-                       precision.value, channels_last=half is not None,
-                       cuda_graph=provider == "fastconv_cuda_graph")
+        net = wrap(optimize(model, "training" if mode == "train" else "inference",
+                            precision.value, channels_last=half is not None,
+                            cuda_graph=provider == "fastconv_cuda_graph"))
     else:
         net = copy.deepcopy(model)
         if half is not None:
             net = net.to(memory_format=torch.channels_last)  # (its 4-D parameters)
             if x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
+        net = wrap(net)
         if provider.startswith("torch_compile"):
             net = torch.compile(net, mode=cmode)
 

@@ -1,0 +1,132 @@
+"""``fastconv bench --suite models --mode train --ddp N``: training steps under
+``DistributedDataParallel`` on 1 and on N GPUs of one host, per provider.
+
+For each world size (1, then N) the bench spawns that many processes (NCCL on GPUs, gloo on
+the CPU), each holding one GPU and the case's batch (the per-GPU batch stays the same: weak
+scaling). Every process builds the case's model with the same seed, wraps each provider's
+module in DDP (``torch`` and ``torch_compile``: ``torch.compile`` of the DDP module, as
+PyTorch recommends; ``fastconv`` and ``fastconv_cuda_graph``: DDP of ``optimize``'s model,
+its CUDA graphs inside), and times training steps (forward, backward with DDP's gradient
+all-reduce, the SGD step), providers interleaved over rounds (``GpuTimer.eager_rounds``),
+every process the same calls. Rank 0's times are the rows: ``ms_p50`` per step,
+``images_per_s`` of all GPUs together, and for world N ``scaling_efficiency``: the
+provider's step time on one GPU over its step time on N (1.0: no cost for the
+all-reduce). Without a GPU the steps run once each on the CPU (gloo), untimed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+
+import torch
+
+from ...precision import Precision
+
+#: what runs distributed: the models suite's providers that DDP can wrap
+PROVIDERS = ("torch", "torch_compile", "torch_compile_ro", "fastconv", "fastconv_cuda_graph")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, case, providers: list[str],
+            precision: Precision, device: str, reps: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .models import BUILDERS, model_input, no_dropout, provider_call
+    from .timers import GpuTimer, percentiles
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank,
+                            world_size=world)
+    rows = []
+    try:
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
+        torch.manual_seed(0)  # the same model on every rank
+        model = BUILDERS[case.model]().to(device).train()
+        torch.manual_seed(1 + rank)  # each rank its own data
+        x = model_input(case.model, case.batch, case.size, device)
+
+        def wrap(net):
+            return DDP(net, device_ids=[rank] if device == "cuda" else None)
+        ready = {}
+        for provider in providers:
+            row = dict(case=case.name, provider=provider, precision=precision.value,
+                       mode="train", batch=case.batch, size=case.size, world=world,
+                       ddp=True)
+            rows.append(row)
+            try:
+                fn, net = provider_call(provider, model, x, precision, "train", wrap=wrap)
+                with no_dropout(net):
+                    fn()  # compiles, dispatches, captures
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                ready[provider] = (row, fn)
+            except Exception as exc:  # reported, not fatal (every rank fails alike)
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if device != "cuda":
+            for row, fn in ready.values():
+                fn()  # a second step: the gradients' all-reduce ran twice
+                row.update(ms_p50=None, timing="not measured (no GPU)")
+        elif ready:
+            times = GpuTimer().eager_rounds({p: [v[1]] for p, v in ready.items()}, reps)
+            for provider, (row, _) in ready.items():
+                p50, p20, p80 = percentiles(times[provider])
+                row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80,
+                           images_per_s=world * case.batch * 1000 / p50)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+
+
+def run_case(case, providers: list[str], precision: Precision, world: int, device: str,
+             reps: int = 20) -> list[dict]:
+    """The rows of world sizes 1 and ``world`` (see the module's docstring)."""
+    import torch.multiprocessing as mp
+
+    bad = [p for p in providers if p not in PROVIDERS]
+    if bad:
+        raise ValueError(f"--ddp: provider {bad[0]!r} is not run under DDP (allowed: "
+                         f"{', '.join(PROVIDERS)})")
+    if device == "cuda" and torch.cuda.device_count() < world:
+        raise ValueError(f"--ddp {world}: this machine has {torch.cuda.device_count()} GPUs")
+    rows = []
+    for size in dict.fromkeys((1, world)):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "rows.json")
+            mp.spawn(_worker, args=(size, _free_port(), case, providers, precision, device,
+                                    reps, out), nprocs=size, join=True)
+            with open(out) as f:
+                rows += json.load(f)
+    one = {r["provider"]: r for r in rows if r["world"] == 1}
+    for r in rows:
+        base = one.get(r["provider"], {})
+        if r["world"] > 1 and r.get("ms_p50") and base.get("ms_p50"):
+            r["scaling_efficiency"] = base["ms_p50"] / r["ms_p50"]
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as text: per provider and world size, ms per step, images/s, efficiency."""
+    lines = [f"{'case':22}{'provider':22}{'world':>6}{'ms p50':>9}{'img/s':>9}{'eff':>7}"]
+    for r in rows:
+        if "error" in r or r.get("ms_p50") is None:
+            lines.append(f"{r['case'][:21]:22}{r['provider']:22}{r['world']:6d}  "
+                         f"{r.get('error', r.get('timing', ''))}")
+            continue
+        eff = f"{r['scaling_efficiency']:7.3f}" if "scaling_efficiency" in r else f"{'-':>7}"
+        lines.append(f"{r['case'][:21]:22}{r['provider']:22}{r['world']:6d}"
+                     f"{r['ms_p50']:9.2f}{r['images_per_s']:9.0f}{eff}")
+    return "\n".join(lines)
