@@ -152,13 +152,13 @@ def test_wide_filter_gradients_bf16_within_the_contract(width):
         assert relative_error(got, want) <= TOLERANCE[Precision.BF16]
 
 
-@pytest.mark.parametrize("width", [2, 4, 9, 16])
+@pytest.mark.parametrize("width", [2, 4, 9, 10, 16, 17])
 @pytest.mark.parametrize("layout", ["seqlen", "dim"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_training_kernels_within_the_contract(width, layout, dtype, monkeypatch):
     """The kernels of causal_conv1d's training route (the size rule lowered to any size) on
-    a GPU, shortconv.py's (16-bit and float32, widths ≤ 9, both layouts) and packed.py's
-    (float64, width 16): output and gradients of x, weight, bias and the initial states
+    a GPU, shortconv.py's (16-bit and float32, widths ≤ 17, both layouts) and packed.py's
+    (float64): output and gradients of x, weight, bias and the initial states
     against torch's F.conv1d in float64 (another computation), every dtype within its
     contract, many windows along a row of 2,100 positions."""
     from fastconv import seqconv

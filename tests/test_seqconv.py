@@ -193,13 +193,13 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
 
 def test_short_kernels_take_what_their_grid_holds():
     """shortconv runs batches of 1 to 65,535 rows and up to 65,535 channels (grid axes),
-    16-bit and float32 data, widths to 9; the rest goes to the other routes."""
+    16-bit and float32 data, widths to 17; the rest goes to the other routes."""
     from fastconv.backends.triton.shortconv import eligible
 
     def x(*shape, dtype=torch.float32):
         return torch.empty(shape, dtype=dtype)
-    assert eligible(x(2, 65535, 1), 9) and eligible(x(65535, 3, 1, dtype=torch.bfloat16), 2)
-    assert not eligible(x(2, 3, 5), 10) and not eligible(x(2, 3, 5, dtype=torch.float64), 4)
+    assert eligible(x(2, 65535, 1), 17) and eligible(x(65535, 3, 1, dtype=torch.bfloat16), 2)
+    assert not eligible(x(2, 3, 5), 18) and not eligible(x(2, 3, 5, dtype=torch.float64), 4)
     assert not eligible(x(0, 3, 5), 4) and not eligible(x(65536, 3, 1), 4)
     assert not eligible(x(1, 65536, 1), 4)
 
@@ -350,16 +350,20 @@ def test_training_without_seq_idx_runs_the_kernels(layout, states, monkeypatch):
 @pytest.mark.parametrize("width,seqlen,states,bias,layout", [
     (4, 300, True, True, "seqlen"), (2, 37, False, False, "seqlen"),
     (9, 513, True, False, "seqlen"), (3, 5, True, True, "seqlen"), (7, 8, False, True, "seqlen"),
-    (4, 70, True, True, "dim"), (9, 3, True, False, "dim")])
+    (4, 70, True, True, "dim"), (9, 3, True, False, "dim"),
+    (10, 300, True, True, "seqlen"), (16, 37, True, False, "seqlen"),
+    (17, 530, False, True, "seqlen"), (12, 11, True, True, "seqlen"),
+    (16, 70, True, True, "dim"), (17, 5, True, False, "dim")])
 def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bias, layout,
                                                       monkeypatch):
-    """causal_conv1d's training route for widths ≤ 9 on float32 x in both layouts
+    """causal_conv1d's training route for widths ≤ 17 on float32 x in both layouts
     (shortconv.py's kernels, interpreted; packed.py's and fastconv.conv1d made to fail, every
     buffer poisoned): output and every gradient as F.conv1d's in float64, and the same
     output and the final states without autograd (the forward kernel alone, x
     seqlen-contiguous);
     windows of one or several chunks and programs, rows shorter than a chunk or the
-    state; deterministic (two backward passes, the same bits)."""
+    state, taps reaching one chunk back (widths ≤ 9) or two; deterministic (two backward
+    passes, the same bits)."""
     from fastconv import seqconv
     from fastconv.backends.triton import packed, shortconv
 

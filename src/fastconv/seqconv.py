@@ -4,10 +4,10 @@ with ``width - 1`` zeros on the left: ``weight[:, -1]`` multiplies the current p
 that a model switches by changing an import. Its decode step is ``decode.py``'s, the long
 convolutions of Hyena ``longconv.py``'s.
 
-Routes without ``seq_idx``: widths up to 9 (16-bit or float32, seqlen-contiguous) run the
+Routes without ``seq_idx``: widths up to 17 (16-bit or float32, seqlen-contiguous) run the
 forward kernel of ``backends/triton/shortconv.py`` where no gradient is wanted; where one
 is and the problem is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and
-backward (widths up to 9, either layout) or ``backends/triton/packed.py``'s (up to
+backward (widths up to 17, either layout) or ``backends/triton/packed.py``'s (up to
 ``_TRAIN_KERNELS_MAX_WIDTH``); from width
 ``_WIDE_MIN_WIDTH`` (16-bit, seqlen-contiguous) the tensor-core kernels of
 ``backends/triton/toeplitz.py``; everything else, and wherever those kernels do not run,
@@ -208,7 +208,7 @@ _KERNEL_FAILED: dict[str, str] = {}
 _INSTEAD = {"packed": "torch operations with seq_idx, and fastconv.conv1d for training "
                       "without it",
             "short": "packed.py's kernels for training and fastconv.conv1d without "
-                     "autograd, for widths up to 9",
+                     "autograd, for widths up to 17",
             "wide": "fastconv.conv1d for widths from 32"}
 
 
@@ -243,9 +243,9 @@ def _short_kernel(x, weight, bias, initial_states, silu: bool):
     """The output without autograd by backends/triton/shortconv.py's forward kernel, x
     seqlen-contiguous (on an H100, bf16, eager calls: 90-97 % of the byte floor at widths
     2-8, where fastconv.conv1d's route measured 70-79 %; its depthwise kernel alone reaches
-    91-94 % in graph time), or None where it does not run: x dim-contiguous (conv1d's
-    channels-last kernels, not compared), a filter wider than it takes or float64 data, and
-    as :func:`_by_family` says (its own family, "short")."""
+    91-94 % in graph time; widths 10-17 not yet measured), or None where it does not run:
+    x dim-contiguous (conv1d's channels-last kernels, not compared), a filter wider than it
+    takes or float64 data, and as :func:`_by_family` says (its own family, "short")."""
     def run():
         from .backends.triton import shortconv
 

@@ -1,24 +1,27 @@
-"""causal_conv1d for short filters (width ≤ 9) without ``seq_idx``: its training route
+"""causal_conv1d for short filters (width ≤ 17) without ``seq_idx``: its training route
 (either layout) and its calls without autograd (x seqlen-contiguous). Forward and backward
 one pass each, every load aligned where x is seqlen-contiguous.
 
 A program holds ``BLOCK_D`` channels × ``8·CHUNKS`` positions of one batch row as eight
 *columns*: column ``e`` holds positions ``8q + e`` (q < CHUNKS), split in registers from a
 ``[BLOCK_D, CHUNKS, 8]`` load (16-byte vectors of 16-bit data). Tap ``k`` of position
-``8q + e`` reads position ``8q + e − s`` (``s = width − 1 − k`` ≤ 8): column ``e − s`` of the
-same chunk where ``e ≥ s``, else column ``8 + e − s`` of the chunk before, which is the
-same window loaded 8 positions earlier (an aligned load that hits the cache). No shift
+``8q + e`` reads position ``8q + e − s`` (``s = width − 1 − k`` ≤ 16): column ``e − s`` of
+the same chunk where ``e ≥ s``, else column ``8 + e − s`` of the chunk before, which is the
+same window loaded 8 positions earlier (an aligned load that hits the cache), or for widths
+from 10 column ``16 + e − s`` of the one loaded 16 positions earlier (``LOOK``: the chunks a
+tap reaches back, 1 or 2). No shift
 moves data between threads, so taps cost multiply-adds only (packed.py's kernels load each
 tap's window at its own, unaligned, offset: 2-byte loads). x dim-contiguous (a (batch,
 seqlen, dim) tensor transposed, as Mamba's blocks pass it) takes the same kernels with
 windows of many channels (the loads' vectors run along the channels).
 
-Forward: the chunk and the one before → bias, SiLU → the output. Backward: x at −8, 0,
-+8 and dy at 0, +8 → the pre-activation of this chunk and the next recomputed →
-``g = dy · SiLU'`` → dx (tap ``k`` of g read ``s`` positions later: columns of this chunk or
-the next) → the weight's and bias's sums over the window, added in a fixed order after
-the pass; the initial states' gradient is dx of the positions before 0 (a first window
-starting 8 positions early). x and dy are read once from memory, dx written once.
+Forward: the chunk and the LOOK before → bias, SiLU → the output. Backward: x at
+−8·LOOK … +8·LOOK and dy at 0 … +8·LOOK → the pre-activation of this chunk and the LOOK
+after recomputed → ``g = dy · SiLU'`` → dx (tap ``k`` of g read ``s`` positions later:
+columns of this chunk or the LOOK after) → the weight's and bias's sums over the window,
+added in a fixed order after the pass; the initial states' gradient is dx of the positions
+before 0 (a first window starting 8·LOOK positions early). x and dy are read once from
+memory, dx written once.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ import triton.language as tl
 
 from .launch import cdiv, launch
 
-#: the widest filter: a tap reaches at most one chunk (8 positions) back
-MAX_WIDTH = 9
+#: the widest filter: a tap reaches at most two chunks (16 positions) back
+MAX_WIDTH = 17
 
 
 def eligible(x: torch.Tensor, width: int) -> bool:
@@ -81,22 +84,32 @@ def _load(ptr, init_ptr, rows, b, d, dmask, p, seqlen, s_t, sh_b, sh_d, sh_k,
 
 
 @triton.jit
-def _pre(cur, prev, w, bias, E: tl.constexpr, WIDTH: tl.constexpr):
+def _back(cur, prev, prev2, C: tl.constexpr):
+    """Column C of a chunk (0 ≤ C < 8), of the one before (−8 ≤ C < 0) or of the one
+    before that (−16 ≤ C < −8)."""
+    if C >= 0:
+        return cur[C]
+    elif C >= -8:
+        return prev[8 + C]
+    else:
+        return prev2[16 + C]
+
+
+@triton.jit
+def _pre(cur, prev, prev2, w, bias, E: tl.constexpr, WIDTH: tl.constexpr):
     """The pre-activation at column E: Σ_k w[k]·x[8q + E − (WIDTH − 1 − k)] + bias."""
     acc = bias[:, None] + tl.zeros(cur[0].shape, tl.float32)
     for k in tl.static_range(WIDTH):
-        if E >= WIDTH - 1 - k:
-            acc += cur[E - (WIDTH - 1 - k)] * w[k][:, None]
-        else:
-            acc += prev[8 + E - (WIDTH - 1 - k)] * w[k][:, None]
+        acc += _back(cur, prev, prev2, E - (WIDTH - 1 - k)) * w[k][:, None]
     return acc
 
 
 @triton.jit
 def _tap(w_ptr, d, dmask, sw_d, sw_k, K: tl.constexpr, WIDTH: tl.constexpr):
-    """Tap K of channels d in float32 (zero from WIDTH on)."""
-    return tl.load(w_ptr + d * sw_d + K * sw_k, mask=dmask & (K < WIDTH), other=0.0) \
-        .to(tl.float32)
+    """Tap K of channels d in float32 (zero from WIDTH on, not loaded)."""
+    if K < WIDTH:
+        return tl.load(w_ptr + d * sw_d + K * sw_k, mask=dmask, other=0.0).to(tl.float32)
+    return tl.zeros(d.shape, tl.float32)
 
 
 @triton.jit
@@ -107,7 +120,14 @@ def _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH: tl.constexpr, HAS_BIAS: tl.
          _tap(w_ptr, d, dmask, sw_d, sw_k, 2, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 3, WIDTH),
          _tap(w_ptr, d, dmask, sw_d, sw_k, 4, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 5, WIDTH),
          _tap(w_ptr, d, dmask, sw_d, sw_k, 6, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 7, WIDTH),
-         _tap(w_ptr, d, dmask, sw_d, sw_k, 8, WIDTH))
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 8, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 9, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 10, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 11, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 12, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 13, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 14, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 15, WIDTH),
+         _tap(w_ptr, d, dmask, sw_d, sw_k, 16, WIDTH))
     bias = tl.zeros(d.shape, tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + d, mask=dmask, other=0.0).to(tl.float32)
@@ -125,8 +145,9 @@ def _positions(FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr)
 
 
 @triton.jit
-def _out(cur, prev, w, bias, E: tl.constexpr, WIDTH: tl.constexpr, SILU: tl.constexpr):
-    v = _pre(cur, prev, w, bias, E, WIDTH)
+def _out(cur, prev, prev2, w, bias, E: tl.constexpr, WIDTH: tl.constexpr,
+         SILU: tl.constexpr):
+    v = _pre(cur, prev, prev2, w, bias, E, WIDTH)
     if SILU:
         v = v * tl.sigmoid(v)
     return v
@@ -135,8 +156,9 @@ def _out(cur, prev, w, bias, E: tl.constexpr, WIDTH: tl.constexpr, SILU: tl.cons
 @triton.jit
 def _forward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen, sx_b, sx_d, sx_t,
                     sh_b, sh_d, sh_k, sw_d, sw_k, so_b, so_d, so_t,
-                    WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
-                    HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+                    WIDTH: tl.constexpr, LOOK: tl.constexpr, BLOCK_D: tl.constexpr,
+                    CHUNKS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    SILU: tl.constexpr):
     p, d, b = _positions(0, BLOCK_D, CHUNKS)
     dmask = d < dim
     rows = b * sx_b + d[:, None, None].to(tl.int64) * sx_d
@@ -144,50 +166,57 @@ def _forward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen, sx_b, s
                 HAS_INIT, BLOCK_D, CHUNKS)
     prev = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 8, seqlen, sx_t, sh_b, sh_d, sh_k,
                  WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+    prev2 = prev  # (read only where LOOK is 2)
+    if LOOK == 2:
+        prev2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 16, seqlen, sx_t, sh_b, sh_d,
+                      sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
     w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
-    y = (_out(cur, prev, w, bias, 0, WIDTH, SILU), _out(cur, prev, w, bias, 1, WIDTH, SILU),
-         _out(cur, prev, w, bias, 2, WIDTH, SILU), _out(cur, prev, w, bias, 3, WIDTH, SILU),
-         _out(cur, prev, w, bias, 4, WIDTH, SILU), _out(cur, prev, w, bias, 5, WIDTH, SILU),
-         _out(cur, prev, w, bias, 6, WIDTH, SILU), _out(cur, prev, w, bias, 7, WIDTH, SILU))
+    y = (_out(cur, prev, prev2, w, bias, 0, WIDTH, SILU),
+         _out(cur, prev, prev2, w, bias, 1, WIDTH, SILU),
+         _out(cur, prev, prev2, w, bias, 2, WIDTH, SILU),
+         _out(cur, prev, prev2, w, bias, 3, WIDTH, SILU),
+         _out(cur, prev, prev2, w, bias, 4, WIDTH, SILU),
+         _out(cur, prev, prev2, w, bias, 5, WIDTH, SILU),
+         _out(cur, prev, prev2, w, bias, 6, WIDTH, SILU),
+         _out(cur, prev, prev2, w, bias, 7, WIDTH, SILU))
     tl.store(out_ptr + b * so_b + d[:, None, None].to(tl.int64) * so_d + p.to(tl.int64) * so_t,
              _window(y, BLOCK_D, CHUNKS).to(out_ptr.dtype.element_ty),
              mask=dmask[:, None, None] & (p < seqlen))
 
 
 @triton.jit
-def _grad(dy, cur, prev, w, bias, E: tl.constexpr, WIDTH: tl.constexpr, SILU: tl.constexpr):
+def _grad(dy, cur, prev, prev2, w, bias, E: tl.constexpr, WIDTH: tl.constexpr,
+          SILU: tl.constexpr):
     """The pre-activation's gradient at column E: dy · SiLU'(pre), or dy."""
     g = dy[E]
     if SILU:
-        pre = _pre(cur, prev, w, bias, E, WIDTH)
+        pre = _pre(cur, prev, prev2, w, bias, E, WIDTH)
         sig = tl.sigmoid(pre)
         g = g * sig * (1 + pre * (1 - sig))
     return g
 
 
 @triton.jit
-def _grads(dy, cur, prev, w, bias, WIDTH: tl.constexpr, SILU: tl.constexpr):
-    """:func:`_grad` of the eight columns of a chunk (``cur``) given the chunk before."""
-    return (_grad(dy, cur, prev, w, bias, 0, WIDTH, SILU),
-            _grad(dy, cur, prev, w, bias, 1, WIDTH, SILU),
-            _grad(dy, cur, prev, w, bias, 2, WIDTH, SILU),
-            _grad(dy, cur, prev, w, bias, 3, WIDTH, SILU),
-            _grad(dy, cur, prev, w, bias, 4, WIDTH, SILU),
-            _grad(dy, cur, prev, w, bias, 5, WIDTH, SILU),
-            _grad(dy, cur, prev, w, bias, 6, WIDTH, SILU),
-            _grad(dy, cur, prev, w, bias, 7, WIDTH, SILU))
+def _grads(dy, cur, prev, prev2, w, bias, WIDTH: tl.constexpr, SILU: tl.constexpr):
+    """:func:`_grad` of the eight columns of a chunk (``cur``) given the two before."""
+    return (_grad(dy, cur, prev, prev2, w, bias, 0, WIDTH, SILU),
+            _grad(dy, cur, prev, prev2, w, bias, 1, WIDTH, SILU),
+            _grad(dy, cur, prev, prev2, w, bias, 2, WIDTH, SILU),
+            _grad(dy, cur, prev, prev2, w, bias, 3, WIDTH, SILU),
+            _grad(dy, cur, prev, prev2, w, bias, 4, WIDTH, SILU),
+            _grad(dy, cur, prev, prev2, w, bias, 5, WIDTH, SILU),
+            _grad(dy, cur, prev, prev2, w, bias, 6, WIDTH, SILU),
+            _grad(dy, cur, prev, prev2, w, bias, 7, WIDTH, SILU))
 
 
 @triton.jit
-def _dx(g, g_next, w, E: tl.constexpr, WIDTH: tl.constexpr):
+def _dx(g, g_next, g_next2, w, E: tl.constexpr, WIDTH: tl.constexpr):
     """The input gradient at column E: Σ_k w[k]·g[8q + E + WIDTH − 1 − k] (this chunk's
-    columns, or the next chunk's)."""
+    columns, the next chunk's or the one after)."""
     acc = tl.zeros(g[0].shape, tl.float32)
     for k in tl.static_range(WIDTH):
-        if E + WIDTH - 1 - k < 8:
-            acc += g[E + WIDTH - 1 - k] * w[k][:, None]
-        else:
-            acc += g_next[E + WIDTH - 1 - k - 8] * w[k][:, None]
+        # (column E + s of this chunk is column E + s − 16 counted from two chunks on)
+        acc += _back(g_next2, g_next, g, E + WIDTH - 1 - k - 16) * w[k][:, None]
     return acc
 
 
@@ -195,11 +224,12 @@ def _dx(g, g_next, w, E: tl.constexpr, WIDTH: tl.constexpr):
 def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part_ptr, dim,
                      seqlen, sx_b, sx_d, sx_t, sh_b, sh_d, sh_k, sw_d, sw_k, sy_b, sy_d, sy_t,
                      sdx_b, sdx_d, sdx_t, sdh_b, sdh_d, sdh_k,
-                     WIDTH: tl.constexpr, TAPS: tl.constexpr, FIRST: tl.constexpr,
-                     BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr, HAS_INIT: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, INIT_GRAD: tl.constexpr):
-    # FIRST: the first position of the first window (−8 with the initial states' gradient:
-    # dx of positions −8..−1, else 0)
+                     WIDTH: tl.constexpr, LOOK: tl.constexpr, TAPS: tl.constexpr,
+                     FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
+                     HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                     INIT_GRAD: tl.constexpr):
+    # FIRST: the first position of the first window (−8·LOOK with the initial states'
+    # gradient: dx of the positions before 0, else 0)
     p, d, b = _positions(FIRST, BLOCK_D, CHUNKS)
     dmask = d < dim
     rows = b * sx_b + d[:, None, None].to(tl.int64) * sx_d
@@ -215,11 +245,22 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
     dy_next = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 8, seqlen, sy_t, sh_b, sh_d,
                     sh_k, WIDTH, False, BLOCK_D, CHUNKS)
     w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
-    g = _grads(dy, cur, prev, w, bias, WIDTH, SILU)
-    g_next = _grads(dy_next, nxt, cur, w, bias, WIDTH, SILU)
-    dx = (_dx(g, g_next, w, 0, WIDTH), _dx(g, g_next, w, 1, WIDTH), _dx(g, g_next, w, 2, WIDTH),
-          _dx(g, g_next, w, 3, WIDTH), _dx(g, g_next, w, 4, WIDTH), _dx(g, g_next, w, 5, WIDTH),
-          _dx(g, g_next, w, 6, WIDTH), _dx(g, g_next, w, 7, WIDTH))
+    prev2 = prev  # (the chunks at −16 and +16 are read only where LOOK is 2)
+    g_next2 = dy
+    if LOOK == 2:
+        prev2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 16, seqlen, sx_t, sh_b, sh_d,
+                      sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+        nxt2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 16, seqlen, sx_t, sh_b, sh_d,
+                     sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+        dy_next2 = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 16, seqlen, sy_t, sh_b,
+                         sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS)
+        g_next2 = _grads(dy_next2, nxt2, nxt, cur, w, bias, WIDTH, SILU)
+    g = _grads(dy, cur, prev, prev2, w, bias, WIDTH, SILU)
+    g_next = _grads(dy_next, nxt, cur, prev, w, bias, WIDTH, SILU)
+    dx = (_dx(g, g_next, g_next2, w, 0, WIDTH), _dx(g, g_next, g_next2, w, 1, WIDTH),
+          _dx(g, g_next, g_next2, w, 2, WIDTH), _dx(g, g_next, g_next2, w, 3, WIDTH),
+          _dx(g, g_next, g_next2, w, 4, WIDTH), _dx(g, g_next, g_next2, w, 5, WIDTH),
+          _dx(g, g_next, g_next2, w, 6, WIDTH), _dx(g, g_next, g_next2, w, 7, WIDTH))
     dx = _window(dx, BLOCK_D, CHUNKS)
     tl.store(dx_ptr + b * sdx_b + d[:, None, None].to(tl.int64) * sdx_d
              + p.to(tl.int64) * sdx_t, dx.to(dx_ptr.dtype.element_ty),
@@ -235,10 +276,7 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
     for k in tl.static_range(WIDTH):
         acc = tl.zeros(cur[0].shape, tl.float32)
         for e in tl.static_range(8):
-            if e >= WIDTH - 1 - k:
-                acc += g[e] * cur[e - (WIDTH - 1 - k)]
-            else:
-                acc += g[e] * prev[8 + e - (WIDTH - 1 - k)]
+            acc += g[e] * _back(cur, prev, prev2, e - (WIDTH - 1 - k))
         part += tl.where(taps[None, :] == k, tl.sum(acc, axis=1)[:, None], 0.0)
     if HAS_BIAS:
         acc = tl.zeros(cur[0].shape, tl.float32)
@@ -251,28 +289,38 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
 
 
 #: (BLOCK_D, CHUNKS, warps) of the forward and the backward, for x seqlen-contiguous and
-#: otherwise: a window of BLOCK_D channels × 8·CHUNKS positions. The best of 14 (6 for the
+#: otherwise, by how many chunks a tap reaches back (widths 2-9: 1, 10-17: 2): a window of
+#: BLOCK_D channels × 8·CHUNKS positions. Reaching back one chunk: the best of 14 (6 for the
 #: other layout) on 4 (2) training shapes, H100, bf16, widths 2-9, in two probes
 #: (results/seqconv/2026-11-28/probe-short-H100-*.log): seqlen-contiguous, forward
-#: 93-97 % of the byte floor at widths 2-4 (91 % at 9), backward 76-82 % (54 %).
-TILES = {"seqlen": ((1, 128, 2), (1, 64, 1)), "dim": ((128, 2, 4), (32, 8, 4))}
+#: 93-97 % of the byte floor at widths 2-4 (91 % at 9), backward 76-82 % (54 %). Two
+#: chunks: the same forward tiles, the backward's windows halved (it holds five chunks of x
+#: and three of dy, not three and two); not yet measured.
+TILES = {("seqlen", 1): ((1, 128, 2), (1, 64, 1)), ("dim", 1): ((128, 2, 4), (32, 8, 4)),
+         ("seqlen", 2): ((1, 128, 2), (1, 32, 1)), ("dim", 2): ((128, 2, 4), (32, 4, 4))}
 
 
-def _tiles(x: torch.Tensor) -> tuple:
-    return TILES["seqlen" if x.stride(2) == 1 else "dim"]
+def _look(width: int) -> int:
+    """How many 8-position chunks a tap reaches back: 1 for widths up to 9, else 2."""
+    return 1 if width <= 9 else 2
+
+
+def _tiles(x: torch.Tensor, width: int) -> tuple:
+    return TILES["seqlen" if x.stride(2) == 1 else "dim", _look(width)]
 
 
 def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias,
                   silu: bool) -> torch.Tensor:
     """causal_conv1d's output (x's shape, layout and dtype; see the module docstring)."""
     batch, dim, seqlen = x.shape
-    block_d, chunks, warps = _tiles(x)[0]
+    width = weight.shape[1]
+    block_d, chunks, warps = _tiles(x, width)[0]
     out = torch.empty_like(x)
     init = initial_states if initial_states is not None else x
     launch(_forward_kernel, (cdiv(seqlen, 8 * chunks), cdiv(dim, block_d), batch),
            x, init, weight, x if bias is None else bias, out, dim, seqlen, *x.stride(),
            *init.stride(), *weight.stride(), *out.stride(),
-           WIDTH=weight.shape[1], BLOCK_D=block_d, CHUNKS=chunks,
+           WIDTH=width, LOOK=_look(width), BLOCK_D=block_d, CHUNKS=chunks,
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
            num_warps=warps)
     return out
@@ -285,8 +333,8 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     bias's gradients added in a fixed order (float32)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    block_d, chunks, warps = _tiles(x)[1]
-    first = -8 if init_grad else 0
+    block_d, chunks, warps = _tiles(x, width)[1]
+    first = -8 * _look(width) if init_grad else 0
     windows = cdiv(seqlen - first, 8 * chunks)
     dx = torch.empty_like(x)
     dh = torch.empty((batch, dim, width - 1), device=x.device, dtype=x.dtype) \
@@ -298,7 +346,8 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
            x, init, weight, x if bias is None else bias, dy, dx, dh, part, dim, seqlen,
            *x.stride(), *init.stride(), *weight.stride(), *dy.stride(), *dx.stride(),
            *dh.stride(),
-           WIDTH=width, TAPS=taps, FIRST=first, BLOCK_D=block_d, CHUNKS=chunks,
+           WIDTH=width, LOOK=_look(width), TAPS=taps, FIRST=first, BLOCK_D=block_d,
+           CHUNKS=chunks,
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
            INIT_GRAD=init_grad, num_warps=warps)
     sums = part[..., :width + 1].sum((0, 1))
