@@ -182,6 +182,36 @@ def test_training_kernels_within_the_contract(width, layout, dtype, monkeypatch)
         assert relative_error(a, c) <= tol
 
 
+@pytest.mark.parametrize("width", [4, 16])
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+def test_packed_sequences_on_the_short_kernels_within_the_contract(width, layout,
+                                                                   monkeypatch):
+    """Packed sequences (seq_idx) in bf16 through shortconv.py's kernels, forward and
+    training: output and every gradient against the torch route in float64 (seq_idx's
+    masked taps, another computation), sequences of 1 to 700 positions."""
+    from fastconv import seqconv
+
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    x, w, b = _inputs(width, layout, batch=2, dim=130, seqlen=2100)
+    s = torch.randn(2, 130, width - 1, device="cuda")
+    cuts = torch.tensor([1, 2, 9, 700, 701, 1400, 2099], device="cuda")
+    seq_idx = torch.stack([(torch.arange(2100, device="cuda")[:, None] >= cuts).sum(1),
+                           torch.zeros(2100, device="cuda", dtype=torch.int64)]).int()
+    g = torch.randn_like(x)
+    want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
+    want_out = seqconv._packed_torch(*want_args[:3], seq_idx, want_args[3], False, "silu")
+    want = (want_out, *torch.autograd.grad(want_out, want_args, g.double()))
+    args = [t.bfloat16().requires_grad_() for t in (x, w, b, s)]
+    out = fastconv.causal_conv1d(*args[:3], seq_idx, args[3], activation="silu")
+    got = (out, *torch.autograd.grad(out, args, g.bfloat16()))
+    for a, c in zip(got, want):
+        assert a.dtype == torch.bfloat16 and a.isfinite().all()
+        assert relative_error(a, c) <= TOLERANCE[Precision.BF16]
+    with torch.no_grad():
+        alone = fastconv.causal_conv1d(*args[:3], seq_idx, args[3], activation="silu")
+    assert relative_error(alone, want_out) <= TOLERANCE[Precision.BF16]
+
+
 def test_training_kernels_replay_from_a_cuda_graph(monkeypatch):
     """A training step of shortconv's kernels (forward, backward, the weight sums) captured
     in one CUDA graph and replayed on new inputs gives eager's results bit for bit."""

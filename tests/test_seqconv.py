@@ -171,13 +171,15 @@ def test_packed_kernel_into_poisoned_output(width, seqlen, layout, monkeypatch):
 
 def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
     """A packed kernel that fails (not yet compiled on a GPU of this kind, say) is said once
-    in a warning, and this and every later call takes the torch route: same result."""
+    in a warning, and this and every later call takes the torch route: same result (the
+    short-filter kernels, which take these calls first, left out)."""
     from fastconv import seqconv
-    from fastconv.backends.triton import packed
+    from fastconv.backends.triton import packed, shortconv
 
     def broken(*args, **kwargs):
         raise RuntimeError("no such kernel")
     monkeypatch.setattr(packed, "packed_forward", broken)
+    monkeypatch.setattr(shortconv, "eligible", lambda x, width: False)
     monkeypatch.setattr(seqconv, "_KERNEL_FAILED", {})
     x, w, b, _ = _inputs(2, 3, 11, 4, seed=3)
     seq_idx = torch.tensor([[0] * 4 + [1] * 7, [0] * 11], dtype=torch.int32)
@@ -345,6 +347,56 @@ def test_training_without_seq_idx_runs_the_kernels(layout, states, monkeypatch):
                               args if states else args[:3])
     assert _rel(out, want) < 1e-12 and _rel(final, full[..., -3:]) < 1e-12
     assert all(_rel(a, c) < 1e-12 for a, c in zip(got, want_grads))
+
+
+@pytest.mark.parametrize("width,seqlen,layout", [
+    (4, 300, "seqlen"), (9, 41, "dim"), (12, 300, "seqlen"), (17, 37, "dim"), (3, 6, "seqlen")])
+def test_packed_sequences_run_the_short_filter_kernels(width, seqlen, layout, monkeypatch):
+    """Packed sequences (seq_idx) of short filters take shortconv.py's kernels (interpreted;
+    packed.py's and the torch route made to fail, every buffer poisoned), forward without
+    autograd and the training route: output, final states and every gradient as the float64
+    definition's; sequences of one position, boundaries inside a chunk and at its edges,
+    the initial states only the first sequence's; both layouts, taps one or two chunks
+    back."""
+    from fastconv import seqconv
+    from fastconv.backends.triton import packed, shortconv
+
+    def refused(*args, **kwargs):
+        raise AssertionError("another route ran")
+    empty_like, empty = torch.empty_like, torch.empty
+
+    def short_only():
+        monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+        monkeypatch.setattr(seqconv, "_packed_torch", refused)
+        for name in ("packed_forward", "packed_backward", "silu_grad"):
+            monkeypatch.setattr(packed, name, refused)
+        monkeypatch.setattr(shortconv.torch, "empty_like",
+                            lambda t, *a, **k: empty_like(t, *a, **k).fill_(float("nan")))
+        monkeypatch.setattr(shortconv.torch, "empty",
+                            lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    short_only()
+    x, w, b, s = _inputs(2, 5, seqlen, width, layout=layout, seed=width + seqlen)
+    cuts = sorted({1, 2, 8, 9, 16, seqlen // 2, seqlen - 1} & set(range(1, seqlen)))
+    seq_idx = torch.stack([
+        torch.tensor([sum(t >= c for c in cuts) for t in range(seqlen)], dtype=torch.int32),
+        torch.tensor([int(t >= seqlen - 1) for t in range(seqlen)], dtype=torch.int32)])
+    with torch.no_grad():
+        out, final = fastconv.causal_conv1d(x, w, b, seq_idx, s, return_final_states=True,
+                                            activation="silu")
+    ref, ref_final = _reference(x, w, b, seq_idx, s, silu=True)
+    assert _rel(out, ref) < 1e-6 and torch.equal(final.double(), ref_final)
+    assert out.stride() == x.stride()
+    g = torch.randn(2, 5, seqlen, dtype=torch.float64)
+    want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
+    monkeypatch.undo()  # the torch route, in float64: the reference's gradients
+    want = torch.autograd.grad(seqconv._packed_torch(*want_args[:3], seq_idx, want_args[3],
+                                                     False, "silu"), want_args, g)
+    short_only()
+    args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+    out = fastconv.causal_conv1d(*args[:3], seq_idx, args[3], activation="silu")
+    got = torch.autograd.grad(out, args, g.float())
+    assert _rel(out, ref) < 1e-6
+    assert all(_rel(a, c) < 1e-6 for a, c in zip(got, want))
 
 
 @pytest.mark.parametrize("width,seqlen,states,bias,layout", [

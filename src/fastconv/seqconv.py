@@ -207,8 +207,8 @@ _KERNEL_FAILED: dict[str, str] = {}
 #: what runs instead of a family that failed
 _INSTEAD = {"packed": "torch operations with seq_idx, and fastconv.conv1d for training "
                       "without it",
-            "short": "packed.py's kernels for training and fastconv.conv1d without "
-                     "autograd, for widths up to 17",
+            "short": "packed.py's kernels for training and packed sequences, and "
+                     "fastconv.conv1d without autograd, for widths up to 17",
             "wide": "fastconv.conv1d for widths from 32"}
 
 
@@ -228,13 +228,20 @@ def _by_family(family: str, x: torch.Tensor, run):
 
 
 def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
-    """The output by backends/triton/packed.py's kernels (with autograd: their backward;
-    ``seq_idx`` may be None), or None where they do not run (:func:`_by_family`)."""
+    """The output by the kernels of :class:`_PackedFunction` (with autograd: their
+    backward; ``seq_idx`` may be None), without autograd shortconv.py's forward where it
+    runs, else packed.py's, or None where they do not run (:func:`_by_family`)."""
     def run():
         if _requires_grad(x, weight, bias, initial_states):
             return _PackedFunction.apply(x, weight, bias, initial_states, seq_idx, silu)
+        from .backends.triton import shortconv
         from .backends.triton.packed import packed_forward
 
+        if shortconv.eligible(x, weight.shape[1]):
+            out = _by_family("short", x, lambda: shortconv.short_forward(
+                x, initial_states, weight, bias, silu, seq_idx))
+            if out is not None:
+                return out
         return packed_forward(x, seq_idx, initial_states, weight, bias, silu)
     return _by_family("packed", x, run)
 
@@ -281,8 +288,9 @@ def _kernel_failed(family: str, exc: Exception, stacklevel: int = 4) -> None:
 
 class _PackedFunction(torch.autograd.Function):
     """The packed kernels with their backward: the forward saves its inputs (no output).
-    Without seq_idx, short filters (16-bit or float32) run shortconv.py's kernels (one pass
-    each way; where one fails, its family "short" is set aside and packed.py's answer);
+    Short filters (16-bit or float32, with or without seq_idx) run shortconv.py's kernels
+    (one pass each way; where one fails, its family "short" is set aside and packed.py's
+    answer);
     otherwise the backward is one pass for the pre-activation's gradient where SiLU was
     applied (the pre-activation recomputed in it, float32), one for the input gradients and
     one for the weight's."""
@@ -294,11 +302,10 @@ class _PackedFunction(torch.autograd.Function):
 
         ctx.save_for_backward(x, weight, bias, initial_states, seq_idx)
         ctx.silu = silu
-        ctx.short = seq_idx is None and "short" not in _KERNEL_FAILED \
-            and shortconv.eligible(x, weight.shape[1])
+        ctx.short = "short" not in _KERNEL_FAILED and shortconv.eligible(x, weight.shape[1])
         if ctx.short:
             try:
-                return shortconv.short_forward(x, initial_states, weight, bias, silu)
+                return shortconv.short_forward(x, initial_states, weight, bias, silu, seq_idx)
             except Exception as exc:  # (packed.py's kernels answer)
                 _kernel_failed("short", exc)
                 ctx.short = False
@@ -316,7 +323,7 @@ class _PackedFunction(torch.autograd.Function):
         if ctx.short and "short" not in _KERNEL_FAILED:
             try:
                 dx, dh, dw, db = short_backward(dy, x, initial_states, weight, bias, ctx.silu,
-                                                needs[3])
+                                                needs[3], seq_idx)
                 grads = [dx, dw, db, dh]
             except Exception as exc:  # (packed.py's kernels answer)
                 _kernel_failed("short", exc)

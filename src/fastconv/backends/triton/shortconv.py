@@ -1,6 +1,7 @@
-"""causal_conv1d for short filters (width ≤ 17) without ``seq_idx``: its training route
-(either layout) and its calls without autograd (x seqlen-contiguous). Forward and backward
-one pass each, every load aligned where x is seqlen-contiguous.
+"""causal_conv1d for short filters (width ≤ 17): its training route (either layout, with or
+without ``seq_idx``), its calls without autograd (x seqlen-contiguous) and its packed
+sequences' (``seq_idx``, either layout). Forward and backward one pass each, every load
+aligned where x is seqlen-contiguous.
 
 A program holds ``BLOCK_D`` channels × ``8·CHUNKS`` positions of one batch row as eight
 *columns*: column ``e`` holds positions ``8q + e`` (q < CHUNKS), split in registers from a
@@ -21,7 +22,9 @@ after recomputed → ``g = dy · SiLU'`` → dx (tap ``k`` of g read ``s`` posit
 columns of this chunk or the LOOK after) → the weight's and bias's sums over the window,
 added in a fixed order after the pass; the initial states' gradient is dx of the positions
 before 0 (a first window starting 8·LOOK positions early). x and dy are read once from
-memory, dx written once.
+memory, dx written once. With ``seq_idx`` the ids are held as columns too, and a tap counts
+only where both positions have the same id (positions before 0 have position 0's: the
+initial states belong to the first sequence).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ MAX_WIDTH = 17
 
 
 def eligible(x: torch.Tensor, width: int) -> bool:
-    """Whether these kernels run causal_conv1d(x) of this width (no seq_idx): up to
+    """Whether these kernels run causal_conv1d(x) of this width: up to
     MAX_WIDTH taps, not float64 (they compute in float32), a batch of 1 to 65,535 rows and
     at most 65,535 channels (grid axes 2 and 1: a program may hold one channel)."""
     return (width <= MAX_WIDTH and x.dtype != torch.float64 and 0 < x.shape[0] <= 65535
@@ -96,11 +99,34 @@ def _back(cur, prev, prev2, C: tl.constexpr):
 
 
 @triton.jit
-def _pre(cur, prev, prev2, w, bias, E: tl.constexpr, WIDTH: tl.constexpr):
-    """The pre-activation at column E: Σ_k w[k]·x[8q + E − (WIDTH − 1 − k)] + bias."""
+def _load_ids(ids_ptr, b, p, seqlen, si_b, si_t, first, CHUNKS: tl.constexpr):
+    """The columns ([1, CHUNKS] each) of the row's ``seq_idx`` at positions ``p``; positions
+    before 0 have position 0's (``first``), those past the end any (nothing there counts:
+    x and dy are zero)."""
+    v = tl.load(ids_ptr + b * si_b + p.to(tl.int64) * si_t, mask=(p >= 0) & (p < seqlen),
+                other=0)
+    return _columns(tl.where(p < 0, first, v), 1, CHUNKS)
+
+
+@triton.jit
+def _masked(v, ids, ids_prev, ids_prev2, C: tl.constexpr, E: tl.constexpr,
+            HAS_IDS: tl.constexpr):
+    """``v``, the value at column C (:func:`_back`) seen from column E, where both have
+    the same ``seq_idx``, else zero (as is: without ids)."""
+    if HAS_IDS:
+        v = tl.where(_back(ids, ids_prev, ids_prev2, C) == ids[E], v, 0.0)
+    return v
+
+
+@triton.jit
+def _pre(cur, prev, prev2, ic, ip, ip2, w, bias, E: tl.constexpr, WIDTH: tl.constexpr,
+         HAS_IDS: tl.constexpr):
+    """The pre-activation at column E: Σ_k w[k]·x[8q + E − (WIDTH − 1 − k)] + bias (with
+    ids ``ic``/``ip``/``ip2``: the taps in E's sequence only)."""
     acc = bias[:, None] + tl.zeros(cur[0].shape, tl.float32)
     for k in tl.static_range(WIDTH):
-        acc += _back(cur, prev, prev2, E - (WIDTH - 1 - k)) * w[k][:, None]
+        C: tl.constexpr = E - (WIDTH - 1 - k)
+        acc += _masked(_back(cur, prev, prev2, C), ic, ip, ip2, C, E, HAS_IDS) * w[k][:, None]
     return acc
 
 
@@ -145,20 +171,20 @@ def _positions(FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr)
 
 
 @triton.jit
-def _out(cur, prev, prev2, w, bias, E: tl.constexpr, WIDTH: tl.constexpr,
-         SILU: tl.constexpr):
-    v = _pre(cur, prev, prev2, w, bias, E, WIDTH)
+def _out(cur, prev, prev2, ic, ip, ip2, w, bias, E: tl.constexpr, WIDTH: tl.constexpr,
+         SILU: tl.constexpr, HAS_IDS: tl.constexpr):
+    v = _pre(cur, prev, prev2, ic, ip, ip2, w, bias, E, WIDTH, HAS_IDS)
     if SILU:
         v = v * tl.sigmoid(v)
     return v
 
 
 @triton.jit
-def _forward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen, sx_b, sx_d, sx_t,
-                    sh_b, sh_d, sh_k, sw_d, sw_k, so_b, so_d, so_t,
+def _forward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen, sx_b,
+                    sx_d, sx_t, si_b, si_t, sh_b, sh_d, sh_k, sw_d, sw_k, so_b, so_d, so_t,
                     WIDTH: tl.constexpr, LOOK: tl.constexpr, BLOCK_D: tl.constexpr,
                     CHUNKS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    SILU: tl.constexpr):
+                    SILU: tl.constexpr, HAS_IDS: tl.constexpr):
     p, d, b = _positions(0, BLOCK_D, CHUNKS)
     dmask = d < dim
     rows = b * sx_b + d[:, None, None].to(tl.int64) * sx_d
@@ -171,63 +197,78 @@ def _forward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen, sx_b, s
         prev2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 16, seqlen, sx_t, sh_b, sh_d,
                       sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
     w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
-    y = (_out(cur, prev, prev2, w, bias, 0, WIDTH, SILU),
-         _out(cur, prev, prev2, w, bias, 1, WIDTH, SILU),
-         _out(cur, prev, prev2, w, bias, 2, WIDTH, SILU),
-         _out(cur, prev, prev2, w, bias, 3, WIDTH, SILU),
-         _out(cur, prev, prev2, w, bias, 4, WIDTH, SILU),
-         _out(cur, prev, prev2, w, bias, 5, WIDTH, SILU),
-         _out(cur, prev, prev2, w, bias, 6, WIDTH, SILU),
-         _out(cur, prev, prev2, w, bias, 7, WIDTH, SILU))
+    ic, ip, ip2 = cur, prev, prev2  # (the ids: read only with seq_idx)
+    if HAS_IDS:
+        first = tl.load(ids_ptr + b * si_b)
+        ic = _load_ids(ids_ptr, b, p, seqlen, si_b, si_t, first, CHUNKS)
+        ip = _load_ids(ids_ptr, b, p - 8, seqlen, si_b, si_t, first, CHUNKS)
+        ip2 = ip
+        if LOOK == 2:
+            ip2 = _load_ids(ids_ptr, b, p - 16, seqlen, si_b, si_t, first, CHUNKS)
+    y = (_out(cur, prev, prev2, ic, ip, ip2, w, bias, 0, WIDTH, SILU, HAS_IDS),
+         _out(cur, prev, prev2, ic, ip, ip2, w, bias, 1, WIDTH, SILU, HAS_IDS),
+         _out(cur, prev, prev2, ic, ip, ip2, w, bias, 2, WIDTH, SILU, HAS_IDS),
+         _out(cur, prev, prev2, ic, ip, ip2, w, bias, 3, WIDTH, SILU, HAS_IDS),
+         _out(cur, prev, prev2, ic, ip, ip2, w, bias, 4, WIDTH, SILU, HAS_IDS),
+         _out(cur, prev, prev2, ic, ip, ip2, w, bias, 5, WIDTH, SILU, HAS_IDS),
+         _out(cur, prev, prev2, ic, ip, ip2, w, bias, 6, WIDTH, SILU, HAS_IDS),
+         _out(cur, prev, prev2, ic, ip, ip2, w, bias, 7, WIDTH, SILU, HAS_IDS))
     tl.store(out_ptr + b * so_b + d[:, None, None].to(tl.int64) * so_d + p.to(tl.int64) * so_t,
              _window(y, BLOCK_D, CHUNKS).to(out_ptr.dtype.element_ty),
              mask=dmask[:, None, None] & (p < seqlen))
 
 
 @triton.jit
-def _grad(dy, cur, prev, prev2, w, bias, E: tl.constexpr, WIDTH: tl.constexpr,
-          SILU: tl.constexpr):
+def _grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, E: tl.constexpr, WIDTH: tl.constexpr,
+          SILU: tl.constexpr, HAS_IDS: tl.constexpr):
     """The pre-activation's gradient at column E: dy · SiLU'(pre), or dy."""
     g = dy[E]
     if SILU:
-        pre = _pre(cur, prev, prev2, w, bias, E, WIDTH)
+        pre = _pre(cur, prev, prev2, ic, ip, ip2, w, bias, E, WIDTH, HAS_IDS)
         sig = tl.sigmoid(pre)
         g = g * sig * (1 + pre * (1 - sig))
     return g
 
 
 @triton.jit
-def _grads(dy, cur, prev, prev2, w, bias, WIDTH: tl.constexpr, SILU: tl.constexpr):
+def _grads(dy, cur, prev, prev2, ic, ip, ip2, w, bias, WIDTH: tl.constexpr,
+           SILU: tl.constexpr, HAS_IDS: tl.constexpr):
     """:func:`_grad` of the eight columns of a chunk (``cur``) given the two before."""
-    return (_grad(dy, cur, prev, prev2, w, bias, 0, WIDTH, SILU),
-            _grad(dy, cur, prev, prev2, w, bias, 1, WIDTH, SILU),
-            _grad(dy, cur, prev, prev2, w, bias, 2, WIDTH, SILU),
-            _grad(dy, cur, prev, prev2, w, bias, 3, WIDTH, SILU),
-            _grad(dy, cur, prev, prev2, w, bias, 4, WIDTH, SILU),
-            _grad(dy, cur, prev, prev2, w, bias, 5, WIDTH, SILU),
-            _grad(dy, cur, prev, prev2, w, bias, 6, WIDTH, SILU),
-            _grad(dy, cur, prev, prev2, w, bias, 7, WIDTH, SILU))
+    return (_grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, 0, WIDTH, SILU, HAS_IDS),
+            _grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, 1, WIDTH, SILU, HAS_IDS),
+            _grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, 2, WIDTH, SILU, HAS_IDS),
+            _grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, 3, WIDTH, SILU, HAS_IDS),
+            _grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, 4, WIDTH, SILU, HAS_IDS),
+            _grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, 5, WIDTH, SILU, HAS_IDS),
+            _grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, 6, WIDTH, SILU, HAS_IDS),
+            _grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, 7, WIDTH, SILU, HAS_IDS))
 
 
 @triton.jit
-def _dx(g, g_next, g_next2, w, E: tl.constexpr, WIDTH: tl.constexpr):
+def _dx(g, g_next, g_next2, ic, in1, in2, w, E: tl.constexpr, WIDTH: tl.constexpr,
+        HAS_IDS: tl.constexpr):
     """The input gradient at column E: Σ_k w[k]·g[8q + E + WIDTH − 1 − k] (this chunk's
-    columns, the next chunk's or the one after)."""
+    columns, the next chunk's or the one after; with ids ``ic``/``in1``/``in2``, those in
+    E's sequence only)."""
     acc = tl.zeros(g[0].shape, tl.float32)
     for k in tl.static_range(WIDTH):
         # (column E + s of this chunk is column E + s − 16 counted from two chunks on)
-        acc += _back(g_next2, g_next, g, E + WIDTH - 1 - k - 16) * w[k][:, None]
+        C: tl.constexpr = E + WIDTH - 1 - k - 16
+        v = _back(g_next2, g_next, g, C)
+        if HAS_IDS:
+            v = tl.where(_back(in2, in1, ic, C) == ic[E], v, 0.0)
+        acc += v * w[k][:, None]
     return acc
 
 
 @triton.jit
-def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part_ptr, dim,
-                     seqlen, sx_b, sx_d, sx_t, sh_b, sh_d, sh_k, sw_d, sw_k, sy_b, sy_d, sy_t,
-                     sdx_b, sdx_d, sdx_t, sdh_b, sdh_d, sdh_k,
+def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part_ptr,
+                     dim, seqlen, sx_b, sx_d, sx_t, si_b, si_t, sh_b, sh_d, sh_k, sw_d, sw_k,
+                     sy_b, sy_d, sy_t, sdx_b, sdx_d, sdx_t, sdh_b, sdh_d, sdh_k,
                      WIDTH: tl.constexpr, LOOK: tl.constexpr, TAPS: tl.constexpr,
                      FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
                      HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                     INIT_GRAD: tl.constexpr):
+                     INIT_GRAD: tl.constexpr, HAS_IDS: tl.constexpr):
     # FIRST: the first position of the first window (−8·LOOK with the initial states'
     # gradient: dx of the positions before 0, else 0)
     p, d, b = _positions(FIRST, BLOCK_D, CHUNKS)
@@ -245,7 +286,15 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
     dy_next = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 8, seqlen, sy_t, sh_b, sh_d,
                     sh_k, WIDTH, False, BLOCK_D, CHUNKS)
     w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
-    prev2 = prev  # (the chunks at −16 and +16 are read only where LOOK is 2)
+    # the ids of the chunks at −8, 0, +8 (and −16, +16 where LOOK is 2): read only with
+    # seq_idx (stand-ins otherwise, never read)
+    ip, ic, in1 = prev, cur, nxt
+    if HAS_IDS:
+        first = tl.load(ids_ptr + b * si_b)
+        ip = _load_ids(ids_ptr, b, p - 8, seqlen, si_b, si_t, first, CHUNKS)
+        ic = _load_ids(ids_ptr, b, p, seqlen, si_b, si_t, first, CHUNKS)
+        in1 = _load_ids(ids_ptr, b, p + 8, seqlen, si_b, si_t, first, CHUNKS)
+    prev2, ip2, in2 = prev, ip, in1  # (the chunks at −16 and +16: read where LOOK is 2)
     g_next2 = dy
     if LOOK == 2:
         prev2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 16, seqlen, sx_t, sh_b, sh_d,
@@ -254,13 +303,21 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
                      sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
         dy_next2 = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 16, seqlen, sy_t, sh_b,
                          sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS)
-        g_next2 = _grads(dy_next2, nxt2, nxt, cur, w, bias, WIDTH, SILU)
-    g = _grads(dy, cur, prev, prev2, w, bias, WIDTH, SILU)
-    g_next = _grads(dy_next, nxt, cur, prev, w, bias, WIDTH, SILU)
-    dx = (_dx(g, g_next, g_next2, w, 0, WIDTH), _dx(g, g_next, g_next2, w, 1, WIDTH),
-          _dx(g, g_next, g_next2, w, 2, WIDTH), _dx(g, g_next, g_next2, w, 3, WIDTH),
-          _dx(g, g_next, g_next2, w, 4, WIDTH), _dx(g, g_next, g_next2, w, 5, WIDTH),
-          _dx(g, g_next, g_next2, w, 6, WIDTH), _dx(g, g_next, g_next2, w, 7, WIDTH))
+        if HAS_IDS:
+            ip2 = _load_ids(ids_ptr, b, p - 16, seqlen, si_b, si_t, first, CHUNKS)
+            in2 = _load_ids(ids_ptr, b, p + 16, seqlen, si_b, si_t, first, CHUNKS)
+        g_next2 = _grads(dy_next2, nxt2, nxt, cur, in2, in1, ic, w, bias, WIDTH, SILU,
+                         HAS_IDS)
+    g = _grads(dy, cur, prev, prev2, ic, ip, ip2, w, bias, WIDTH, SILU, HAS_IDS)
+    g_next = _grads(dy_next, nxt, cur, prev, in1, ic, ip, w, bias, WIDTH, SILU, HAS_IDS)
+    dx = (_dx(g, g_next, g_next2, ic, in1, in2, w, 0, WIDTH, HAS_IDS),
+          _dx(g, g_next, g_next2, ic, in1, in2, w, 1, WIDTH, HAS_IDS),
+          _dx(g, g_next, g_next2, ic, in1, in2, w, 2, WIDTH, HAS_IDS),
+          _dx(g, g_next, g_next2, ic, in1, in2, w, 3, WIDTH, HAS_IDS),
+          _dx(g, g_next, g_next2, ic, in1, in2, w, 4, WIDTH, HAS_IDS),
+          _dx(g, g_next, g_next2, ic, in1, in2, w, 5, WIDTH, HAS_IDS),
+          _dx(g, g_next, g_next2, ic, in1, in2, w, 6, WIDTH, HAS_IDS),
+          _dx(g, g_next, g_next2, ic, in1, in2, w, 7, WIDTH, HAS_IDS))
     dx = _window(dx, BLOCK_D, CHUNKS)
     tl.store(dx_ptr + b * sdx_b + d[:, None, None].to(tl.int64) * sdx_d
              + p.to(tl.int64) * sdx_t, dx.to(dx_ptr.dtype.element_ty),
@@ -276,7 +333,8 @@ def _backward_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part
     for k in tl.static_range(WIDTH):
         acc = tl.zeros(cur[0].shape, tl.float32)
         for e in tl.static_range(8):
-            acc += g[e] * _back(cur, prev, prev2, e - (WIDTH - 1 - k))
+            C: tl.constexpr = e - (WIDTH - 1 - k)
+            acc += g[e] * _masked(_back(cur, prev, prev2, C), ic, ip, ip2, C, e, HAS_IDS)
         part += tl.where(taps[None, :] == k, tl.sum(acc, axis=1)[:, None], 0.0)
     if HAS_BIAS:
         acc = tl.zeros(cur[0].shape, tl.float32)
@@ -309,25 +367,33 @@ def _tiles(x: torch.Tensor, width: int) -> tuple:
     return TILES["seqlen" if x.stride(2) == 1 else "dim", _look(width)]
 
 
-def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias,
-                  silu: bool) -> torch.Tensor:
-    """causal_conv1d's output (x's shape, layout and dtype; see the module docstring)."""
+def _ids(seq_idx, x: torch.Tensor) -> tuple:
+    """The kernels' (ids_ptr, si_b, si_t): seq_idx's, or x's pointer (not read) without."""
+    return (seq_idx, *seq_idx.stride()) if seq_idx is not None else (x, 0, 0)
+
+
+def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias, silu: bool,
+                  seq_idx=None) -> torch.Tensor:
+    """causal_conv1d's output (x's shape, layout and dtype; see the module docstring); with
+    ``seq_idx`` (int32, (batch, seqlen)) a tap counts only where its position has the
+    output position's id (positions before 0 have position 0's)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     block_d, chunks, warps = _tiles(x, width)[0]
     out = torch.empty_like(x)
     init = initial_states if initial_states is not None else x
+    ids, si_b, si_t = _ids(seq_idx, x)
     launch(_forward_kernel, (cdiv(seqlen, 8 * chunks), cdiv(dim, block_d), batch),
-           x, init, weight, x if bias is None else bias, out, dim, seqlen, *x.stride(),
-           *init.stride(), *weight.stride(), *out.stride(),
+           x, ids, init, weight, x if bias is None else bias, out, dim, seqlen, *x.stride(),
+           si_b, si_t, *init.stride(), *weight.stride(), *out.stride(),
            WIDTH=width, LOOK=_look(width), BLOCK_D=block_d, CHUNKS=chunks,
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
-           num_warps=warps)
+           HAS_IDS=seq_idx is not None, num_warps=warps)
     return out
 
 
 def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: torch.Tensor,
-                   bias, silu: bool, init_grad: bool) -> tuple:
+                   bias, silu: bool, init_grad: bool, seq_idx=None) -> tuple:
     """(dx, d initial_states or None, d weight, d bias or None) of :func:`short_forward`
     given the output's gradient: one pass, then the per-window sums of the weight's and
     bias's gradients added in a fixed order (float32)."""
@@ -342,14 +408,15 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     taps = triton.next_power_of_2(width + 1)
     part = torch.empty((batch, windows, dim, taps), device=x.device, dtype=torch.float32)
     init = initial_states if initial_states is not None else x
+    ids, si_b, si_t = _ids(seq_idx, x)
     launch(_backward_kernel, (windows, cdiv(dim, block_d), batch),
-           x, init, weight, x if bias is None else bias, dy, dx, dh, part, dim, seqlen,
-           *x.stride(), *init.stride(), *weight.stride(), *dy.stride(), *dx.stride(),
-           *dh.stride(),
+           x, ids, init, weight, x if bias is None else bias, dy, dx, dh, part, dim, seqlen,
+           *x.stride(), si_b, si_t, *init.stride(), *weight.stride(), *dy.stride(),
+           *dx.stride(), *dh.stride(),
            WIDTH=width, LOOK=_look(width), TAPS=taps, FIRST=first, BLOCK_D=block_d,
            CHUNKS=chunks,
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
-           INIT_GRAD=init_grad, num_warps=warps)
+           INIT_GRAD=init_grad, HAS_IDS=seq_idx is not None, num_warps=warps)
     sums = part[..., :width + 1].sum((0, 1))
     return (dx, dh if init_grad else None, sums[:, :width].to(weight.dtype),
             sums[:, width].to(bias.dtype) if bias is not None else None)
