@@ -826,3 +826,30 @@ def test_check_rows_fail_on_a_wrong_route_and_on_a_failed_kernel(monkeypatch):
     assert [r.case for r in rows if not r.ok] == [
         "causal_conv1d wide kernels FAILED: RuntimeError: no such kernel"]
     assert len(rows) == 11  # (the wide rows gone; the packed kernels' still run)
+
+
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+def test_short_kernels_compile_for_an_h100(layout):
+    """shortconv's kernels compiled by Triton's own compiler for sm_90a, no GPU needed (in
+    a process of its own: this one interprets kernels): what the interpreter does not
+    check (a constexpr assigned inside a static loop ran in the interpreter and was refused
+    by the compiler). Taps one or two chunks back, with and without seq_idx, the tiles
+    the kernels run: none spills more than a few dozen bytes (width 17 with seq_idx holds
+    255 registers and spills ~24 bytes on Triton 3.8; the unused wider tiles, kilobytes)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = ""
+    for ids in ([], ["--ids"]):
+        run = subprocess.run([sys.executable, "-m", "fastconv.tools.offline", "--layout",
+                              layout, "--widths", "4,17", "--used", *ids],
+                             capture_output=True,
+                             text=True, env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        out += run.stdout
+    rows = re.findall(r"(\d+) registers, spill stores (\d+) bytes", out)
+    assert len(rows) == 8, out
+    assert all(0 < int(r) <= 255 and int(s) <= 64 for r, s in rows), out

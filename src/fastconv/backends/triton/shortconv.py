@@ -125,8 +125,10 @@ def _pre(cur, prev, prev2, ic, ip, ip2, w, bias, E: tl.constexpr, WIDTH: tl.cons
     ids ``ic``/``ip``/``ip2``: the taps in E's sequence only)."""
     acc = bias[:, None] + tl.zeros(cur[0].shape, tl.float32)
     for k in tl.static_range(WIDTH):
-        C: tl.constexpr = E - (WIDTH - 1 - k)
-        acc += _masked(_back(cur, prev, prev2, C), ic, ip, ip2, C, E, HAS_IDS) * w[k][:, None]
+        # (the column read, E − s: a constant per tap, spelled out: a constexpr assigned in
+        # a static loop is a reassignment, which Triton's compiler refuses)
+        acc += _masked(_back(cur, prev, prev2, E - (WIDTH - 1 - k)), ic, ip, ip2,
+                       E - (WIDTH - 1 - k), E, HAS_IDS) * w[k][:, None]
     return acc
 
 
@@ -253,10 +255,9 @@ def _dx(g, g_next, g_next2, ic, in1, in2, w, E: tl.constexpr, WIDTH: tl.constexp
     acc = tl.zeros(g[0].shape, tl.float32)
     for k in tl.static_range(WIDTH):
         # (column E + s of this chunk is column E + s − 16 counted from two chunks on)
-        C: tl.constexpr = E + WIDTH - 1 - k - 16
-        v = _back(g_next2, g_next, g, C)
+        v = _back(g_next2, g_next, g, E + WIDTH - 1 - k - 16)
         if HAS_IDS:
-            v = tl.where(_back(in2, in1, ic, C) == ic[E], v, 0.0)
+            v = tl.where(_back(in2, in1, ic, E + WIDTH - 1 - k - 16) == ic[E], v, 0.0)
         acc += v * w[k][:, None]
     return acc
 
@@ -333,8 +334,8 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
     for k in tl.static_range(WIDTH):
         acc = tl.zeros(cur[0].shape, tl.float32)
         for e in tl.static_range(8):
-            C: tl.constexpr = e - (WIDTH - 1 - k)
-            acc += g[e] * _masked(_back(cur, prev, prev2, C), ic, ip, ip2, C, e, HAS_IDS)
+            acc += g[e] * _masked(_back(cur, prev, prev2, e - (WIDTH - 1 - k)), ic, ip, ip2,
+                                  e - (WIDTH - 1 - k), e, HAS_IDS)
         part += tl.where(taps[None, :] == k, tl.sum(acc, axis=1)[:, None], 0.0)
     if HAS_BIAS:
         acc = tl.zeros(cur[0].shape, tl.float32)
@@ -352,10 +353,14 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
 #: other layout) on 4 (2) training shapes, H100, bf16, widths 2-9, in two probes
 #: (results/seqconv/2026-11-28/probe-short-H100-*.log): seqlen-contiguous, forward
 #: 93-97 % of the byte floor at widths 2-4 (91 % at 9), backward 76-82 % (54 %). Two
-#: chunks: the same forward tiles, the backward's windows halved (it holds five chunks of x
-#: and three of dy, not three and two); not yet measured.
+#: chunks, not yet timed: from the registers a thread holds (``python -m
+#: fastconv.tools.offline``, Triton 3.6, sm_90a; results/seqconv/2026-11-28/offline-regs.log),
+#: the backward's windows halved (five chunks of x and three of dy held, not three and
+#: two: 128-143 registers against 253-255), and seqlen-contiguous forwards' (119-147
+#: against 69-78). With seq_idx the id columns come beside the data's: the backward's
+#: window is halved again (:func:`tiles`; 218-255 registers at widths 9-17).
 TILES = {("seqlen", 1): ((1, 128, 2), (1, 64, 1)), ("dim", 1): ((128, 2, 4), (32, 8, 4)),
-         ("seqlen", 2): ((1, 128, 2), (1, 32, 1)), ("dim", 2): ((128, 2, 4), (32, 4, 4))}
+         ("seqlen", 2): ((1, 64, 2), (1, 32, 1)), ("dim", 2): ((128, 2, 4), (32, 4, 4))}
 
 
 def _look(width: int) -> int:
@@ -363,8 +368,15 @@ def _look(width: int) -> int:
     return 1 if width <= 9 else 2
 
 
-def _tiles(x: torch.Tensor, width: int) -> tuple:
-    return TILES["seqlen" if x.stride(2) == 1 else "dim", _look(width)]
+def tiles(layout: str, width: int, ids: bool) -> tuple:
+    """(forward tile, backward tile) of a layout ("seqlen": x seqlen-contiguous, "dim"),
+    a width, and whether seq_idx is given (see ``TILES``)."""
+    forward, (block_d, chunks, warps) = TILES[layout, _look(width)]
+    return forward, (block_d, max(1, chunks // 2) if ids else chunks, warps)
+
+
+def _layout(x: torch.Tensor) -> str:
+    return "seqlen" if x.stride(2) == 1 else "dim"
 
 
 def _ids(seq_idx, x: torch.Tensor) -> tuple:
@@ -379,7 +391,7 @@ def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias, s
     output position's id (positions before 0 have position 0's)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    block_d, chunks, warps = _tiles(x, width)[0]
+    block_d, chunks, warps = tiles(_layout(x), width, seq_idx is not None)[0]
     out = torch.empty_like(x)
     init = initial_states if initial_states is not None else x
     ids, si_b, si_t = _ids(seq_idx, x)
@@ -399,7 +411,7 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     bias's gradients added in a fixed order (float32)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    block_d, chunks, warps = _tiles(x, width)[1]
+    block_d, chunks, warps = tiles(_layout(x), width, seq_idx is not None)[1]
     first = -8 * _look(width) if init_grad else 0
     windows = cdiv(seqlen - first, 8 * chunks)
     dx = torch.empty_like(x)
