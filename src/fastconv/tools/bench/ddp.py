@@ -44,14 +44,14 @@ def _worker(rank: int, world: int, port: int, case, providers: list[str],
     from .timers import GpuTimer, percentiles
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if device == "cuda":  # (before NCCL's communicator: each rank its own GPU)
+        torch.cuda.set_device(rank)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
     dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank,
                             world_size=world)
     rows = []
     try:
-        if device == "cuda":
-            torch.cuda.set_device(rank)
-            torch.backends.cudnn.benchmark = True
-            torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
         torch.manual_seed(0)  # the same model on every rank
         model = BUILDERS[case.model]().to(device).train()
         torch.manual_seed(1 + rank)  # each rank its own data
