@@ -42,6 +42,7 @@ import torch
 
 from ... import dispatch
 from ...precision import Precision
+from .timers import restore_cudnn_flags, torch_cudnn_flags
 
 #: (kind, pattern of kernel names), the first match wins
 KINDS = (
@@ -236,9 +237,7 @@ def run_case(case, providers, precision: Precision, mode: str, device: str,
     torch.manual_seed(0)
     model = BUILDERS[case.model]().to(device).train(train)
     x = model_input(case.model, case.batch, case.size, device)
-    flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
-    torch.backends.cudnn.benchmark = True
+    flags = torch_cudnn_flags(precision)
     rows = []
     try:
         for provider in providers:
@@ -296,7 +295,7 @@ def run_case(case, providers, precision: Precision, mode: str, device: str,
                     print(json.dumps({k: v for k, v in row.items() if k != "by_kind"}),
                           flush=True)
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
+        restore_cudnn_flags(flags)
     return rows
 
 

@@ -41,13 +41,12 @@ def _worker(rank: int, world: int, port: int, case, providers: list[str],
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .models import BUILDERS, model_input, no_dropout, provider_call
-    from .timers import GpuTimer, percentiles
+    from .timers import GpuTimer, percentiles, torch_cudnn_flags
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device == "cuda":  # (before NCCL's communicator: each rank its own GPU)
         torch.cuda.set_device(rank)
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
+        torch_cudnn_flags(precision)  # (a process of its own: not restored)
     dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank,
                             world_size=world)
     rows = []

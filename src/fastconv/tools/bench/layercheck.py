@@ -45,6 +45,7 @@ from ...costs import rotation_count
 from ...epilogue import Epilogue
 from ...precision import Precision
 from ...problem import ConvProblem, layout_strides
+from .timers import restore_cudnn_flags, torch_cudnn_flags
 
 #: graph calls per replay, replays per provider (alternating), and the check's bar
 CALLS, ROUNDS, BAR = 16, 15, 0.98
@@ -206,9 +207,7 @@ def run_case(case, precision: Precision, mode: str, device: str,
     torch.manual_seed(0)
     model = BUILDERS[case.model]().to(device).train(mode == "train")
     x = model_input(case.model, case.batch, case.size, device)
-    flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
-    torch.backends.cudnn.benchmark = True
+    flags = torch_cudnn_flags(precision)
     base = dict(table="layer-check", case=case.name, mode=mode, precision=precision.value,
                 batch=case.batch, size=case.size)
     rows = []
@@ -257,7 +256,7 @@ def run_case(case, precision: Precision, mode: str, device: str,
     except Exception as exc:
         rows.append(dict(base, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
+        restore_cudnn_flags(flags)
     return rows
 
 

@@ -34,6 +34,7 @@ import torch
 
 from ... import dispatch
 from ...precision import Precision, relative_error
+from .timers import restore_cudnn_flags, torch_cudnn_flags
 
 PROVIDERS = ("torch", "torch_compile", "torch_compile_ro", "fastconv", "fastconv_cuda_graph",
              "fastconv_compile", "fastconv_compile_ro")
@@ -245,9 +246,7 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                 for p in providers]
     x = model_input(case.model, case.batch, case.size, device)
     truth = float64_truth(model, x)
-    flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
-    torch.backends.cudnn.benchmark = True
+    flags = torch_cudnn_flags(precision)
     layout = "nhwc" if precision in (Precision.BF16, Precision.FP16) else "nchw"
     rows = []
     try:
@@ -312,5 +311,5 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
             except Exception as exc:  # reported, not fatal
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
+        restore_cudnn_flags(flags)
     return rows

@@ -31,9 +31,11 @@ from .timers import (  # noqa: F401 (the bench's timers, re-exported for their u
     cuda_core_tflops,
     measure_ceilings,
     percentiles,
+    restore_cudnn_flags,
     time_calls,
     time_graph,
     time_host,
+    torch_cudnn_flags,
 )
 
 #: fwd: the forward; bwd: data + weight gradient of a saved forward (autograd); train:
@@ -381,9 +383,7 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
     ref = _reference(case, sets[0], mode)
     flops, min_bytes = _mode_cost(problem, mode)
     rows = []
-    cudnn_flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
+    cudnn_flags = torch_cudnn_flags(precision)
     try:
         ready = {}  # provider -> (row, its calls); the others' rows carry their error
         for provider in providers:
@@ -438,5 +438,5 @@ def run_case(case: BenchCase, providers: list[str], precision: Precision, layout
                 backend = "auto" if provider == "fastconv" else provider.split("_", 1)[1]
                 row["choice"] = _choices(problem, backend, mode)
     finally:
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = cudnn_flags
+        restore_cudnn_flags(cudnn_flags)
     return rows

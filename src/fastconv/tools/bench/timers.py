@@ -115,6 +115,19 @@ def cuda_core_tflops() -> float:
     return 2 * grid * block * iters * chains / ms / 1e9
 
 
+def torch_cudnn_flags(precision: Precision) -> tuple[bool, bool]:
+    """Set cuDNN's flags as the bench runs torch (TF32 for tf32 only, cudnn.benchmark's
+    search on); the flags before, for :func:`restore_cudnn_flags`."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.allow_tf32 = precision == Precision.TF32
+    torch.backends.cudnn.benchmark = True
+    return saved
+
+
+def restore_cudnn_flags(saved: tuple[bool, bool]) -> None:
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
+
+
 #: Interleaved rounds of the providers' eager timings (``GpuTimer.eager_rounds``).
 ROUNDS = 5
 
