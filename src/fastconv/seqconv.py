@@ -13,8 +13,9 @@ backward (widths up to 17, either layout) or ``backends/triton/packed.py``'s (up
 ``backends/triton/toeplitz.py``; everything else, and wherever those kernels do not run,
 :func:`fastconv.conv1d` (dispatch picks the Triton depthwise kernel or torch's; initial
 states are prepended to the input). With ``seq_idx`` each tap is masked where it would reach
-into another sequence (the packed kernels on a GPU; torch operations, one pass per tap, under
-torch.compile's tracing and where Triton does not run). Everything has autograd, with a
+into another sequence (on a GPU shortconv.py's kernels for widths up to 17 in 16-bit or
+float32, packed.py's otherwise; torch operations, one pass per tap, under torch.compile's
+tracing and where Triton does not run). Everything has autograd, with a
 deterministic backward (weight gradients summed in a fixed order), and captures in a CUDA
 graph.
 """
