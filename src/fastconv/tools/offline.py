@@ -53,17 +53,20 @@ def compile_kernel(fn, constexprs: dict, pointers: dict, unit: tuple = (), *,
                           options={"num_warps": num_warps})
 
 
-def registers(kernel, capability: int = 90) -> tuple[int, int]:
+def registers(kernel, capability: int = 90) -> tuple[int | None, int | None]:
     """(registers a thread, bytes of spill stores) of a compiled kernel, by the ptxas
-    Triton ships (``-v`` on its PTX)."""
+    Triton ships (``-v`` on its PTX); (None, None) where that ptxas does not take the PTX
+    on its own (Triton 3.9's: exit status 255, though its compile succeeded)."""
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(kernel.asm["ptx"])
     exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     try:
         run = subprocess.run([exe, "-v", "--gpu-name", f"sm_{capability}a", f.name, "-o",
-                              os.devnull], capture_output=True, text=True, check=True)
+                              os.devnull], capture_output=True, text=True)
     finally:
         os.unlink(f.name)
+    if run.returncode:
+        return None, None
     text = run.stdout + run.stderr
     spill = re.search(r"(\d+) bytes spill stores", text)
     return int(re.search(r"Used (\d+) registers", text).group(1)), int(spill.group(1))
