@@ -347,7 +347,8 @@ def test_layer_check_times_aten_against_itself_at_parity(op):
 def test_layer_check_times_every_convolution_of_a_graphed_step(mode):
     """bench --layer-check on a small ResNet-50: every distinct convolution of the CUDA-graph
     step timed against torch's, none failing; the training step's as layers (forward with
-    backward) and its gradients."""
+    backward) and the gradients of the layers not on a native plan (a native plan's backward
+    is torch's own, timed in its layer's row: under heuristic dispatch every plan is)."""
     from fastconv.tools.bench import layercheck
 
     rows = layercheck.run_case(models.ModelCase("r", "resnet50", 4, 64), Precision.BF16,
@@ -355,5 +356,8 @@ def test_layer_check_times_every_convolution_of_a_graphed_step(mode):
     timed = [r for r in rows if "ratio_same" in r]
     assert timed and not [r for r in rows if "error" in r]
     ops = {r["op"] for r in timed}
-    assert ops == ({"layer", "dgrad", "wgrad"} if mode == "train" else {"fprop"})
+    if mode == "train":
+        assert "layer" in ops and ops <= {"layer", "dgrad", "wgrad"}
+    else:
+        assert ops == {"fprop"}
     assert all(r["ratio_same"] > 0 and r["ratio_cold"] > 0 for r in timed)

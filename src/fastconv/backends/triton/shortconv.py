@@ -349,18 +349,17 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
 
 #: (BLOCK_D, CHUNKS, warps) of the forward and the backward, for x seqlen-contiguous and
 #: otherwise, by how many chunks a tap reaches back (widths 2-9: 1, 10-17: 2): a window of
-#: BLOCK_D channels × 8·CHUNKS positions. Reaching back one chunk: the best of 14 (6 for the
-#: other layout) on 4 (2) training shapes, H100, bf16, widths 2-9, in two probes
-#: (results/seqconv/2026-11-28/probe-short-H100-*.log): seqlen-contiguous, forward
-#: 93-97 % of the byte floor at widths 2-4 (91 % at 9), backward 76-82 % (54 %). Two
-#: chunks, not yet timed: from the registers a thread holds (``python -m
-#: fastconv.tools.offline``, Triton 3.6, sm_90a; results/seqconv/2026-11-28/offline-regs.log),
-#: the backward's windows halved (five chunks of x and three of dy held, not three and
-#: two: 128-143 registers against 253-255), and seqlen-contiguous forwards' (119-147
-#: against 69-78). With seq_idx the id columns come beside the data's: the backward's
-#: window is halved again (:func:`tiles`; 218-255 registers at widths 9-17).
+#: BLOCK_D channels × 8·CHUNKS positions; the best candidates of device probes (H100, bf16,
+#: b8 d4096 L2048 and b1 d8192 L16384). Reaching back one chunk: the best of 14 (6 for the
+#: other layout) on 4 (2) training shapes, widths 2-9 (results/seqconv/2026-11-28/
+#: probe-short-H100-*.log): seqlen-contiguous, forward 93-97 % of the byte floor at widths
+#: 2-4 (91 % at 9), backward 76-82 % (54 %). Two chunks, widths 16/17, the best of 4-6 per
+#: kind (results/seqconv/2026-11-28-look2/probe-look2-H100-465a4d8.log): seqlen-contiguous
+#: forward 81-84 %, backward 29-32 % (packed.py's, the route before: 15-16 % and 5-6 %);
+#: x dim-contiguous 50 % and 17 %. With seq_idx the id columns come beside the data's:
+#: :func:`tiles` halves the backward's window where a tap reaches back one chunk.
 TILES = {("seqlen", 1): ((1, 128, 2), (1, 64, 1)), ("dim", 1): ((128, 2, 4), (32, 8, 4)),
-         ("seqlen", 2): ((1, 64, 2), (1, 32, 1)), ("dim", 2): ((128, 2, 4), (32, 4, 4))}
+         ("seqlen", 2): ((1, 128, 2), (1, 64, 1)), ("dim", 2): ((64, 4, 4), (16, 4, 2))}
 
 
 def _look(width: int) -> int:
