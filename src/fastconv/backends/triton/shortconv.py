@@ -357,7 +357,9 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
 #: kind (results/seqconv/2026-11-28-look2/probe-look2-H100-465a4d8.log): seqlen-contiguous
 #: forward 81-84 %, backward 29-32 % (packed.py's, the route before: 15-16 % and 5-6 %);
 #: x dim-contiguous 50 % and 17 %. With seq_idx the id columns come beside the data's:
-#: :func:`tiles` halves the backward's window where a tap reaches back one chunk.
+#: :func:`tiles` halves the backward's window where a tap reaches back two chunks (w16,
+#: seqlen-contiguous: 1.29 ms against 1.72; at w4 halving was 9-18 % slower in both
+#: layouts; H200, results/seqconv/2026-11-28-look2/probe-ids-H200-84dff78.log).
 TILES = {("seqlen", 1): ((1, 128, 2), (1, 64, 1)), ("dim", 1): ((128, 2, 4), (32, 8, 4)),
          ("seqlen", 2): ((1, 128, 2), (1, 64, 1)), ("dim", 2): ((64, 4, 4), (16, 4, 2))}
 
@@ -370,8 +372,9 @@ def _look(width: int) -> int:
 def tiles(layout: str, width: int, ids: bool) -> tuple:
     """(forward tile, backward tile) of a layout ("seqlen": x seqlen-contiguous, "dim"),
     a width, and whether seq_idx is given (see ``TILES``)."""
-    forward, (block_d, chunks, warps) = TILES[layout, _look(width)]
-    return forward, (block_d, max(1, chunks // 2) if ids else chunks, warps)
+    look = _look(width)
+    forward, (block_d, chunks, warps) = TILES[layout, look]
+    return forward, (block_d, max(1, chunks // 2) if ids and look == 2 else chunks, warps)
 
 
 def _layout(x: torch.Tensor) -> str:
