@@ -212,6 +212,65 @@ def test_training_cuda_graph_steps_equal_eager_steps(monkeypatch):
     assert not any("failed" in n for n in graphed.report.notes), graphed.report.notes
 
 
+def test_training_cuda_graph_under_ddp_equals_eager_steps(monkeypatch):
+    """``optimize(cuda_graph=True)`` inside DistributedDataParallel (one rank, NCCL): with
+    DDP built on a side stream (PyTorch's rule for a captured backward) the step is captured
+    and its SGD steps equal the eager model's under DDP (strict fp32, deterministic, as
+    test_training_cuda_graph_steps_equal_eager_steps); with DDP built on the default stream
+    the capture fails (H200: every ``--ddp`` step ran eagerly) and the note says what to do,
+    the steps still right."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setenv("FASTCONV_DETERMINISTIC", "1")
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1, device_id=torch.device("cuda", 0))
+    try:
+        for side_stream in (True, False):
+            torch.manual_seed(0)
+            model = tv.models.resnet18()
+            model.maxpool = torch.nn.Identity()
+            model = model.cuda().train()
+            eager = DDP(optimize(model, "training", "ieee"), device_ids=[0])
+            side = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                graphed = DDP(optimize(model, "training", "ieee", cuda_graph=True),
+                              device_ids=[0])
+            torch.cuda.current_stream().wait_stream(side)
+            nets = (eager, graphed)
+            opts = [torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for m in nets]
+            for _ in range(3):
+                x = torch.randn(4, 3, 64, 64, device="cuda")
+                outs, grads = [], []
+                for net, opt in zip(nets, opts):
+                    outs.append(net(x))
+                    outs[-1].square().mean().backward()
+                    grads.append([p.grad.clone() for p in net.parameters()])
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                _close((side_stream, "output"), outs[1].detach(), outs[0].detach())
+                for (name, _), g, e in zip(eager.named_parameters(), *grads):
+                    _close((side_stream, name), g, e)
+            notes = graphed.module.report.notes
+            captured = [g for g, _ in graphed.module._train_graphs.values() if g is not None]
+            if side_stream:
+                assert captured and not any("failed" in n for n in notes), notes
+            else:
+                assert any("failed" in n and "torch.cuda.stream" in n for n in notes), notes
+    finally:
+        dist.destroy_process_group()
+
+
 def test_inference_cuda_graph_sees_parameter_changes():
     """A replayed inference graph reads weights folded at capture: an in-place change of a
     parameter or statistic captures it again, so outputs follow the model."""

@@ -173,6 +173,10 @@ class OptimizedModel(nn.Module):
             note = (f"cuda_graph: training capture failed for input shapes "
                     f"{[tuple(a.shape) for a in args]} ({type(exc).__name__}: "
                     f"{(str(exc).splitlines() or [''])[0][:160]}); running eagerly")
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                note += (" (under DistributedDataParallel: build DDP inside "
+                         "`with torch.cuda.stream(torch.cuda.Stream())`, as PyTorch's "
+                         "CUDA-graph notes require for a captured backward)")
             self.report.notes.append(note)
             # (said as it happens too: a step that silently runs eagerly is several times
             # slower at small batch, and the report is read after the fact if at all)

@@ -56,20 +56,38 @@ def _worker(rank: int, world: int, port: int, case, providers: list[str],
         torch.manual_seed(1 + rank)  # each rank its own data
         x = model_input(case.model, case.batch, case.size, device)
 
-        def wrap(net):
-            return DDP(net, device_ids=[rank] if device == "cuda" else None)
+        def wrap(net, side_stream=False):
+            if not side_stream:
+                return DDP(net, device_ids=[rank] if device == "cuda" else None)
+            # A module whose backward a CUDA graph captures gets DDP built on a side stream
+            # (PyTorch's CUDA-graph notes): DDP keeps each parameter's gradient
+            # accumulator, which keeps the stream it was made on, and the capture's
+            # backward syncs with it. Made on the default stream, it invalidated every
+            # capture ("operation failed due to a previous error during capture"; H200,
+            # 84dff78): the step ran eagerly.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                net = DDP(net, device_ids=[rank])
+            torch.cuda.current_stream().wait_stream(side)
+            return net
         ready = {}
         for provider in providers:
+            side_stream = device == "cuda" and provider == "fastconv_cuda_graph"
             row = dict(case=case.name, provider=provider, precision=precision.value,
                        mode="train", batch=case.batch, size=case.size, world=world,
-                       ddp=True)
+                       ddp=True, ddp_side_stream=side_stream)
             rows.append(row)
             try:
-                fn, net = provider_call(provider, model, x, precision, "train", wrap=wrap)
+                fn, net = provider_call(provider, model, x, precision, "train",
+                                        wrap=lambda n, s=side_stream: wrap(n, s))
                 with no_dropout(net):
                     fn()  # compiles, dispatches, captures
                     if device == "cuda":
                         torch.cuda.synchronize()
+                report = getattr(getattr(net, "module", net), "report", None)
+                if report is not None and report.notes:  # e.g. a capture that failed
+                    row["notes"] = list(report.notes)
                 ready[provider] = (row, fn)
             except Exception as exc:  # reported, not fatal (every rank fails alike)
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -128,4 +146,7 @@ def table(rows: list[dict]) -> str:
         eff = f"{r['scaling_efficiency']:7.3f}" if "scaling_efficiency" in r else f"{'-':>7}"
         lines.append(f"{r['case'][:21]:22}{r['provider']:22}{r['world']:6d}"
                      f"{r['ms_p50']:9.2f}{r['images_per_s']:9.0f}{eff}")
+    for r in rows:
+        for note in r.get("notes", ()):
+            lines.append(f"  {r['provider']} world {r['world']}: {note}")
     return "\n".join(lines)
