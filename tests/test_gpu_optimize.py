@@ -212,13 +212,15 @@ def test_training_cuda_graph_steps_equal_eager_steps(monkeypatch):
     assert not any("failed" in n for n in graphed.report.notes), graphed.report.notes
 
 
-def test_training_cuda_graph_under_ddp_equals_eager_steps(monkeypatch):
+def test_training_cuda_graph_under_ddp_equals_the_same_steps_without(monkeypatch):
     """``optimize(cuda_graph=True)`` inside DistributedDataParallel (one rank, NCCL): with
     DDP built on a side stream (PyTorch's rule for a captured backward) the step is captured
-    and its SGD steps equal the eager model's under DDP (strict fp32, deterministic, as
-    test_training_cuda_graph_steps_equal_eager_steps); with DDP built on the default stream
-    the capture fails (H200: every ``--ddp`` step ran eagerly) and the note says what to do,
-    the steps still right."""
+    and its SGD steps equal the same graphed model's without DDP (the same plans: strict
+    fp32, deterministic); with DDP built on the default stream the capture fails (H200:
+    every ``--ddp`` step ran eagerly), the note says what to do, and the steps equal the
+    eager model's under DDP. (Graph against eager plans is no tight comparison: ResNet-18's
+    first-layer gradient differed by 8e-4 between them on an H200; see
+    test_training_cuda_graph_steps_equal_eager_steps.)"""
     import socket
 
     import torch.distributed as dist
@@ -240,27 +242,32 @@ def test_training_cuda_graph_under_ddp_equals_eager_steps(monkeypatch):
             model = tv.models.resnet18()
             model.maxpool = torch.nn.Identity()
             model = model.cuda().train()
-            eager = DDP(optimize(model, "training", "ieee"), device_ids=[0])
+            # the reference: the graphed model alone (side stream), or eager under DDP
+            reference = optimize(model, "training", "ieee", cuda_graph=True) if side_stream \
+                else DDP(optimize(model, "training", "ieee"), device_ids=[0])
             side = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 graphed = DDP(optimize(model, "training", "ieee", cuda_graph=True),
                               device_ids=[0])
             torch.cuda.current_stream().wait_stream(side)
-            nets = (eager, graphed)
+            nets = (reference, graphed)
             opts = [torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for m in nets]
-            for _ in range(3):
+            for i in range(3):
                 x = torch.randn(4, 3, 64, 64, device="cuda")
                 outs, grads = [], []
                 for net, opt in zip(nets, opts):
                     outs.append(net(x))
                     outs[-1].square().mean().backward()
-                    grads.append([p.grad.clone() for p in net.parameters()])
+                    # (in the optimized model's order: DDP's parameters() lists the fused
+                    # modules' own, in another order)
+                    grads.append([p.grad.clone() for p in getattr(net, "module", net)
+                                  .parameters()])
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-                _close((side_stream, "output"), outs[1].detach(), outs[0].detach())
-                for (name, _), g, e in zip(eager.named_parameters(), *grads):
-                    _close((side_stream, name), g, e)
+                _close((side_stream, i, "output"), outs[1].detach(), outs[0].detach())
+                for (name, _), e, g in zip(graphed.module.named_parameters(), *grads):
+                    _close((side_stream, i, name), g, e)
             notes = graphed.module.report.notes
             captured = [g for g, _ in graphed.module._train_graphs.values() if g is not None]
             if side_stream:
