@@ -11,32 +11,11 @@ import torch
 
 from fastconv.backends.triton import packed, shortconv
 
+# the timing and copy-bandwidth helpers of the first round's probe (the same code)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-11-28"))
+from probe_short import bench, copy_bw  # noqa: E402
+
 dev = "cuda"
-
-
-def bench(fns, rounds=7, n=20):
-    ts = {k: [] for k in fns}
-    for f in fns.values():
-        for _ in range(3):
-            f()
-    torch.cuda.synchronize()
-    for _ in range(rounds):
-        for k, f in fns.items():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(n):
-                f()
-            e.record()
-            e.synchronize()
-            ts[k].append(s.elapsed_time(e) / n)
-    return {k: sorted(v)[len(v) // 2] for k, v in ts.items()}
-
-
-def copy_bw():
-    a = torch.empty(1 << 28, device=dev, dtype=torch.uint8)
-    b = torch.empty_like(a)
-    t = bench({"c": lambda: b.copy_(a)})["c"]
-    return 2 * a.numel() / (t * 1e-3) / 1e9  # GB/s
 
 
 # candidates per (layout, look): forward tiles, backward tiles
