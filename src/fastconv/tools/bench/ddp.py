@@ -6,7 +6,8 @@ the CPU), each holding one GPU and the case's batch (the per-GPU batch stays the
 scaling). Every process builds the case's model with the same seed, wraps each provider's
 module in DDP (``torch`` and ``torch_compile``: ``torch.compile`` of the DDP module, as
 PyTorch recommends; ``fastconv`` and ``fastconv_cuda_graph``: DDP of ``optimize``'s model,
-its CUDA graphs inside), and times training steps (forward, backward with DDP's gradient
+its CUDA graphs inside; for ``fastconv_cuda_graph`` DDP is built on a side stream, as
+PyTorch's CUDA-graph notes ask), and times training steps (forward, backward with DDP's gradient
 all-reduce, the SGD step), providers interleaved over rounds (``GpuTimer.eager_rounds``),
 every process the same calls. Rank 0's times are the rows: ``ms_p50`` per step,
 ``images_per_s`` of all GPUs together, and for world N ``scaling_efficiency``: the
@@ -85,22 +86,23 @@ def _worker(rank: int, world: int, port: int, case, providers: list[str],
                     fn()  # compiles, dispatches, captures
                     if device == "cuda":
                         torch.cuda.synchronize()
-                report = getattr(getattr(net, "module", net), "report", None)
-                if report is not None and report.notes:  # e.g. a capture that failed
-                    row["notes"] = list(report.notes)
-                ready[provider] = (row, fn)
+                ready[provider] = (row, fn, net)
             except Exception as exc:  # reported, not fatal (every rank fails alike)
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         if device != "cuda":
-            for row, fn in ready.values():
+            for row, fn, _ in ready.values():
                 fn()  # a second step: the gradients' all-reduce ran twice
                 row.update(ms_p50=None, timing="not measured (no GPU)")
         elif ready:
             times = GpuTimer().eager_rounds({p: [v[1]] for p, v in ready.items()}, reps)
-            for provider, (row, _) in ready.items():
+            for provider, (row, _, _) in ready.items():
                 p50, p20, p80 = percentiles(times[provider])
                 row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80,
                            images_per_s=world * case.batch * 1000 / p50)
+        for row, _, net in ready.values():  # e.g. a capture that failed, in any step
+            report = getattr(getattr(net, "module", net), "report", None)
+            if report is not None and report.notes:
+                row["notes"] = list(report.notes)
     finally:
         dist.destroy_process_group()
     if rank == 0:
