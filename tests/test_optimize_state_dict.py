@@ -155,3 +155,39 @@ def test_a_module_under_two_names_keeps_both_keys():
     fresh.load_state_dict(only_fc)
     with torch.no_grad():
         assert torch.allclose(fresh(x), other(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small"])
+def test_ddp_around_the_optimized_model_keeps_the_original_parameter_order(name, tmp_path):
+    """DistributedDataParallel walks its module's parameters with torch's own walk, not the
+    optimized model's ``named_parameters``: with fused layers appended after the modules
+    left in place, ResNet-18 under DDP listed ``fc`` first, so an optimizer checkpoint of
+    the original under DDP resumed its momentum on other parameters. The copy's modules
+    are ordered so that the walk meets the original order (gloo, one rank, the CPU)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = getattr(tv.models, name)().train()
+        optimized = fastconv.optimize(model, "training", channels_last=False)
+        walk = [optimized._names.original(n)
+                for n, _ in nn.Module.named_parameters(optimized.model)]
+        assert walk == [n for n, _ in model.named_parameters()]
+        ddp_orig, ddp_fast = DDP(model), DDP(optimized)
+        assert [p.shape for p in ddp_fast.parameters()] == [p.shape for p in model.parameters()]
+        # an optimizer checkpoint taken under DDP of the original resumes under DDP of the copy
+        opt = torch.optim.SGD(ddp_orig.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(2, 3, 64, 64)
+        ddp_orig(x).square().mean().backward()
+        opt.step()
+        resumed = torch.optim.SGD(ddp_fast.parameters(), lr=0.1, momentum=0.9)
+        resumed.load_state_dict(opt.state_dict())
+        held = dict(optimized.named_parameters())
+        for n, p in model.named_parameters():
+            assert torch.equal(resumed.state[held[n]]["momentum_buffer"],
+                               opt.state[p]["momentum_buffer"]), n
+    finally:
+        dist.destroy_process_group()

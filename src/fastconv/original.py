@@ -11,13 +11,17 @@ modules move to flat names. A user's checkpoints and optimizers must not see tha
   optimized copy);
 * ``named_parameters()`` yields the original names, in the original model's order, so an
   optimizer built over ``optimized.parameters()`` has its parameters in the same order as
-  one built over the original's, and optimizer checkpoints move between them.
+  one built over the original's, and optimizer checkpoints move between them;
+* the copy's modules are ordered (:func:`order_modules`) so that walks which do not call
+  it, ``DistributedDataParallel``'s around the optimized model among them, meet the
+  parameters in that order too (under the copy's own names).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import torch
 from torch import nn
 
 
@@ -52,6 +56,44 @@ class Names:
 
     def original(self, key: str) -> str:
         return self.state_keys.get(key, key)
+
+
+def order_modules(model: nn.Module, names: Names) -> None:
+    """Reorder the children of every module of the copy (``model``: ``OptimizedModel.model``)
+    so that torch's own walk over its parameters meets them in the original model's order
+    where the copy's module tree allows: each module's children sorted by the first
+    original parameter they hold, children without parameters kept right after the child
+    before them. ``named_parameters()`` of the optimized model already yields the original
+    order; this is for the walks that do not call it: ``DistributedDataParallel`` around
+    the optimized model (its ``parameters()``, so an optimizer built over it, and its
+    gradient buckets) and ``nn.Module.named_parameters`` of the copy itself. Fused layers
+    and flat names appended the rewritten modules after the ones left in place (ResNet-18
+    under DDP listed ``fc`` first), which moved an optimizer checkpoint's per-parameter
+    state onto other parameters."""
+    last = len(names.order)
+
+    def first(path: str, module: nn.Module):
+        found = [names.order.get(names.original(f"{path}.{n}" if path else n), last)
+                 for n, _ in module.named_parameters(remove_duplicate=False)]
+        return min(found) if found else None
+
+    def visit(path: str, module: nn.Module) -> None:
+        if isinstance(module, torch.jit.ScriptModule):  # kept whole, as it was scripted
+            return
+        keyed, key = [], -1
+        for i, (name, child) in enumerate(module._modules.items()):
+            if child is not None:
+                sub = f"{path}.{name}" if path else name
+                visit(sub, child)
+                own = first(sub, child)
+                key = key if own is None else own
+            keyed.append((key, i, name, child))
+        ordered = sorted(keyed, key=lambda e: e[:2])
+        if ordered != keyed:
+            module._modules.clear()  # (in place: the same dict)
+            module._modules.update((name, child) for *_, name, child in ordered)
+
+    visit("", model)
 
 
 def _join(prefix: str, path: str) -> str:

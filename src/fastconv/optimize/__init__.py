@@ -139,8 +139,9 @@ def optimize(model: nn.Module, mode: str = "inference", precision: str | None = 
     aliases = {key: next(k for k in keys if k in held) for keys in names.values()
                if len(keys) > 1 and any(k in held for k in keys)
                for key in keys if key not in held}
-    result = OptimizedModel(out, report, channels_last, autocast, cuda_graph,
-                            original.Names(state_keys, aliases, metadata, order))
+    kept = original.Names(state_keys, aliases, metadata, order)
+    original.order_modules(out, kept)
+    result = OptimizedModel(out, report, channels_last, autocast, cuda_graph, kept)
     result.training = out.training
     if example_inputs is not None:
         with torch.no_grad():
