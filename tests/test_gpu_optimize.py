@@ -260,8 +260,7 @@ def test_training_cuda_graph_under_ddp_equals_the_same_steps_without(monkeypatch
                 for net, opt in zip(nets, opts):
                     outs.append(net(x))
                     outs[-1].square().mean().backward()
-                    # (in the optimized model's order: DDP's parameters() lists the fused
-                    # modules' own, in another order)
+                    # (the optimized model's own, in the original model's order)
                     grads.append([p.grad.clone() for p in getattr(net, "module", net)
                                   .parameters()])
                     opt.step()
