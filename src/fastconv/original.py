@@ -59,41 +59,34 @@ class Names:
 
 
 def order_modules(model: nn.Module, names: Names) -> None:
-    """Reorder the children of every module of the copy (``model``: ``OptimizedModel.model``)
-    so that torch's own walk over its parameters meets them in the original model's order
-    where the copy's module tree allows: each module's children sorted by the first
-    original parameter they hold, children without parameters kept right after the child
-    before them. ``named_parameters()`` of the optimized model already yields the original
-    order; this is for the walks that do not call it: ``DistributedDataParallel`` around
-    the optimized model (its ``parameters()``, so an optimizer built over it, and its
-    gradient buckets) and ``nn.Module.named_parameters`` of the copy itself. Fused layers
-    and flat names appended the rewritten modules after the ones left in place (ResNet-18
-    under DDP listed ``fc`` first), which moved an optimizer checkpoint's per-parameter
-    state onto other parameters."""
+    """Reorder the children of the traced copy (``model``: ``OptimizedModel.model``, an fx
+    GraphModule) so that torch's own walk over its parameters meets them in the original
+    model's order: children sorted by the first original parameter they hold, children
+    without parameters kept right after the child before them. ``named_parameters()`` of
+    the optimized model already yields the original order; this is for the walks that do
+    not call it: ``DistributedDataParallel`` around the optimized model (its
+    ``parameters()``, so an optimizer built over it, and its gradient buckets) and
+    ``nn.Module.named_parameters`` of the copy itself. Fused layers and flat names are
+    appended to the GraphModule after the modules left in place (ResNet-18 under DDP listed
+    ``fc`` first), which moved an optimizer checkpoint's per-parameter state onto other
+    parameters. Only the GraphModule's children move: its forward reaches them by name,
+    while a Sequential or ModuleList runs and indexes its children by position, and any
+    other module's forward may iterate over them (a model the walk rewrote, untraced, keeps
+    its own order everywhere)."""
+    if not isinstance(model, torch.fx.GraphModule):
+        return
     last = len(names.order)
-
-    def first(path: str, module: nn.Module):
-        found = [names.order.get(names.original(f"{path}.{n}" if path else n), last)
-                 for n, _ in module.named_parameters(remove_duplicate=False)]
-        return min(found) if found else None
-
-    def visit(path: str, module: nn.Module) -> None:
-        if isinstance(module, torch.jit.ScriptModule):  # kept whole, as it was scripted
-            return
-        keyed, key = [], -1
-        for i, (name, child) in enumerate(module._modules.items()):
-            if child is not None:
-                sub = f"{path}.{name}" if path else name
-                visit(sub, child)
-                own = first(sub, child)
-                key = key if own is None else own
-            keyed.append((key, i, name, child))
-        ordered = sorted(keyed, key=lambda e: e[:2])
-        if ordered != keyed:
-            module._modules.clear()  # (in place: the same dict)
-            module._modules.update((name, child) for *_, name, child in ordered)
-
-    visit("", model)
+    keyed, key = [], -1
+    for i, (name, child) in enumerate(model._modules.items()):
+        if child is not None:
+            found = [names.order.get(names.original(f"{name}.{n}"), last)
+                     for n, _ in child.named_parameters(remove_duplicate=False)]
+            key = min(found) if found else key
+        keyed.append((key, i, name, child))
+    ordered = sorted(keyed, key=lambda e: e[:2])
+    if ordered != keyed:
+        model._modules.clear()  # (in place: the same dict)
+        model._modules.update((name, child) for *_, name, child in ordered)
 
 
 def _join(prefix: str, path: str) -> str:
