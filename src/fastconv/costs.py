@@ -6,6 +6,7 @@ these (``dispatch`` module docstring); the bench sizes its input sets with ``rot
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -99,7 +100,7 @@ def time_graph_cost(fn: Callable[[int], None], sets: int, gpu_ms: float,
     graph = torch.cuda.CUDAGraph()
     stream = _side_stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), generator_released_on_failure():
         graph.capture_begin(capture_error_mode="thread_local")
         try:
             for i in range(calls):
@@ -121,6 +122,34 @@ def time_graph_cost(fn: Callable[[int], None], sets: int, gpu_ms: float,
         end.synchronize()
         times.append(begin.elapsed_time(end) / calls)
     return statistics.median(times)
+
+
+@contextlib.contextmanager
+def generator_released_on_failure():
+    """A CUDA-graph capture in the block that fails leaves the current device's default
+    random generator usable. torch (2.11) marks the generator as capturing when a capture
+    begins and clears the mark only when ``capture_end`` succeeds: after a capture whose end
+    raised (one invalidated by an operation a capture cannot hold), every random op on the
+    device raised "Offset increment outside graph capture encountered unexpectedly". On
+    failure one trivial capture is made and ended, which clears the mark on the generator's
+    own state (graphs captured before keep advancing the same offsets), and the exception
+    goes on."""
+    try:
+        yield
+    except BaseException:
+        try:
+            scratch = torch.zeros(1, device="cuda")
+            stream = _side_stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                graph.capture_begin()
+                scratch.add_(1)
+                graph.capture_end()
+            torch.cuda.current_stream().wait_stream(stream)
+        except Exception:  # (the capture's own failure is what the caller hears of)
+            pass
+        raise
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}

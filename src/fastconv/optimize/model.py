@@ -9,7 +9,7 @@ import warnings
 import torch
 from torch import nn
 
-from .. import dispatch, original
+from .. import costs, dispatch, original
 from ..nn import step
 from ..nn.conv import _FastconvMixin
 from .report import Report
@@ -165,8 +165,8 @@ class OptimizedModel(nn.Module):
         saved = [b.clone() for b in buffers]
         graphed = None
         try:
-            with dispatch.settings(graph=True):  # plans ranked by GPU time
-                graphed = torch.cuda.make_graphed_callables(
+            with dispatch.settings(graph=True), costs.generator_released_on_failure():
+                graphed = torch.cuda.make_graphed_callables(  # (plans ranked by GPU time)
                     _Step(self), tuple(a.detach().clone().requires_grad_(a.requires_grad)
                                        for a in args))
         except Exception as exc:  # reported; the model runs eagerly for this signature
@@ -217,7 +217,8 @@ class OptimizedModel(nn.Module):
                     self._run(*static)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), torch.no_grad(), dispatch.settings(graph=True):
+            with costs.generator_released_on_failure(), torch.cuda.graph(graph), \
+                    torch.no_grad(), dispatch.settings(graph=True):
                 out = self._run(*static)
             hit = self._graphs[key] = (graph, static, out, self._versions(),
                                        dispatch.building())
