@@ -88,6 +88,7 @@ def upgrade(key: str, graph: bool, run) -> Choice:
             timing.time_row(r, run)
         if not final:
             return up.stand_in(graph)
+        timing.confirm_against_aten(up.rows, run)
         # stored on disk even where backends that build nothing ahead were not listed
         # (a starved problem's): every candidate that builds ahead has been timed
         untimed = timing.untimed(up.rows)
