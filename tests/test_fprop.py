@@ -342,3 +342,68 @@ def test_tf32_operands_are_rounded_to_nearest(kernel, device):
     truncated = exact(*(_tf32(t, False) for t in (x, w, dy)))
     assert relative_error(got, nearest) < 1e-6
     assert relative_error(got, truncated) > 1e-4
+
+
+def test_prepared_forward_launches_take_the_callers_tensors(monkeypatch):
+    """A plan's later forward calls go through its prepared launch with the tensors as the
+    caller gives them (a rank-1 problem's 4-D views are made for the first launch only: a
+    prepared launch reads addresses, which the views share), for the GEMM and the direct
+    depthwise kernels alike: every call against float64, into a poisoned output, and the
+    second and third calls reuse the first's launch."""
+    from fastconv.backends.triton import depthwise, fprop
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.backends.triton.configs import TileConfig
+    from fastconv.problem import ConvProblem
+
+    reused = []
+
+    def emulated(kernel, grid, ntensors, *args, **meta):
+        """launch.prepare's contract in the interpreter (where it has none): the same
+        kernel, grid and trailing arguments, new leading tensors."""
+        kernel[grid](*args, **meta)
+
+        def again(*tensors):
+            reused.append(kernel)
+            kernel[grid](*tensors, *args[ntensors:], **meta)
+            return True
+        return again
+    monkeypatch.setattr(fprop, "prepare", emulated)
+    monkeypatch.setattr(depthwise, "prepare", emulated)
+    cases = [(torch.randn(2, 6, 13, dtype=torch.float64), torch.randn(5, 6, 3, dtype=torch.float64),
+              1, TileConfig(16, 16, 16, 4, 1, False, 1)),
+             (torch.randn(2, 4, 11, dtype=torch.float64), torch.randn(4, 1, 3, dtype=torch.float64),
+              4, None)]
+    for x, w, groups, config in cases:
+        problem = ConvProblem.from_tensors(x, w, None, 1, ((2, 0),), 1, groups, rank=1)
+        run = TritonBackend.bind(problem, config)
+        for call in range(3):
+            xi, wi = torch.randn_like(x), torch.randn_like(w)
+            out = torch.full(problem.output_shape(), float("nan"), dtype=torch.float64)
+            before = len(reused)
+            assert run(xi, wi, None, None, None, None, out) is out
+            want = F.conv1d(F.pad(xi, (2, 0)), wi, None, 1, 0, 1, groups)
+            assert relative_error(out, want) < 1e-12, (groups, call)
+            assert len(reused) - before == (0 if call == 0 else 1), (groups, call)
+
+
+def test_last_packed_weight_follows_the_weight_and_its_version():
+    """A plan's packed weight (``weights.LastPacked``): the same copy while the same
+    weight keeps its version, packed again after an in-place update or for another
+    weight, and not kept inside a compiled graph's op (``context.transient``)."""
+    from fastconv.backends.triton.weights import LastPacked
+    from fastconv.context import transient_operands
+
+    last = LastPacked()
+    w = torch.randn(6, 5, 3)  # (K, C, R): channels not fastest
+    first = last(w)
+    assert first.stride(1) == 1 and torch.equal(first, w)
+    assert last(w) is first
+    with torch.no_grad():
+        w.mul_(2)  # (an optimizer step: the version moves)
+    again = last(w)
+    assert again is not first and torch.equal(again, w)
+    other = torch.randn(6, 5, 3)
+    assert torch.equal(last(other), other) and last(w) is again  # (the shared cache)
+    with transient_operands():
+        fresh = last(w)
+        assert torch.equal(fresh, w) and last(w) is not fresh

@@ -13,7 +13,14 @@ from ...precision import Precision
 from ...problem import ConvProblem, empty_in_layout, layout_of
 from .configs import TileConfig
 from .launchargs import NO_EPILOGUE, EpilogueArgs, Geometry
-from .weights import channels_last, diagonal_blocks, is_packed, packed_weight, roll_weight
+from .weights import (
+    LastPacked,
+    channels_last,
+    diagonal_blocks,
+    is_packed,
+    packed_weight,
+    roll_weight,
+)
 
 
 def direct_depthwise(problem: ConvProblem) -> bool:
@@ -180,12 +187,13 @@ class _Binder:
         def run(input, weight, bias, scale, shift, residual, out):
             if out is None:
                 out = problem.new_output(input.device)
-            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
             scale, shift = _contig(scale), _contig(shift)
-            if prepared and prepared[0](x4, w4, o4, o4 if scale is None else scale,
-                                        o4 if shift is None else shift,
-                                        o4 if r4 is None else r4):
+            # (the prepared launch takes the tensors themselves: see bind_fprop)
+            if prepared and prepared[0](input, weight, out, out if scale is None else scale,
+                                        out if shift is None else shift,
+                                        out if residual is None else residual):
                 return out
+            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
             launch = (dw_pairs.launch_fprop
                       if config.pairs and dw_pairs.eligible(x4, o4, r4, geo.stride[1])
                       else depthwise.launch_fprop)
@@ -252,6 +260,7 @@ class _Binder:
         # whether the weight and the input come in the layout the kernel reads: fixed per
         # plan (its signature holds their strides), so tested at the first call only
         packed: list = []
+        last_packed = LastPacked()
 
         def run(input, weight, bias, scale, shift, residual, out):
             if out is None:
@@ -263,15 +272,17 @@ class _Binder:
                 if not packed:
                     packed[:] = [is_packed(weight, 1), config.rows or is_packed(input, 1)]
                 if not packed[0]:
-                    weight = packed_weight(weight)
+                    weight = last_packed(weight)
                 if not packed[1]:
                     input = channels_last(input)
-            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
             scale, shift = _contig(scale), _contig(shift)
-            if prepared and prepared[0](x4, w4, o4, o4 if scale is None else scale,
-                                        o4 if shift is None else shift,
-                                        o4 if r4 is None else r4, o4):
+            # (a prepared launch reads the tensors' addresses only: a rank-1 problem's 4-D
+            # views, the same addresses, are made for the first launch alone)
+            if prepared and prepared[0](input, weight, out, out if scale is None else scale,
+                                        out if shift is None else shift,
+                                        out if residual is None else residual, out):
                 return out
+            x4, w4, o4, r4 = self.four_d(input, weight, out, residual)
             again = prepare_fprop(x4, w4, o4, EpilogueArgs(scale, shift, r4, act, slope),
                                   self.geo, precision=self.precision, config=config,
                                   int64=self.needs_int64(x4, w4, o4, r4),
