@@ -143,7 +143,8 @@ def generator_released_on_failure():
             stream.wait_stream(torch.cuda.current_stream())
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.stream(stream):
-                graph.capture_begin()
+                # (thread-local: CUDA calls other threads make meanwhile are not refused)
+                graph.capture_begin(capture_error_mode="thread_local")
                 scratch.add_(1)
                 graph.capture_end()
             torch.cuda.current_stream().wait_stream(stream)
