@@ -26,6 +26,7 @@ from importlib import resources
 
 import torch
 
+from ..costs import generator_released_on_failure
 from ..errors import ConvError
 from ..precision import TOLERANCE, Precision, relative_error
 from .bench.models import float64_truth, no_dropout, output, provider_call
@@ -124,7 +125,7 @@ def _cuda_graph(fn):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with generator_released_on_failure(), torch.cuda.graph(graph):
         out = fn()
 
     def replay():

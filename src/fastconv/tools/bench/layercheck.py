@@ -41,7 +41,7 @@ import statistics
 import torch
 
 from ... import backends, dispatch, plans
-from ...costs import rotation_count
+from ...costs import generator_released_on_failure, rotation_count
 from ...epilogue import Epilogue
 from ...precision import Precision
 from ...problem import ConvProblem, layout_strides
@@ -136,7 +136,7 @@ def graph_of(run, sets: list[tuple], calls: int = CALLS) -> torch.cuda.CUDAGraph
             run(*args)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with generator_released_on_failure(), torch.cuda.graph(graph):
         for i in range(calls):
             run(*sets[i % len(sets)])
     graph.replay()

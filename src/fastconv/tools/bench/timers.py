@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from ... import dispatch
+from ...costs import generator_released_on_failure
 from ...precision import DTYPE, Precision
 
 
@@ -47,7 +48,7 @@ def time_graph(fns: list[Callable[[], object]], reps: int = 20, calls: int = 16)
             fns[i % len(fns)]()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with generator_released_on_failure(), torch.cuda.graph(graph):
         for i in range(calls):
             fns[i % len(fns)]()
     graph.replay()
