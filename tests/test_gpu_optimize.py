@@ -143,6 +143,18 @@ def _gradients_against_float64(model, inputs=8):
     assert sum(e <= 1e-4 for e in errors["fastconv"]) >= 2, errors
 
 
+def _same_arithmetic(monkeypatch):
+    """Two models' steps run the same arithmetic: heuristic dispatch (the same plans),
+    strict fp32, deterministic algorithms, and the fused BatchNorm passes eagerly too
+    (eager batch norm takes torch's own by default, graphs the fused passes)."""
+    monkeypatch.setenv("FASTCONV_DISPATCH", "heuristic")
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setenv("FASTCONV_DETERMINISTIC", "1")
+    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
+
+
 def test_training_cuda_graph_steps_equal_eager_steps(monkeypatch):
     """SGD steps replayed from CUDA graphs against the same steps run eagerly, strict fp32
     with deterministic algorithms (so the two run the same arithmetic): outputs and every
@@ -158,13 +170,7 @@ def test_training_cuda_graph_steps_equal_eager_steps(monkeypatch):
     the same model and could not tell a graph bug from that drift. Heuristic dispatch: in
     benchmark mode eager calls and a graph rank candidates by different costs and may run
     different kernels (1.0065e-5 and 1.015e-5 apart on an H200's first-layer gradient)."""
-    monkeypatch.setenv("FASTCONV_DISPATCH", "heuristic")
-    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setenv("FASTCONV_DETERMINISTIC", "1")
-    # eager batch norm takes torch's own by default, graphs the fused passes: the same here
-    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
+    _same_arithmetic(monkeypatch)
     torch.manual_seed(0)
     model = tv.models.resnet18()
     model.maxpool = torch.nn.Identity()  # its backward adds with atomics
@@ -257,12 +263,7 @@ def test_training_cuda_graph_under_ddp_equals_the_same_steps_without(monkeypatch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    monkeypatch.setenv("FASTCONV_DISPATCH", "heuristic")
-    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setenv("FASTCONV_DETERMINISTIC", "1")
-    monkeypatch.setattr(batchnorm, "FUSED_IN_EAGER", True)
+    _same_arithmetic(monkeypatch)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
