@@ -399,15 +399,17 @@ def test_packed_sequences_run_the_short_filter_kernels(width, seqlen, layout, mo
     assert all(_rel(a, c) < 1e-6 for a, c in zip(got, want))
 
 
-@pytest.mark.parametrize("width,seqlen,states,bias,layout", [
-    (4, 300, True, True, "seqlen"), (2, 37, False, False, "seqlen"),
-    (9, 513, True, False, "seqlen"), (3, 5, True, True, "seqlen"), (7, 8, False, True, "seqlen"),
-    (4, 70, True, True, "dim"), (9, 3, True, False, "dim"),
-    (10, 300, True, True, "seqlen"), (16, 37, True, False, "seqlen"),
-    (17, 530, False, True, "seqlen"), (12, 11, True, True, "seqlen"),
-    (16, 70, True, True, "dim"), (17, 5, True, False, "dim")])
+@pytest.mark.parametrize("width,seqlen,states,bias,layout,overlap", [
+    (4, 300, True, True, "seqlen", False), (2, 37, False, False, "seqlen", False),
+    (9, 513, True, False, "seqlen", False), (3, 5, True, True, "seqlen", False),
+    (7, 8, False, True, "seqlen", False), (4, 70, True, True, "dim", False),
+    (9, 3, True, False, "dim", False), (10, 300, True, True, "seqlen", False),
+    (16, 37, True, False, "seqlen", False), (17, 530, False, True, "seqlen", False),
+    (12, 11, True, True, "seqlen", False), (16, 70, True, True, "dim", False),
+    (17, 5, True, False, "dim", False), (16, 101, True, True, "seqlen", True),
+    (13, 70, True, False, "dim", True), (17, 15, False, True, "seqlen", True)])
 def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bias, layout,
-                                                      monkeypatch):
+                                                      overlap, monkeypatch):
     """causal_conv1d's training route for widths ≤ 17 on float32 x in both layouts
     (shortconv.py's kernels, interpreted; packed.py's and fastconv.conv1d made to fail, every
     buffer poisoned): output and every gradient as F.conv1d's in float64, and the same
@@ -415,9 +417,18 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
     seqlen-contiguous);
     windows of one or several chunks and programs, rows shorter than a chunk or the
     state, taps reaching one chunk back (widths ≤ 9) or two; deterministic (two backward
-    passes, the same bits)."""
+    passes, the same bits). ``overlap``: backward windows of 4 chunks that write 2 (g
+    computed once per chunk, the 2 after read from the window's own: ``shortconv.owned``),
+    so many windows, their seams and the initial states' window."""
     from fastconv import seqconv
     from fastconv.backends.triton import packed, shortconv
+
+    if overlap:
+        monkeypatch.setattr(shortconv, "SHIFT_MIN_CHUNKS", 4)
+        for layout_ in ("seqlen", "dim"):
+            forward, _ = shortconv.TILES[layout_, 2]
+            monkeypatch.setitem(shortconv.TILES, (layout_, 2), (forward, (2, 4, 1)))
+        assert shortconv.owned(2, 4) == 2
 
     def refused(*args, **kwargs):
         raise AssertionError("another route ran")

@@ -99,6 +99,8 @@ def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
             tried = [shortconv.tiles(layout, width, ids)[i]] if used \
                 else TILES[layout][direction]
             for block_d, chunks, warps in tried:
+                if direction == "backward":  # (the chunks a window writes)
+                    const = dict(const, OWN=shortconv.owned(look, chunks))
                 kernel = compile_kernel(fn, dict(const, BLOCK_D=block_d, CHUNKS=chunks),
                                         {"part_ptr": "*fp32", "ids_ptr": "*i32"}, unit,
                                         num_warps=warps)

@@ -163,11 +163,13 @@ def _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH: tl.constexpr, HAS_BIAS: tl.
 
 
 @triton.jit
-def _positions(FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr):
-    """(positions [1, CHUNKS, 8] of this program's window, channels, row)."""
+def _positions(FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
+               OWN: tl.constexpr):
+    """(positions [1, CHUNKS, 8] of this program's window, channels, row); windows start
+    ``8·OWN`` positions apart (OWN < CHUNKS: they overlap by the last CHUNKS − OWN)."""
     q = tl.arange(0, CHUNKS)[None, :, None]
     e = tl.arange(0, 8)[None, None, :]
-    p = tl.program_id(0) * (8 * CHUNKS) + FIRST + 8 * q + e
+    p = tl.program_id(0) * (8 * OWN) + FIRST + 8 * q + e
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     return p, d, tl.program_id(2).to(tl.int64)
 
@@ -187,7 +189,7 @@ def _forward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen
                     WIDTH: tl.constexpr, LOOK: tl.constexpr, BLOCK_D: tl.constexpr,
                     CHUNKS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr,
                     SILU: tl.constexpr, HAS_IDS: tl.constexpr):
-    p, d, b = _positions(0, BLOCK_D, CHUNKS)
+    p, d, b = _positions(0, BLOCK_D, CHUNKS, CHUNKS)
     dmask = d < dim
     rows = b * sx_b + d[:, None, None].to(tl.int64) * sx_d
     cur = _load(x_ptr, init_ptr, rows, b, d, dmask, p, seqlen, sx_t, sh_b, sh_d, sh_k, WIDTH,
@@ -263,29 +265,56 @@ def _dx(g, g_next, g_next2, ic, in1, in2, w, E: tl.constexpr, WIDTH: tl.constexp
 
 
 @triton.jit
+def _ahead(g, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr, BY: tl.constexpr):
+    """The eight columns of ``g`` (:func:`_grads`) ``BY`` chunks later, within the window:
+    one gather per column (the last BY chunks repeat the window's last: not owned, never
+    stored)."""
+    q = tl.minimum(tl.arange(0, CHUNKS) + BY, CHUNKS - 1)
+    idx = q[None, :] + tl.zeros([BLOCK_D, CHUNKS], tl.int32)
+    return (tl.gather(g[0], idx, 1), tl.gather(g[1], idx, 1), tl.gather(g[2], idx, 1),
+            tl.gather(g[3], idx, 1), tl.gather(g[4], idx, 1), tl.gather(g[5], idx, 1),
+            tl.gather(g[6], idx, 1), tl.gather(g[7], idx, 1))
+
+
+@triton.jit
+def _owned(g, own):
+    """The eight columns of ``g`` where ``own`` ([1, CHUNKS]), else zero."""
+    return (tl.where(own, g[0], 0.0), tl.where(own, g[1], 0.0), tl.where(own, g[2], 0.0),
+            tl.where(own, g[3], 0.0), tl.where(own, g[4], 0.0), tl.where(own, g[5], 0.0),
+            tl.where(own, g[6], 0.0), tl.where(own, g[7], 0.0))
+
+
+@triton.jit
 def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part_ptr,
                      dim, seqlen, sx_b, sx_d, sx_t, si_b, si_t, sh_b, sh_d, sh_k, sw_d, sw_k,
                      sy_b, sy_d, sy_t, sdx_b, sdx_d, sdx_t, sdh_b, sdh_d, sdh_k,
                      WIDTH: tl.constexpr, LOOK: tl.constexpr, TAPS: tl.constexpr,
                      FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
-                     HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                     INIT_GRAD: tl.constexpr, HAS_IDS: tl.constexpr):
+                     OWN: tl.constexpr, HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SILU: tl.constexpr, INIT_GRAD: tl.constexpr, HAS_IDS: tl.constexpr):
     # FIRST: the first position of the first window (−8·LOOK with the initial states'
-    # gradient: dx of the positions before 0, else 0)
-    p, d, b = _positions(FIRST, BLOCK_D, CHUNKS)
+    # gradient: dx of the positions before 0, else 0). OWN: the chunks a window writes.
+    # OWN == CHUNKS: g of the LOOK chunks after each chunk is recomputed from x and dy
+    # loaded there; OWN == CHUNKS − LOOK: windows overlap by LOOK chunks and g is computed
+    # once per chunk, the LOOK after read from the window's own g (gathers along the
+    # chunks): the last LOOK chunks of a window are computed, not written.
+    SHIFT: tl.constexpr = OWN < CHUNKS
+    p, d, b = _positions(FIRST, BLOCK_D, CHUNKS, OWN)
     dmask = d < dim
     rows = b * sx_b + d[:, None, None].to(tl.int64) * sx_d
     prev = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 8, seqlen, sx_t, sh_b, sh_d, sh_k,
                  WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
     cur = _load(x_ptr, init_ptr, rows, b, d, dmask, p, seqlen, sx_t, sh_b, sh_d, sh_k, WIDTH,
                 HAS_INIT, BLOCK_D, CHUNKS)
-    nxt = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 8, seqlen, sx_t, sh_b, sh_d, sh_k,
-                WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
     dy_rows = b * sy_b + d[:, None, None].to(tl.int64) * sy_d
     dy = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p, seqlen, sy_t, sh_b, sh_d, sh_k,
                WIDTH, False, BLOCK_D, CHUNKS)
-    dy_next = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 8, seqlen, sy_t, sh_b, sh_d,
-                    sh_k, WIDTH, False, BLOCK_D, CHUNKS)
+    nxt, dy_next = cur, dy  # (the chunk at +8: loaded without SHIFT only)
+    if not SHIFT:
+        nxt = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 8, seqlen, sx_t, sh_b, sh_d,
+                    sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+        dy_next = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 8, seqlen, sy_t, sh_b,
+                        sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS)
     w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
     # the ids of the chunks at −8, 0, +8 (and −16, +16 where LOOK is 2): read only with
     # seq_idx (stand-ins otherwise, never read)
@@ -300,17 +329,23 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
     if LOOK == 2:
         prev2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 16, seqlen, sx_t, sh_b, sh_d,
                       sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
-        nxt2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 16, seqlen, sx_t, sh_b, sh_d,
-                     sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
-        dy_next2 = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 16, seqlen, sy_t, sh_b,
-                         sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS)
         if HAS_IDS:
             ip2 = _load_ids(ids_ptr, b, p - 16, seqlen, si_b, si_t, first, CHUNKS)
             in2 = _load_ids(ids_ptr, b, p + 16, seqlen, si_b, si_t, first, CHUNKS)
-        g_next2 = _grads(dy_next2, nxt2, nxt, cur, in2, in1, ic, w, bias, WIDTH, SILU,
-                         HAS_IDS)
+        if not SHIFT:
+            nxt2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 16, seqlen, sx_t, sh_b,
+                         sh_d, sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+            dy_next2 = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 16, seqlen, sy_t,
+                             sh_b, sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS)
+            g_next2 = _grads(dy_next2, nxt2, nxt, cur, in2, in1, ic, w, bias, WIDTH, SILU,
+                             HAS_IDS)
     g = _grads(dy, cur, prev, prev2, ic, ip, ip2, w, bias, WIDTH, SILU, HAS_IDS)
-    g_next = _grads(dy_next, nxt, cur, prev, in1, ic, ip, w, bias, WIDTH, SILU, HAS_IDS)
+    if SHIFT:
+        g_next = _ahead(g, BLOCK_D, CHUNKS, 1)
+        if LOOK == 2:
+            g_next2 = _ahead(g, BLOCK_D, CHUNKS, 2)
+    else:
+        g_next = _grads(dy_next, nxt, cur, prev, in1, ic, ip, w, bias, WIDTH, SILU, HAS_IDS)
     dx = (_dx(g, g_next, g_next2, ic, in1, in2, w, 0, WIDTH, HAS_IDS),
           _dx(g, g_next, g_next2, ic, in1, in2, w, 1, WIDTH, HAS_IDS),
           _dx(g, g_next, g_next2, ic, in1, in2, w, 2, WIDTH, HAS_IDS),
@@ -320,13 +355,16 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
           _dx(g, g_next, g_next2, ic, in1, in2, w, 6, WIDTH, HAS_IDS),
           _dx(g, g_next, g_next2, ic, in1, in2, w, 7, WIDTH, HAS_IDS))
     dx = _window(dx, BLOCK_D, CHUNKS)
+    own = tl.arange(0, CHUNKS)[None, :] < OWN  # the chunks this window writes
     tl.store(dx_ptr + b * sdx_b + d[:, None, None].to(tl.int64) * sdx_d
              + p.to(tl.int64) * sdx_t, dx.to(dx_ptr.dtype.element_ty),
-             mask=dmask[:, None, None] & (p >= 0) & (p < seqlen))
+             mask=dmask[:, None, None] & own[:, :, None] & (p >= 0) & (p < seqlen))
     if INIT_GRAD:
         tl.store(dh_ptr + b * sdh_b + d[:, None, None] * sdh_d + (WIDTH - 1 + p) * sdh_k,
                  dx.to(dh_ptr.dtype.element_ty),
-                 mask=dmask[:, None, None] & (p < 0) & (p >= 1 - WIDTH))
+                 mask=dmask[:, None, None] & own[:, :, None] & (p < 0) & (p >= 1 - WIDTH))
+    if SHIFT:  # each position's share counted by the one window that writes it
+        g = _owned(g, own)
     # this window's share of dw[k] = Σ_t g[t]·x[t − (WIDTH − 1 − k)] and db = Σ_t g[t]
     # (g is zero outside [0, seqlen): dy is; one reduction across the window per tap)
     taps = tl.arange(0, TAPS)
@@ -377,6 +415,18 @@ def tiles(layout: str, width: int, ids: bool) -> tuple:
     return forward, (block_d, max(1, chunks // 2) if ids and look == 2 else chunks, warps)
 
 
+#: the fewest chunks of a backward window that computes g once per chunk (:func:`owned`)
+SHIFT_MIN_CHUNKS = 16
+
+
+def owned(look: int, chunks: int) -> int:
+    """The chunks a backward window of ``chunks`` writes: all of them where g of the
+    ``look`` chunks after each is recomputed (taps reaching one chunk back: little to
+    recompute), else (two chunks back, windows of at least SHIFT_MIN_CHUNKS) all but the
+    last ``look``, whose g the others read: windows overlap by ``look`` chunks."""
+    return chunks - look if look == 2 and chunks >= SHIFT_MIN_CHUNKS else chunks
+
+
 def _layout(x: torch.Tensor) -> str:
     return "seqlen" if x.stride(2) == 1 else "dim"
 
@@ -414,8 +464,10 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     block_d, chunks, warps = tiles(_layout(x), width, seq_idx is not None)[1]
-    first = -8 * _look(width) if init_grad else 0
-    windows = cdiv(seqlen - first, 8 * chunks)
+    look = _look(width)
+    first = -8 * look if init_grad else 0
+    own = owned(look, chunks)
+    windows = cdiv(seqlen - first, 8 * own)
     dx = torch.empty_like(x)
     dh = torch.empty((batch, dim, width - 1), device=x.device, dtype=x.dtype) \
         if init_grad else dx
@@ -427,8 +479,8 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
            x, ids, init, weight, x if bias is None else bias, dy, dx, dh, part, dim, seqlen,
            *x.stride(), si_b, si_t, *init.stride(), *weight.stride(), *dy.stride(),
            *dx.stride(), *dh.stride(),
-           WIDTH=width, LOOK=_look(width), TAPS=taps, FIRST=first, BLOCK_D=block_d,
-           CHUNKS=chunks,
+           WIDTH=width, LOOK=look, TAPS=taps, FIRST=first, BLOCK_D=block_d,
+           CHUNKS=chunks, OWN=own,
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
            INIT_GRAD=init_grad, HAS_IDS=seq_idx is not None, num_warps=warps)
     sums = part[..., :width + 1].sum((0, 1))
