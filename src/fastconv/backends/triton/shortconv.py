@@ -395,11 +395,17 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
 #: kind (results/seqconv/2026-11-28-look2/probe-look2-H100-465a4d8.log): seqlen-contiguous
 #: forward 81-84 %, backward 29-32 % (packed.py's, the route before: 15-16 % and 5-6 %);
 #: x dim-contiguous 50 % and 17 %. With seq_idx the id columns come beside the data's:
-#: :func:`tiles` halves the backward's window where a tap reaches back two chunks (w16,
-#: seqlen-contiguous: 1.29 ms against 1.72; at w4 halving was 9-18 % slower in both
-#: layouts; H200, results/seqconv/2026-11-28-look2/probe-ids-H200-84dff78.log).
+#: the backward's window is smaller where a tap reaches back two chunks (``IDS_BACKWARD``;
+#: w16 seqlen-contiguous: half the window, 1.29 ms against 1.72; at w4 halving was 9-18 %
+#: slower in both layouts; H200, results/seqconv/2026-11-28-look2/probe-ids-H200-84dff78.log).
+#: Since g is computed once per chunk (:func:`owned`), x dim-contiguous at widths 10-17
+#: takes windows of 32 chunks: w16 0.587 ms against 0.739 for (16, 4, 2); with seq_idx
+#: (16, 4, 2): 1.70 ms against 3.26 for (16, 2, 2), and fewer registers than (16, 16, 4)'s
+#: 1.66 ms (which spills 660-808 bytes on Triton 3.8) (H200, results/seqconv/2026-11-28-shift/).
 TILES = {("seqlen", 1): ((1, 128, 2), (1, 64, 1)), ("dim", 1): ((128, 2, 4), (32, 8, 4)),
-         ("seqlen", 2): ((1, 128, 2), (1, 64, 1)), ("dim", 2): ((64, 4, 4), (16, 4, 2))}
+         ("seqlen", 2): ((1, 128, 2), (1, 64, 1)), ("dim", 2): ((64, 4, 4), (16, 32, 4))}
+#: the backward's tile with seq_idx where a tap reaches two chunks back (see ``TILES``)
+IDS_BACKWARD = {"seqlen": (1, 32, 1), "dim": (16, 4, 2)}
 
 
 def _look(width: int) -> int:
@@ -411,8 +417,8 @@ def tiles(layout: str, width: int, ids: bool) -> tuple:
     """(forward tile, backward tile) of a layout ("seqlen": x seqlen-contiguous, "dim"),
     a width, and whether seq_idx is given (see ``TILES``)."""
     look = _look(width)
-    forward, (block_d, chunks, warps) = TILES[layout, look]
-    return forward, (block_d, max(1, chunks // 2) if ids and look == 2 else chunks, warps)
+    forward, backward = TILES[layout, look]
+    return forward, IDS_BACKWARD[layout] if ids and look == 2 else backward
 
 
 #: the fewest chunks of a backward window that computes g once per chunk (:func:`owned`)
