@@ -19,12 +19,14 @@ windows of many channels (the loads' vectors run along the channels).
 Forward: the chunk and the LOOK before → bias, SiLU → the output. Backward: x at
 −8·LOOK … +8·LOOK and dy at 0 … +8·LOOK → the pre-activation of this chunk and the LOOK
 after recomputed → ``g = dy · SiLU'`` → dx (tap ``k`` of g read ``s`` positions later:
-columns of this chunk or the LOOK after) → the weight's and bias's sums over the window,
-added in a fixed order after the pass; the initial states' gradient is dx of the positions
-before 0 (a first window starting 8·LOOK positions early). x and dy are read once from
-memory, dx written once. With ``seq_idx`` the ids are held as columns too, and a tap counts
-only where both positions have the same id (positions before 0 have position 0's: the
-initial states belong to the first sequence).
+columns of this chunk or the LOOK after; at widths 10-17 in windows of 16 chunks or more,
+x at −16 … 0 and dy at 0 only → g once per chunk, the two after read from the window's
+own g, windows overlapping by two chunks: :func:`owned`) → the weight's and bias's sums
+over the window, added in a fixed order after the pass; the initial states' gradient is
+dx of the positions before 0 (a first window starting 8·LOOK positions early). x and dy
+are read once from memory, dx written once. With ``seq_idx`` the ids are held as columns
+too, and a tap counts only where both positions have the same id (positions before 0 have
+position 0's: the initial states belong to the first sequence).
 """
 
 from __future__ import annotations
