@@ -99,9 +99,9 @@ def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
             tried = [shortconv.tiles(layout, width, ids)[i]] if used \
                 else TILES[layout][direction]
             for block_d, chunks, warps in tried:
-                if direction == "backward":  # (the chunks a window writes)
-                    const = dict(const, OWN=shortconv.owned(look, chunks))
-                kernel = compile_kernel(fn, dict(const, BLOCK_D=block_d, CHUNKS=chunks),
+                # (the backward's OWN: the chunks a window writes)
+                own = {"OWN": shortconv.owned(look, chunks)} if direction == "backward" else {}
+                kernel = compile_kernel(fn, dict(const, BLOCK_D=block_d, CHUNKS=chunks, **own),
                                         {"part_ptr": "*fp32", "ids_ptr": "*i32"}, unit,
                                         num_warps=warps)
                 yield (width, direction, (block_d, chunks, warps), *registers(kernel))

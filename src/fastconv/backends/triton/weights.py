@@ -68,13 +68,13 @@ class LastPacked:
         self.ref, self.version, self.packed, self.dim = None, -1, None, dim
 
     def __call__(self, w: torch.Tensor) -> torch.Tensor:
+        kept = not transient() \
+            and not (w.is_cuda and torch._C._cuda_isCurrentStreamCapturing())
         ref = self.ref
-        if ref is not None and ref() is w and w._version == self.version \
-                and not transient() \
-                and not (w.is_cuda and torch._C._cuda_isCurrentStreamCapturing()):
+        if kept and ref is not None and ref() is w and w._version == self.version:
             return self.packed
         packed = packed_weight(w, self.dim)
-        if not transient() and not (w.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if kept:
             self.ref, self.version, self.packed = weakref.ref(w), w._version, packed
         return packed
 
