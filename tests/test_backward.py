@@ -174,6 +174,36 @@ def test_grad_ops_return_the_promised_strides(backend, channels_last):
     assert relative_error(dx, ref_dx) < 1e-12 and relative_error(dw, ref_dw) < 1e-12
 
 
+def test_aten_gradients_of_operands_strided_apart_only_in_size_one_dimensions():
+    """A squeeze-excite layer's gradients: a pooled input strided channels-last beside a
+    row-major output gradient (as mobilenet_v3's training step passes them), each a view at
+    an offset into a larger buffer. aten's binds give both cuDNN the problem's own strides
+    (a view of the same elements); the gradients stay torch's."""
+    from fastconv.backends import aten
+    from fastconv.problem import layout_strides
+
+    n, c, k = 3, 5, 4
+    buf = torch.randn(n * c + 7, dtype=torch.float64)
+    x = buf.as_strided((n, c, 1, 1), (c, 1, c, c), 7)  # channels-last strides
+    dy = torch.randn(n * k + 3, dtype=torch.float64).as_strided((n, k, 1, 1), (k, 1, 1, 1), 3)
+    w = torch.randn(k, c, 1, 1, dtype=torch.float64)
+    view = aten.restrided(x, layout_strides(x.shape, "nchw"))
+    assert view.stride() == (c, 1, 1, 1) and view.data_ptr() == x.data_ptr()
+    assert torch.equal(view, x)
+    wide = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    assert aten.restrided(wide, layout_strides(wide.shape, "nchw")) is wide  # not a view
+
+    problem = ConvProblem.from_tensors(x, w, None, (1, 1), ((0, 0), (0, 0)), (1, 1), 1,
+                                       rank=2, precision=fastconv.Precision.IEEE)
+    ref_dx = torch.nn.grad.conv2d_input(x.shape, w, dy)
+    ref_dw = torch.nn.grad.conv2d_weight(x.contiguous(), w.shape, dy.contiguous())
+    dw = aten.AtenBackend.bind(problem, None, "wgrad")(dy, x, None)
+    dx = aten.AtenBackend.bind(problem, None, "dgrad")(dy, w, None)
+    both = aten.conv_backward_both(problem, dy, x, w)
+    for got, ref in ((dw, ref_dw), (dx, ref_dx), (both[0], ref_dx), (both[1], ref_dw)):
+        assert relative_error(got, ref) < 1e-12
+
+
 def test_backends_agree_on_gradients():
     x = torch.randn(2, 4, 7, 6, requires_grad=True)
     w = torch.randn(6, 2, 3, 3, requires_grad=True)

@@ -6,12 +6,14 @@ every other backend is compared with.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from ..context import current
 from ..precision import Precision
-from ..problem import ConvProblem, empty_in_layout
+from ..problem import ConvProblem, empty_in_layout, layout_strides
 from .base import Backend
 
 
@@ -199,7 +201,12 @@ def _bind_backward(problem: ConvProblem, input_grad: bool):
                dilation=list(problem.dilation), transposed=False,
                output_padding=[0] * problem.rank, groups=problem.groups)
 
+    dense_out = layout_strides(problem.output_shape(), problem.layout)
+    dense_in = layout_strides(problem.input_shape(), problem.layout)
+
     def run_dgrad(grad_out, weight, out):
+        if grad_out.stride() != dense_out:
+            grad_out = restrided(grad_out, dense_out)
         # The input's values are never read, but its layout picks cuDNN's: an expanded
         # (stride-0) stand-in reads as NCHW, and a depthwise weight (K, 1, R, S) is both
         # layouts at once, so a channels-last problem ran in NCHW at 3-9x the time
@@ -220,6 +227,10 @@ def _bind_backward(problem: ConvProblem, input_grad: bool):
         return gi if out is None else out.copy_(gi)
 
     def run_wgrad(grad_out, input, out):
+        if grad_out.stride() != dense_out:
+            grad_out = restrided(grad_out, dense_out)
+        if input.stride() != dense_in:
+            input = restrided(input, dense_in)
         if not symmetric:
             input = F.pad(input, _flat_pad(pre, post))
         with _precision(problem):
@@ -230,9 +241,33 @@ def _bind_backward(problem: ConvProblem, input_grad: bool):
     return run_dgrad if input_grad else run_wgrad
 
 
+@functools.lru_cache(maxsize=1024)
+def _dense(shape: tuple, layout: str) -> tuple:
+    return layout_strides(shape, layout)
+
+
+def restrided(t: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """``t`` as a view with ``strides`` where they differ from its own only in dimensions of
+    size 1 (the same elements: such a stride is never stepped), else ``t``. cuDNN reads
+    those strides to pick a memory format: in mobilenet_v3's training step a squeeze-excite
+    weight gradient received a pooled input strided channels-last, (72, 1, 72, 72), beside a
+    row-major output gradient, (24, 1, 1, 1), and took 3.6 µs against 2.3 with both
+    row-major (H200, bf16, N32 72->24 at 1x1 pixels; benchmarks/NOTES.md)."""
+    if all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides)):
+        return t.as_strided(t.shape, strides, t.storage_offset())
+    return t
+
+
 def conv_backward_both(problem: ConvProblem, grad_out: torch.Tensor, input: torch.Tensor,
                        weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(dx, dw)`` of a symmetric-padding convolution in one convolution_backward call."""
+    """``(dx, dw)`` of a symmetric-padding convolution in one convolution_backward call
+    (operands strided as ``run_wgrad``'s)."""
+    dense = _dense(tuple(grad_out.shape), problem.layout)
+    if grad_out.stride() != dense:
+        grad_out = restrided(grad_out, dense)
+    dense = _dense(tuple(input.shape), problem.layout)
+    if input.stride() != dense:
+        input = restrided(input, dense)
     with _precision(problem):
         dx, dw, _ = torch.ops.aten.convolution_backward(
             grad_out, input, weight, None, list(problem.stride), list(problem.pad_pre),
