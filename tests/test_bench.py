@@ -450,7 +450,7 @@ def test_layer_check_lists_each_convolution_of_the_step_once(mode):
     assert all(r["timing"] == "not measured (no GPU)" for r in rows)
     got = {(p.input_shape(), p.weight_shape(), p.stride, p.pad_pre)
            for op, _, p in ((op, g, plan.problem)
-                            for op, g, plan in plans.cached_plans(graph=False))
+                            for op, g, plan, _ in plans.cached_plans(graph=False))
            if op == "fprop"}
     assert len(rows) == len({(r["op"], r["problem"], r["epilogue"]) for r in rows})
     # a training step's forwards are chosen with their backward: timed as layers
@@ -466,6 +466,35 @@ def test_layer_check_lists_each_convolution_of_the_step_once(mode):
     for h in hooks:
         h.remove()
     assert got == seen
+
+
+def test_layer_check_operands_take_the_steps_strides():
+    """The check's operands carry the strides the step's plan was made for (a pooled input
+    strided channels-last beside a row-major gradient), and the layout's where a recorded
+    operand was expanded (stride 0: its random copy must not overlap itself)."""
+    from fastconv.problem import ConvProblem
+    from fastconv.tools.bench import layercheck
+
+    x = torch.randn(3, 5, 1, 1)
+    w = torch.randn(4, 5, 1, 1)
+    problem = ConvProblem.from_tensors(x, w, None, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, rank=2)
+    dy, xi, _ = layercheck.operands(problem, "wgrad", "cpu", ((4, 1, 1, 1), (5, 1, 5, 5)))
+    assert dy.stride() == (4, 1, 1, 1) and xi.stride() == (5, 1, 5, 5)
+    dy, wi, _ = layercheck.operands(problem, "dgrad", "cpu", ((0, 1, 1, 1), (5, 1, 5, 5)))
+    assert dy.stride() == (4, 1, 1, 1) and wi.stride() == (5, 1, 5, 5)
+    assert torch.isfinite(dy).all() and dy.abs().sum() > 0
+    xi, wi, *_ = layercheck.operands(problem, "fprop", "cpu", ((5, 1, 5, 5), (5, 1, 1, 1), None))
+    assert xi.stride() == (5, 1, 5, 5) and wi.stride() == (5, 1, 1, 1)
+    # what the step records: each gradient plan with its operands' strides
+    from fastconv import ops, plans
+
+    plans.clear_plans()
+    x = torch.randn(15).as_strided((3, 5, 1, 1), (5, 1, 5, 5))
+    geo = ([1, 1], [0, 0], [0, 0], [1, 1], 1, "aten", "ieee")
+    ops.weight_grad_impl(torch.randn(3, 4, 1, 1), x, w, *geo)
+    ops.input_grad_impl(torch.randn(3, 4, 1, 1), x, w, *geo)
+    assert {(op, strides) for op, _, _, strides in plans.cached_plans(graph=False)} == {
+        ("wgrad", ((4, 1, 1, 1), (5, 1, 5, 5))), ("dgrad", ((4, 1, 1, 1), (5, 1, 1, 1)))}
 
 
 @pytest.mark.parametrize("op", ["fprop", "dgrad", "wgrad"])

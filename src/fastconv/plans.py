@@ -85,17 +85,22 @@ def _sig(t):
     return (t.shape, t.stride(), t.dtype, t.device)
 
 
-def cached_plans(graph: bool) -> list[tuple[str, bool, _Plan]]:
-    """``(op, grad, plan)`` of every cached plan made under CUDA-graph settings (``graph``)
-    or eager ones: op "fprop", "dgrad" or "wgrad"; ``grad``, a forward whose backward
-    follows. What ``fastconv bench --layer-check`` compares with torch's own choice."""
+def cached_plans(graph: bool) -> list[tuple[str, bool, _Plan, tuple]]:
+    """``(op, grad, plan, strides)`` of every cached plan made under CUDA-graph settings
+    (``graph``) or eager ones: op "fprop", "dgrad" or "wgrad"; ``grad``, a forward whose
+    backward follows; ``strides``, those of the operands the plan was made for (forward:
+    input, weight, residual or None; dgrad: output gradient, weight; wgrad: output gradient,
+    input). What ``fastconv bench --layer-check`` compares with torch's own choice."""
     out = []
     for sig, plan in list(_PLANS.items()):
         # (the settings, ``dispatch.current()``: a forward's sig ends with them and its
         # grad flag, a gradient's with them)
-        settings = sig[-2] if sig[0] == "fprop" else sig[-1]
+        fprop = sig[0] == "fprop"
+        settings = sig[-2] if fprop else sig[-1]
         if settings[2] == graph:
-            out.append((sig[0], sig[0] == "fprop" and sig[-1], plan))
+            strides = (sig[4], sig[8], sig[12] and sig[12][1]) if fprop else \
+                (sig[1][1], sig[2 if sig[0] == "wgrad" else 3][1])
+            out.append((sig[0], fprop and sig[-1], plan, strides))
     return out
 
 

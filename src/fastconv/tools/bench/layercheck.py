@@ -6,9 +6,11 @@ runs a step (``train``: forward, backward and the SGD step; ``eval``: a forward)
 kernels it left building finish, and it runs again, so every choice is the final one. Each
 plan that step made under CUDA-graph settings (forwards with their fused epilogue, data
 and weight gradients: ``plans.cached_plans``) is then run alone, on random operands of
-the call's shapes, layout and dtype, two ways. (Left out: provisional stand-ins whose
-builds are done, which the next lookup replaces and the graph's capture did; a row
-``stale_plans`` counts them.)
+the call's shapes, strides and dtype (the strides of the step's own operands: cuDNN
+reads those of size-1 dimensions too, and mobilenet_v3's squeeze-excite gradients ran 1.6x
+slower on the step's mixed strides than on the layout's), two ways. (Left out: provisional
+stand-ins whose builds are done, which the next lookup replaces and the graph's capture
+did; a row ``stale_plans`` counts them.)
 
 * **fastconv**: the plan the model runs (its backend and configuration);
 * **torch**: aten's plan of the same problem: ``F.conv`` with cuDNN's searched algorithm
@@ -51,27 +53,36 @@ from .timers import restore_cudnn_flags, torch_cudnn_flags
 CALLS, ROUNDS, BAR = 16, 15, 0.98
 
 
-def operands(problem: ConvProblem, op: str, device) -> tuple:
+def operands(problem: ConvProblem, op: str, device, strides: tuple | None = None) -> tuple:
     """Random operands of ``problem``'s ``op`` as its plan's ``run`` takes them: forward
     ``(input, weight, bias, scale, shift, residual, out)``, dgrad ``(grad_out, weight,
-    out)``, wgrad ``(grad_out, input, out)``; in the problem's layout and dtype."""
+    out)``, wgrad ``(grad_out, input, out)``; in the problem's dtype, with ``strides``
+    (``plans.cached_plans``': those of the step's own operands; cuDNN reads the strides of
+    size-1 dimensions too, so the problem's layout is not enough) or the layout's."""
+    given = iter(strides or ())
+
     def rand(shape):
-        t = torch.empty_strided(shape, layout_strides(shape, problem.layout),
-                                dtype=problem.dtype, device=device)
+        stride = next(given, None)
+        if stride is None or any(st == 0 and n > 1 for n, st in zip(shape, stride)):
+            stride = layout_strides(shape, problem.layout)  # (an expanded operand: dense)
+        t = torch.empty_strided(shape, stride, dtype=problem.dtype, device=device)
         return t.normal_()
 
     def vec():
         return torch.randn(problem.k, dtype=problem.dtype, device=device)
 
-    weight = rand(problem.weight_shape())
     if op == "dgrad":
-        return rand(problem.output_shape()), weight, None
+        grad_out = rand(problem.output_shape())
+        return grad_out, rand(problem.weight_shape()), None
     if op == "wgrad":
-        return rand(problem.output_shape()), rand(problem.input_shape()), None
+        grad_out = rand(problem.output_shape())
+        return grad_out, rand(problem.input_shape()), None
     ep = problem.epilogue
-    return (rand(problem.input_shape()), weight, vec() if ep.has_shift else None,
-            vec() if ep.has_scale else None, None,
-            rand(problem.output_shape()) if ep.has_residual else None, None)
+    input = rand(problem.input_shape())
+    weight = rand(problem.weight_shape())
+    residual = rand(problem.output_shape()) if ep.has_residual else None
+    return (input, weight, vec() if ep.has_shift else None, vec() if ep.has_scale else None,
+            None, residual, None)
 
 
 def torch_run(problem: ConvProblem, op: str):
@@ -113,10 +124,11 @@ def layer_runs(problem: ConvProblem, need_input: bool) -> tuple:
     return fast, slow
 
 
-def layer_operands(problem: ConvProblem, need_input: bool, device) -> tuple:
+def layer_operands(problem: ConvProblem, need_input: bool, device,
+                   strides: tuple | None = None) -> tuple:
     """The forward's operands (``operands``), those autograd differentiates marked so, and
     a random output gradient in place of ``out``."""
-    args = list(operands(problem, "fprop", device))
+    args = list(operands(problem, "fprop", device, strides))
     args[0].requires_grad_(need_input)
     args[1].requires_grad_(True)
     if args[2] is not None:
@@ -165,21 +177,23 @@ def replay_alternately(graphs: dict, rounds: int = ROUNDS, calls: int = CALLS) -
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def measure(op: str, plan, device, need_input: bool | None = None) -> dict:
-    """One row's timings, fastconv's and torch's, on the same and on rotated operands: of
-    ``plan`` and aten's plan of its problem; with ``need_input`` given (op "layer"), of the
-    forward + backward through autograd (``layer_runs``)."""
+def measure(op: str, plan, device, need_input: bool | None = None,
+            strides: tuple | None = None) -> dict:
+    """One row's timings, fastconv's and torch's, on the same and on rotated operands
+    (with the step's ``strides``): of ``plan`` and aten's plan of its problem; with
+    ``need_input`` given (op "layer"), of the forward + backward through autograd
+    (``layer_runs``)."""
     problem = plan.problem
     if need_input is None:
         fast, ref = plan.run, torch_run(problem, op)
 
         def make():
-            return operands(problem, op, device)
+            return operands(problem, op, device, strides)
     else:
         fast, ref = layer_runs(problem, need_input)
 
         def make():
-            return layer_operands(problem, need_input, device)
+            return layer_operands(problem, need_input, device, strides)
     same = [make()]
     nbytes = sum(t.numel() * t.element_size() for t in same[0] if t is not None)
     cold = same + [make() for _ in range(rotation_count(nbytes) - 1)]
@@ -223,10 +237,10 @@ def run_case(case, precision: Precision, mode: str, device: str,
                 torch.cuda.synchronize()
         made = plans.cached_plans(graph=device == "cuda")
         # the input gradients the step computed (a first layer's input needs none)
-        dgrads = {p.problem for op, _, p in made if op == "dgrad"}
+        dgrads = {p.problem for op, _, p, _ in made if op == "dgrad"}
         seen = set()
         stale = 0
-        for op, grad, plan in made:
+        for op, grad, plan, strides in made:
             if plan.provisional and plan.expired():  # a stand-in the next lookup replaces
                 stale += 1
                 continue
@@ -234,17 +248,18 @@ def run_case(case, precision: Precision, mode: str, device: str,
             if grad:  # the forward was chosen with its backward: timed with it
                 op = "layer"
                 need_input = dataclasses.replace(plan.problem, epilogue=Epilogue()) in dgrads
-            key = (op, plan.problem)
+            key = (op, plan.problem, strides)
             if key in seen:
                 continue
             seen.add(key)
             row = dict(base, op=op, problem=plan.problem.describe(),
                        epilogue=plan.problem.epilogue.signature(), choice=plan.backend,
-                       provisional=plan.provisional, gflop=plan.problem.flops() / 1e9)
+                       provisional=plan.provisional, gflop=plan.problem.flops() / 1e9,
+                       operand_strides=str(strides))
             rows.append(row)
             try:
                 if device == "cuda":
-                    row.update(measure(op, plan, device, need_input))
+                    row.update(measure(op, plan, device, need_input, strides))
                 else:
                     row["timing"] = "not measured (no GPU)"
             except Exception as exc:  # reported, not fatal
