@@ -243,6 +243,27 @@ def test_gradients_real_sizes(backend, layout, precision):
     assert ran >= 4, f"only {ran} layers supported"
 
 
+@pytest.mark.parametrize("backend", ["aten", "auto"])
+def test_squeeze_excite_gradients_on_the_strides_a_model_passes(backend):
+    """mobilenet_v3's squeeze-excite 1x1 convolution at 1x1 pixels: a pooled input strided
+    channels-last, (C, 1, C, C), and a row-major output gradient, as its training step passes
+    them (aten's binds restride such operands: a view of the same elements). dx, dw and db
+    against float64, bf16 contract."""
+    n, c, k = 32, 72, 24
+    x = torch.randn(n * c, device="cuda", dtype=torch.bfloat16)
+    x = x.as_strided((n, c, 1, 1), (c, 1, c, c)).requires_grad_()
+    w = (torch.randn(k, c, 1, 1, device="cuda") / c ** 0.5).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(k, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    y = fastconv.conv2d(x, w, b, backend=backend)
+    gy = torch.randn(n, k, 1, 1, device="cuda", dtype=torch.bfloat16)  # row-major
+    ours = (y, *torch.autograd.grad(y, (x, w, b), gy))
+    xd, wd, bd = (t.detach().double().requires_grad_() for t in (x, w, b))
+    yd = F.conv2d(xd, wd, bd)
+    ref = (yd, *torch.autograd.grad(yd, (xd, wd, bd), gy.double()))
+    for name, a, r in zip(("y", "dx", "dw", "db"), ours, ref):
+        assert relative_error(a, r) <= TOLERANCE[Precision.BF16], (name, backend)
+
+
 @pytest.mark.parametrize("precision", [Precision.TF32, Precision.BF16], ids=str)
 def test_transposed_real_sizes(precision):
     dtype = torch.float32 if precision == Precision.TF32 else torch.bfloat16
