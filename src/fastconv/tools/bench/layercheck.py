@@ -71,12 +71,11 @@ def operands(problem: ConvProblem, op: str, device, strides: tuple | None = None
     def vec():
         return torch.randn(problem.k, dtype=problem.dtype, device=device)
 
+    # (each operand made in ``strides``' order: a tuple's items are made left to right)
     if op == "dgrad":
-        grad_out = rand(problem.output_shape())
-        return grad_out, rand(problem.weight_shape()), None
+        return rand(problem.output_shape()), rand(problem.weight_shape()), None
     if op == "wgrad":
-        grad_out = rand(problem.output_shape())
-        return grad_out, rand(problem.input_shape()), None
+        return rand(problem.output_shape()), rand(problem.input_shape()), None
     ep = problem.epilogue
     input = rand(problem.input_shape())
     weight = rand(problem.weight_shape())
