@@ -299,6 +299,18 @@ def test_time_host_counts_every_call():
     assert len(us) == 3 and len(calls) == 30 and calls[:4] == [0, 1, 0, 1]
 
 
+def test_model_cases_are_named_once_and_the_zoo_runs_at_both_batches():
+    """`--cases` picks by name: a name listed twice would run (and write) a model twice."""
+    from fastconv.tools.bench import models
+
+    names = [c.name for c in models.CASES]
+    assert len(names) == len(set(names))
+    zoo = [k for k in models.BUILDERS if k.startswith(("tv_", "timm_"))]
+    assert {f"{k}_b{b}" for k in zoo for b in (32, 256)} <= set(names)
+    assert all(c.batch == int(c.name.rsplit("_b", 1)[1]) for c in models.CASES
+               if c.model in zoo)
+
+
 def test_model_comparisons_turn_dropout_and_stochastic_depth_off():
     """A training row compares one step's output with float64: random layers must be off
     (torchvision's StochasticDepth left on gave torch itself a 0.87 relative error)."""
