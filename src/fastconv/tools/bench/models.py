@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import sys
 import time
 
 import torch
@@ -233,6 +234,14 @@ class _Wrapped(torch.nn.Module):
         return self.fn()
 
 
+def _say(case: ModelCase, what: str, start: float) -> float:
+    """The seconds since ``start``, also said on stderr (a model's stages at batch 256 take
+    minutes: a log cut by a timeout shows which one held it)."""
+    seconds = time.perf_counter() - start
+    print(f"  {case.name}: {what} in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return seconds
+
+
 def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: str,
              device: str = "cuda", timer=None, reps: int = 20) -> list[dict]:
     """One row per provider (DESIGN.md §7 fields plus ``images_per_s``)."""
@@ -246,7 +255,9 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                      error=f"{type(exc).__name__}: {exc} (pip install timm)")
                 for p in providers]
     x = model_input(case.model, case.batch, case.size, device)
+    start = time.perf_counter()
     truth = float64_truth(model, x)
+    _say(case, "float64 reference", start)
     flags = torch_cudnn_flags(precision)
     layout = "nhwc" if precision in (Precision.BF16, Precision.FP16) else "nchw"
     rows = []
@@ -261,20 +272,20 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                     raise ValueError(f"not a models provider (use {', '.join(PROVIDERS)})")
                 start = time.perf_counter()
                 fn, net = provider_call(provider, model, x, precision, mode)
-                row["prepare_s"] = time.perf_counter() - start
+                row["prepare_s"] = _say(case, f"{provider} prepared", start)
                 start = time.perf_counter()
                 with no_dropout(net):
                     y = fn()  # compiles, dispatches and autotunes: kept out of the timing
                 if device == "cuda":
                     torch.cuda.synchronize()
-                row["first_call_s"] = time.perf_counter() - start
+                row["first_call_s"] = _say(case, f"{provider} first call", start)
                 if provider.startswith("fastconv"):
                     # kernels the first call left compiling in the background (aten ran
                     # meanwhile, and the choices a tuning budget cut short wait for them
                     # to be timed): their wait, before the steady state is timed
                     start = time.perf_counter()
                     dispatch.finish_builds(upgrades=True)
-                    row["builds_left_s"] = time.perf_counter() - start
+                    row["builds_left_s"] = _say(case, f"{provider} builds left", start)
                 row["rel_err"] = relative_error(y, truth)
                 if y.dim() == 4:  # a segmentation's or classifier's classes
                     row["mask_agreement"] = float(
@@ -295,7 +306,9 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
         from .timers import percentiles
 
         try:  # (the providers interleaved: runner.GpuTimer.eager_rounds)
+            start = time.perf_counter()
             eager = timer.eager_rounds({p: [v[1]] for p, v in ready.items()}, reps)
+            _say(case, "steps timed", start)
         except Exception as exc:
             for row, _ in ready.values():
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
