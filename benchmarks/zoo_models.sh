@@ -3,7 +3,7 @@
 # budget, as a user's run gets), bf16 channels-last, fastconv (optimize) against torch.
 # Usage (device): FASTCONV_GIT_SHA=<sha> MODE=eval|train bash benchmarks/zoo_models.sh CASE...
 # (PROVIDERS: default torch,fastconv; PER_MODEL_S: each model's limit, default 150 s)
-# Logs and JSON in $OUT/zoo-$MODE-<time>.tgz; printed: each model's fastconv row.
+# Logs and JSON in $OUT/zoo-$MODE-<time>.tgz; printed: each model's fastconv rows.
 set -uo pipefail
 mode=${MODE:-eval}
 out=${OUT:-out}/zoo-$mode
@@ -16,6 +16,6 @@ for case in "$@"; do
   for f in "$out"/models-*.json; do [ -e "$f" ] && mv "$f" "$out/$case-$(basename "$f")"; done
   rm -f "$out"/models-*.csv
 done
-grep -hE " fastconv " "$out"/*.log
+grep -hE "^\S+ +fastconv" "$out"/*.log  # (every fastconv provider's row)
 # (the device returns few files: one archive per call)
 tar czf "$out-$(date +%H%M%S).tgz" -C "$out" . && rm -rf "$out"
