@@ -378,6 +378,40 @@ def test_seqconv_suite_rows_check_both_providers_against_float64(mode):
             assert by[p]["min_bytes"] > 0 and by[p]["timing"].startswith("not measured")
 
 
+def test_seqconv_decode_rows_are_also_timed_in_a_graph_over_sets_larger_than_l2():
+    """A decode row's graph time cycles through DECODE_SETS states of its own per provider
+    (the same state each replay would sit in L2 and read faster than a model's layers);
+    every set's step is the decode step (checked against torch's on the same set)."""
+    from fastconv.precision import Precision
+    from fastconv.tools.bench import seqconv
+
+    case = next(c for c in seqconv.CASES if c.kind == "decode" and c.batch == 256)
+    assert seqconv.DECODE_SETS * case.batch * case.dim * case.width * 2 > 60 * 2**20
+    small = seqconv.shrink(case)
+    seen = {}
+
+    class Timer:
+        def eager_rounds(self, fns, reps):
+            return {p: [1.0, 2.0, 3.0] for p in fns}
+
+        def graph(self, fns):
+            seen[len(seen)] = [f() for f in fns]
+            return [4.0, 5.0, 6.0]
+
+    rows = seqconv.run_case(small, ["fastconv", "torch"], Precision.IEEE, "fwd", device="cpu",
+                            timer=Timer(), hbm_gbps=1.0)
+    assert [r["graph_ms_p50"] for r in rows] == [5.0, 5.0]
+    assert rows[0]["graph_hbm_pct"] == pytest.approx(100.0 * rows[0]["min_bytes"] / 1e6 / 5.0)
+    ours, theirs = seen[0], seen[1]
+    assert len(ours) == seqconv.DECODE_SETS
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(ours, theirs))
+    assert not torch.allclose(ours[0], ours[1])  # each set its own token and state
+    causal = seqconv.shrink(next(c for c in seqconv.CASES if c.kind == "causal"))
+    rows = seqconv.run_case(causal, ["fastconv", "torch"], Precision.IEEE, "fwd", device="cpu",
+                            timer=Timer())
+    assert len(seen) == 2 and all("graph_ms_p50" not in r for r in rows)  # decode rows only
+
+
 @pytest.mark.parametrize("extra, says", [
     (["--mode", "train"], "expected at least 1 s, mode fwd"),
     (["--suite", "models"], "a convolution suite"),
