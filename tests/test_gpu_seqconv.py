@@ -93,6 +93,25 @@ def test_one_token_steps_in_bf16_within_the_contract(width, state_len):
     assert torch.equal(pool[others], before[others])
 
 
+def test_one_token_steps_pad_entries_outside_the_pool():
+    """Indices outside the pool (−1, the pool's size, a large one) are padded entries on the
+    GPU kernel: zeros out, no pool row touched for them, no out-of-bounds access (a CUDA
+    fault would fail the synchronize); the used entries as a step given only them."""
+    dim, width, rows = 1031, 4, 9
+    w = (torch.randn(dim, width, device="cuda") / 2).bfloat16()
+    b = torch.randn(dim, device="cuda").bfloat16()
+    pool = torch.randn(rows, dim, 3, device="cuda").bfloat16()
+    index = torch.tensor([2, -1, rows, 7, 1 << 30], dtype=torch.int32, device="cuda")
+    x = torch.randn(5, dim, device="cuda").bfloat16()
+    alone = pool.clone()
+    want = fastconv.causal_conv1d_update(x[[0, 3]], alone, w, b, "silu",
+                                         conv_state_indices=index[[0, 3]])
+    out = fastconv.causal_conv1d_update(x, pool, w, b, "silu", conv_state_indices=index)
+    torch.cuda.synchronize()
+    assert torch.equal(out[[0, 3]], want) and not out[[1, 2, 4]].any()
+    assert torch.equal(pool, alone)
+
+
 @pytest.mark.parametrize("width", [2, 4, 16, 256])
 @pytest.mark.parametrize("layout", ["seqlen", "dim"])
 def test_packed_sequences_bf16_within_the_contract(width, layout):

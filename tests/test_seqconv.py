@@ -600,6 +600,39 @@ def test_update_circular_buffer_and_state_pool():
         assert torch.equal(pool[3, :, t % 4], x[0, :, t])
 
 
+@pytest.mark.parametrize("route", ["kernel", "circular", "tokens"])
+@pytest.mark.parametrize("index", [[3, -1, 1, 5], [0, -1, 7, 2], [-1, -2, 9, 6]])
+def test_update_pads_entries_whose_pool_index_is_outside_the_pool(route, index):
+    """causal-conv1d's pad slot (−1), or any index outside the pool, marks a padded entry:
+    its output is zeros and no row of the pool changes for it; the used entries' rows and
+    outputs are those of a step given only them. An index that clamps onto a used entry's
+    row ([0, -1, ...], the padded entry written last) must not overwrite its update; none
+    used leaves the pool as it was. Every route: the one-token kernel (the interpreter), the
+    circular buffer and several tokens (torch operations)."""
+    g = torch.Generator().manual_seed(11)
+    dim, width, state_len = 6, 4, 3
+    seqlen = 2 if route == "tokens" else 1
+    w, b = torch.randn(dim, width, generator=g), torch.randn(dim, generator=g)
+    x = torch.randn(4, dim, seqlen, generator=g)
+    pool = torch.randn(6, dim, state_len, generator=g)
+    idx = torch.tensor(index, dtype=torch.int32)
+    lengths = torch.tensor([1, 2, 0, 1], dtype=torch.int32) if route == "circular" else None
+    used = [i for i, r in enumerate(index) if 0 <= r < 6]
+    want_pool = pool.clone()
+    want = torch.zeros(4, dim, seqlen)
+    if used:
+        want[used] = fastconv.causal_conv1d_update(
+            x[used], want_pool, w, b, "silu", None if lengths is None else lengths[used],
+            idx[used]).view(len(used), dim, seqlen)
+    got = pool.clone()
+    out = fastconv.causal_conv1d_update(x[..., 0] if seqlen == 1 and route == "kernel" else x,
+                                        got, w, b, "silu", lengths, idx)
+    out = out.view(4, dim, seqlen)
+    assert torch.allclose(out, want, rtol=1e-6, atol=1e-7)  # (conv1d's sums by batch)
+    assert not out[[i for i in range(4) if i not in used]].any()
+    assert torch.equal(got, want_pool)
+
+
 def test_causal_conv1d_module_forward_and_step():
     torch.manual_seed(0)
     layer = fastconv.nn.CausalConv1d(6, 4, activation="silu")
@@ -695,17 +728,22 @@ def test_causal_conv1d_compiles_fullgraph():
     x, w, b, s = _inputs(2, 4, 11, 4, seed=4)
     seq_idx = torch.tensor([[0] * 5 + [1] * 6, [0] * 11], dtype=torch.int32)
 
-    def f(x, w, b, s, seq_idx):
+    pool = torch.randn(5, 4, 3)
+    index = torch.tensor([3, -1], dtype=torch.int32)  # a state pool with a padded entry
+
+    def f(x, w, b, s, seq_idx, pool):
         out, final = fastconv.causal_conv1d(x, w, b, initial_states=s,
                                             return_final_states=True, activation="silu")
         packed = fastconv.causal_conv1d(x, w, b, seq_idx, activation="silu")
-        return out, final, packed
-    eager = f(x, w, b, s, seq_idx)
+        step = fastconv.causal_conv1d_update(x[..., :2], pool, w, b, "silu", None, index)
+        return out, final, packed, step, pool
+    eager = f(x, w, b, s, seq_idx, pool.clone())
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        compiled = torch.compile(f, fullgraph=True)(x, w, b, s, seq_idx)
+        compiled = torch.compile(f, fullgraph=True)(x, w, b, s, seq_idx, pool.clone())
     for a, c in zip(eager, compiled):
         assert _rel(c, a) < 1e-6
+    assert not compiled[3][1].any() and torch.equal(compiled[4][[0, 1, 2, 4]], pool[[0, 1, 2, 4]])
     # the routes ask whether they are traced before anything else (Dynamo warned that it
     # traced kernel_device()'s lru_cache)
     assert not [w for w in said if "lru_cache" in str(w.message)]

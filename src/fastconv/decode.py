@@ -35,8 +35,10 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     ``cache_seqlens`` (``(batch,)`` int32): ``conv_state`` is a circular buffer and the new
     tokens are written from index ``cache_seqlens % state_len``. ``conv_state_indices``
     (``(batch,)`` int32): the rows of a larger state pool ``(pool, dim, state_len)`` that
-    hold this batch's states (continuous batching; the indices are not checked on the host,
-    so that the step captures in a CUDA graph). Returns the output, x's shape and dtype:
+    hold this batch's states (continuous batching). An index outside ``[0, pool)``, such as
+    causal-conv1d's pad slot −1, marks a padded entry: no state row is read or written for
+    it and its output is zeros (decided on the device, not the host, so that the step
+    captures in a CUDA graph). Returns the output, x's shape and dtype:
     autocast casts nothing here (the state is updated in place, in its own dtype; weight and
     bias may have another floating dtype), as in causal-conv1d's update.
     """
@@ -58,8 +60,12 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
                           conv_state_indices)
         return out if one else out.unsqueeze(-1)
     state_len = conv_state.shape[-1]
-    rows = conv_state if conv_state_indices is None else conv_state.index_select(
-        0, conv_state_indices.long())
+    rows, used = conv_state, None
+    if conv_state_indices is not None:
+        index = conv_state_indices.long()
+        used = (index >= 0) & (index < conv_state.shape[0])  # else a padded entry
+        index = index.clamp(0, conv_state.shape[0] - 1)
+        rows = conv_state.index_select(0, index)
     if cache_seqlens is None:
         window = torch.cat([rows[..., state_len - (width - 1):], x3.to(rows.dtype)], dim=-1)
         new = torch.cat([rows, x3.to(rows.dtype)], dim=-1)[..., -state_len:]
@@ -74,15 +80,29 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
         new = rows.scatter(2, ahead.remainder(state_len).unsqueeze(1).expand(-1, dim, -1),
                            x3.to(rows.dtype))
     with torch.no_grad():
-        if conv_state_indices is None:
+        if used is None:
             conv_state.copy_(new)
         else:
-            conv_state.index_copy_(0, conv_state_indices.long(), new)
+            conv_state.index_copy_(*_pool_writes(index, used, rows, new))
     acc_type = accumulate_dtype(x.dtype)
     acc = F.conv1d(window.to(acc_type), weight.to(acc_type).unsqueeze(1),
                    None if bias is None else bias.to(acc_type), groups=dim)
     out = (F.silu(acc) if act == "silu" else acc).to(x.dtype)
+    if used is not None:
+        out = torch.where(used.view(-1, 1, 1), out, 0)  # a padded entry's output: zeros
     return out.squeeze(-1) if one else out
+
+
+def _pool_writes(index, used, rows, new):
+    """(0, rows of the pool, their new values) for ``index_copy_`` without reading the
+    indices on the host: a padded entry writes what the first used entry writes, to the
+    same row (no row gets two different values; with no used entry, each row its old
+    value)."""
+    first = torch.argmax(used.to(torch.int32)).view(1)  # 0 where none is used
+    fill = torch.where(used.index_select(0, first).view(1, 1, 1), new.index_select(0, first),
+                       rows.index_select(0, first))
+    return (0, torch.where(used, index, index.index_select(0, first)),
+            torch.where(used.view(-1, 1, 1), new, fill))
 
 
 def _decode_kernel_runs(x, weight, bias) -> bool:

@@ -6,7 +6,9 @@ launches; this is one, and reads and writes each state element once.
 
 Each program owns whole state rows (every position of its channels), and reads them all
 before a barrier, writes after it: rows are never shared between programs unless the state
-pool's indices repeat a row (the caller's contract, as for ``index_copy_``).
+pool's indices repeat a row (the caller's contract, as for ``index_copy_``). An index
+outside the pool (causal-conv1d's pad slot, −1) is a padded entry: its program reads and
+writes no state and stores zeros.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .launch import cdiv, launch
 
 
 @triton.jit
-def _decode_kernel(x_ptr, state_ptr, idx_ptr, w_ptr, b_ptr, out_ptr, dim, state_len,
+def _decode_kernel(x_ptr, state_ptr, idx_ptr, w_ptr, b_ptr, out_ptr, dim, state_len, pool,
                    sx_b, sx_d, ss_b, ss_d, ss_l, sw_d, sw_k, so_b, so_d,
                    WIDTH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
                    HAS_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
@@ -29,9 +31,10 @@ def _decode_kernel(x_ptr, state_ptr, idx_ptr, w_ptr, b_ptr, out_ptr, dim, state_
     row = b
     if HAS_IDX:
         row = tl.load(idx_ptr + b).to(tl.int64)
+    used = (row >= 0) & (row < pool)  # else a padded entry
     pos = tl.arange(0, BLOCK_L)
     rows = state_ptr + row * ss_b + d[:, None].to(tl.int64) * ss_d
-    inside = dmask[:, None] & (pos < state_len)[None, :]
+    inside = dmask[:, None] & (pos < state_len)[None, :] & used
     state = tl.load(rows + pos[None, :] * ss_l, mask=inside, other=0.0)
     later = tl.load(rows + (pos[None, :] + 1) * ss_l,
                     mask=dmask[:, None] & (pos + 1 < state_len)[None, :], other=0.0)
@@ -47,6 +50,7 @@ def _decode_kernel(x_ptr, state_ptr, idx_ptr, w_ptr, b_ptr, out_ptr, dim, state_
         acc += tl.load(b_ptr + d, mask=dmask, other=0.0).to(tl.float32)
     if SILU:
         acc = acc * tl.sigmoid(acc)
+    acc = tl.where(used, acc, 0.0)
     tl.store(out_ptr + b * so_b + d * so_d, acc.to(out_ptr.dtype.element_ty), mask=dmask)
     tl.debug_barrier()  # every read of the rows above happens before any write below
     shifted = tl.where((pos == state_len - 1)[None, :], token[:, None].to(later.dtype), later)
@@ -66,7 +70,7 @@ def decode_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
     block_d = max(16, min(256, 4096 // block_l))
     launch(_decode_kernel, (batch, cdiv(dim, block_d)),
            x, state, x if indices is None else indices, weight,
-           x if bias is None else bias, out, dim, state_len,
+           x if bias is None else bias, out, dim, state_len, state.shape[0],
            x.stride(0), x.stride(1), state.stride(0), state.stride(1), state.stride(2),
            weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
            WIDTH=width, BLOCK_D=block_d, BLOCK_L=block_l, HAS_IDX=indices is not None,
