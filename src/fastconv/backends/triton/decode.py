@@ -31,13 +31,15 @@ def _decode_kernel(x_ptr, state_ptr, idx_ptr, w_ptr, b_ptr, out_ptr, dim, state_
     row = b
     if HAS_IDX:
         row = tl.load(idx_ptr + b).to(tl.int64)
-    used = (row >= 0) & (row < pool)  # else a padded entry
+    # a padded entry's row has no positions (a scalar condition, not a mask term: Triton
+    # 3.9's interpreter refuses a block mask combined with one)
+    row_len = tl.where((row >= 0) & (row < pool), state_len, 0)
     pos = tl.arange(0, BLOCK_L)
     rows = state_ptr + row * ss_b + d[:, None].to(tl.int64) * ss_d
-    inside = dmask[:, None] & (pos < state_len)[None, :] & used
+    inside = dmask[:, None] & (pos < row_len)[None, :]
     state = tl.load(rows + pos[None, :] * ss_l, mask=inside, other=0.0)
     later = tl.load(rows + (pos[None, :] + 1) * ss_l,
-                    mask=dmask[:, None] & (pos + 1 < state_len)[None, :], other=0.0)
+                    mask=dmask[:, None] & (pos + 1 < row_len)[None, :], other=0.0)
     token = tl.load(x_ptr + b * sx_b + d * sx_d, mask=dmask, other=0.0)
     # tap j < WIDTH - 1 multiplies state position state_len - (WIDTH - 1) + j; the last, x
     tap = pos - (state_len - (WIDTH - 1))
@@ -50,7 +52,7 @@ def _decode_kernel(x_ptr, state_ptr, idx_ptr, w_ptr, b_ptr, out_ptr, dim, state_
         acc += tl.load(b_ptr + d, mask=dmask, other=0.0).to(tl.float32)
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    acc = tl.where(used, acc, 0.0)
+    acc = tl.where(row_len > 0, acc, 0.0)
     tl.store(out_ptr + b * so_b + d * so_d, acc.to(out_ptr.dtype.element_ty), mask=dmask)
     tl.debug_barrier()  # every read of the rows above happens before any write below
     shifted = tl.where((pos == state_len - 1)[None, :], token[:, None].to(later.dtype), later)
