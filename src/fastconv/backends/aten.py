@@ -205,8 +205,7 @@ def _bind_backward(problem: ConvProblem, input_grad: bool):
     dense_in = layout_strides(problem.input_shape(), problem.layout)
 
     def run_dgrad(grad_out, weight, out):
-        if grad_out.stride() != dense_out:
-            grad_out = restrided(grad_out, dense_out)
+        grad_out = restrided(grad_out, dense_out)
         # The input's values are never read, but its layout picks cuDNN's: an expanded
         # (stride-0) stand-in reads as NCHW, and a depthwise weight (K, 1, R, S) is both
         # layouts at once, so a channels-last problem ran in NCHW at 3-9x the time
@@ -227,10 +226,8 @@ def _bind_backward(problem: ConvProblem, input_grad: bool):
         return gi if out is None else out.copy_(gi)
 
     def run_wgrad(grad_out, input, out):
-        if grad_out.stride() != dense_out:
-            grad_out = restrided(grad_out, dense_out)
-        if input.stride() != dense_in:
-            input = restrided(input, dense_in)
+        grad_out = restrided(grad_out, dense_out)
+        input = restrided(input, dense_in)
         if not symmetric:
             input = F.pad(input, _flat_pad(pre, post))
         with _precision(problem):
@@ -253,6 +250,8 @@ def restrided(t: torch.Tensor, strides: tuple) -> torch.Tensor:
     weight gradient received a pooled input strided channels-last, (72, 1, 72, 72), beside a
     row-major output gradient, (24, 1, 1, 1), and took 3.6 µs against 2.3 with both
     row-major (H200, bf16, N32 72->24 at 1x1 pixels; benchmarks/NOTES.md)."""
+    if t.stride() == strides:  # (the usual case: nothing to compare per dimension)
+        return t
     if all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides)):
         return t.as_strided(t.shape, strides, t.storage_offset())
     return t
@@ -262,12 +261,8 @@ def conv_backward_both(problem: ConvProblem, grad_out: torch.Tensor, input: torc
                        weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dx, dw)`` of a symmetric-padding convolution in one convolution_backward call
     (operands strided as ``run_wgrad``'s)."""
-    dense = _dense(tuple(grad_out.shape), problem.layout)
-    if grad_out.stride() != dense:
-        grad_out = restrided(grad_out, dense)
-    dense = _dense(tuple(input.shape), problem.layout)
-    if input.stride() != dense:
-        input = restrided(input, dense)
+    grad_out = restrided(grad_out, _dense(tuple(grad_out.shape), problem.layout))
+    input = restrided(input, _dense(tuple(input.shape), problem.layout))
     with _precision(problem):
         dx, dw, _ = torch.ops.aten.convolution_backward(
             grad_out, input, weight, None, list(problem.stride), list(problem.pad_pre),
