@@ -75,3 +75,11 @@ def test_a_host_bound_call_reports_its_gpu_and_host_time(gpu):
     gpu_ms, host_ms = costs.time_costs(gpu.call)
     assert gpu_ms == pytest.approx(0.02)
     assert host_ms == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("gpu", [(40.0, 0.05, False), (0.02, 0.3, False)], indirect=True)
+def test_a_first_reading_takes_four_calls_and_reads_the_calls_gpu_and_host_time(gpu):
+    calls = []
+    gpu_ms, host_ms = costs.time_probe(lambda: calls.append(gpu.call()))
+    assert len(calls) == 4
+    assert gpu_ms == pytest.approx(gpu.gpu_ms) and host_ms == pytest.approx(gpu.host_ms)

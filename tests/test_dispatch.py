@@ -65,6 +65,8 @@ def fakes(monkeypatch, tmp_path):
         return t if isinstance(t, tuple) else (t, 0.0)
 
     monkeypatch.setattr(dispatch.timing, "time_costs", fake_time)
+    # a first reading that rules no candidate out (its own test: test_a_candidate_whose_...)
+    monkeypatch.setattr(dispatch.timing, "time_probe", lambda fn: (0.0, 0.0))
     # host times measured again (dispatch.timing._refine_host): the first measurement stands
     monkeypatch.setattr(dispatch.timing, "time_host_cost", lambda fn, guess: guess)
 
@@ -288,6 +290,53 @@ def test_the_cheapest_candidates_host_times_are_measured_again_interleaved(fakes
     # every round re-times the four cheapest (here all four), in turn
     assert again[:4] == [_Fake.TIMES[c] for c in ("b", "a", "c", "d")]  # by eager cost
     assert len(again) == 12
+
+
+@pytest.mark.parametrize("times, full, cut", [
+    # b: 3.5x the best GPU time and >= SLOW_MIN_MS: its first reading stands; c: 2.9x
+    ({"a": (1.0, 0.01), "b": (3.5, 0.01), "c": (2.9, 0.01)}, "ac", "b"),
+    # b: 4.5x but under SLOW_MIN_MS (timed in full in a fraction of a second); c: 6x
+    ({"a": (0.1, 0.01), "b": (0.45, 0.01), "c": (0.6, 0.01)}, "ab", "c"),
+    # b: 3.5x a's GPU time, but a's host time makes b's eager cost a rival: timed in full
+    ({"a": (0.2, 1.0), "b": (0.7, 0.01), "c": (4.0, 0.01)}, "ab", "c")])
+def test_a_candidate_whose_first_reading_cannot_win_is_not_timed_in_full(
+        fakes, monkeypatch, times, full, cut):
+    """A candidate whose first reading (``costs.time_probe``: two calls) is over SLOW_FACTOR
+    times the best timed so far, in GPU time and in GPU + host time, and at least
+    SLOW_MIN_MS per call, keeps that reading: no full timing, no graph timing (left out of
+    the graph ranking), no host time measured again; explain says why. The first candidate
+    (nothing to compare with) and those within either bound are timed in full."""
+    run, calls = fakes
+    monkeypatch.setattr(_Fake, "TIMES", times)
+    probed, timed, graphed, hosts = [], [], [], []
+
+    def rotating(cls, config, k=0):
+        return run(cls, config)
+    rotating.operand_sets = type("Sets", (), {"count": 2})()
+
+    def probe(fn):
+        config = next(c for c, t in times.items() if t == fn())
+        probed.append(config)
+        return times[config]
+    monkeypatch.setattr(dispatch.timing, "time_probe", probe)
+    monkeypatch.setattr(dispatch.timing, "time_costs",
+                        lambda fn: timed.append(fn()) or timed[-1])
+    monkeypatch.setattr(dispatch.timing, "time_graph_cost",
+                        lambda fn, sets, gpu_ms: graphed.append(gpu_ms) or gpu_ms)
+    monkeypatch.setattr(dispatch.timing, "time_host_cost",
+                        lambda fn, guess: hosts.append(fn()) or guess)
+    ex = dispatch.explain(_problem(k=5), mode="benchmark", run=rotating)
+    assert probed == ["b", "c"]  # every candidate after the first, a
+    assert sorted(timed) == sorted(times[c] for c in full)
+    assert sorted(graphed) == sorted(times[c][0] for c in full)
+    assert times[cut] not in hosts and len(hosts) == 3 * 2  # the two others, three rounds
+    rows = {r.config: r for r in ex.rows if r.backend == "fake"}
+    assert (rows[cut].gpu_ms, rows[cut].graph_ms, rows[cut].once) == (times[cut][0], None, True)
+    assert rows[cut].note.startswith("timed once:") and "cannot win" in rows[cut].note
+    assert "timed once" in str(ex)
+    assert not any(rows[c].once or rows[c].note for c in full)
+    with dispatch.settings(graph=True):
+        assert dispatch.choose(_problem(k=5), run=rotating, mode="benchmark").config == "a"
 
 
 def test_graph_replayed_times_on_rotated_operands_rank_both_choices(fakes, monkeypatch):
@@ -756,6 +805,30 @@ def test_candidates_left_building_are_timed_once_built(fakes, clock, monkeypatch
     assert not any(e.get("partial") for e in stored.values())
     calls.clear()
     assert dispatch.choose(p, run=run, mode="benchmark").config == "c" and calls == []
+
+
+def test_an_upgrade_gives_a_candidate_that_cannot_win_its_first_reading_only(
+        fakes, clock, monkeypatch):
+    """Candidates timed once built (an upgrade) are compared with the problem's rows timed
+    before: one whose first reading is over SLOW_FACTOR times the best is not timed in full
+    (a grouped layer's slow tiles held regnet's steady state for minutes at batch 256)."""
+    run, calls = fakes
+    futures = {}
+    builds = _building(futures, done="ab")
+    monkeypatch.setattr(builds, "TIMES", {"a": 3.0, "b": 1.0, "c": 9.0})
+    monkeypatch.setattr(backends, "REGISTRY", {"fake": builds})
+    dispatch.tuning_budget(per_problem_s=0.2)
+    p = _problem()
+    assert dispatch.choose(p, run=run, mode="benchmark").provisional
+    full, probed = [], []
+    monkeypatch.setattr(dispatch.timing, "time_costs",
+                        lambda fn: full.append(fn()) or (full[-1], 0.0))
+    monkeypatch.setattr(dispatch.timing, "time_probe",
+                        lambda fn: probed.append(fn()) or (probed[-1], 0.0))
+    futures["c"].set_result("built")
+    final = dispatch.choose(p, run=run, mode="benchmark")
+    assert (final.config, final.provisional) == ("b", False)
+    assert sorted(probed) == [1.0, 3.0, 9.0] and sorted(full) == [1.0, 3.0]  # not c's 9.0
 
 
 def test_finish_builds_and_building_see_budget_cut_candidates(fakes, clock, monkeypatch):

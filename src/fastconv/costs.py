@@ -66,6 +66,20 @@ def _queued_batch(fn: Callable[[], None], calls: int, host_guess: float) -> tupl
     return begin.elapsed_time(end) / calls, host
 
 
+def time_probe(fn: Callable[[], None]) -> tuple[float, float]:
+    """``(GPU ms, host ms)`` per call from one batch of two calls after a warm-up call, queued
+    behind a spin as ``time_costs``' batches are: four calls against its 69, a first reading
+    that tells a candidate far slower than the best timed so far (``dispatch.timing``'s
+    ``SLOW_FACTOR``) without timing it in full."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    host_guess = (time.perf_counter() - start) * 1e3
+    torch.cuda.synchronize()
+    return _queued_batch(fn, 2, host_guess)
+
+
 def time_host_cost(fn: Callable[[], None], host_guess: float, calls: int = 8) -> float:
     """Host ms per call of ``fn`` (already warm): one batch of ``time_costs``."""
     return _queued_batch(fn, calls, host_guess)[1]

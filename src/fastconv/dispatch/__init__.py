@@ -13,7 +13,8 @@ CPU):
   aten is always a candidate, so this mode is not slower than PyTorch except for timing
   noise. Timing runs in order of promise within the tuning budget (``budget``): a backend's
   candidates are pruned by its cost model, Triton tiles compile in worker processes, and
-  candidates left building are timed once built (``upgrades``), their best stored then.
+  candidates left building are timed once built (``upgrades``), their best stored then. A
+  candidate whose first reading (two calls) shows it cannot win is not timed further.
 * ``pinned``: what ``pin()`` fixed for a problem (the heuristic's choice otherwise).
 
 ``deterministic=True`` (``FASTCONV_DETERMINISTIC=1``) keeps only candidates that give

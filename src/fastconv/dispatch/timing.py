@@ -18,7 +18,12 @@ import torch
 
 from .. import backends
 from ..context import timing_candidates
-from ..costs import time_costs, time_graph_cost, time_host_cost  # (tests replace them here)
+from ..costs import (  # (tests replace them here)
+    time_costs,
+    time_graph_cost,
+    time_host_cost,
+    time_probe,
+)
 from ..problem import ConvProblem
 from . import budget, policy, priors, store
 
@@ -30,7 +35,7 @@ class Row:
     config: Any = None
     gpu_ms: float | None = None  # GPU time per call, back to back on the call's tensors
     host_ms: float | None = None  # host time per call
-    note: str = ""  # refusal or failure reason; empty when timed
+    note: str = ""  # refusal or failure reason; for a timed row, a remark (``time_row``)
     chosen: bool = False
     graph_ms: float | None = None  # GPU time per call from a CUDA graph on rotated operands
     # left untimed by the budget, its background build started: timed once built
@@ -39,6 +44,7 @@ class Row:
     # with the candidates left building once they are built)
     assumed: bool = False
     prior: str = ""  # why it was run first (``priors``), if it was
+    once: bool = False  # timed by its first reading alone: it cannot win (``time_row``)
 
     def name(self) -> str:
         return self.backend + store.config_suffix(self.config)
@@ -127,7 +133,7 @@ def _time_candidates(problem: ConvProblem, names: list[str], run, op: str,
                                                  "once done)")
                 break
             rows.append(Row(name, config, prior=pri.describe() if is_prior else ""))
-            time_row(rows[-1], run)
+            time_row(rows[-1], run, rows)
         rows += [Row(name, c, note=f"{PRUNED_NOTE} ({tuning.describe()})") for c in pruned]
     confirm_against_aten(rows, run)
     _refine_host(rows, run)
@@ -182,12 +188,40 @@ def _wait_prior(jobs: list | None) -> bool:
     return not jobs or not concurrent.futures.wait(jobs, timeout=PRIOR_WAIT_S).not_done
 
 
-def time_row(row: Row, run) -> None:
+#: A candidate whose first reading (``costs.time_probe``) is more than this many times the
+#: best timed so far for its problem, in GPU time and in GPU + host time, is not timed in
+#: full: it cannot win either ranking. Timing a slow candidate in full costs ~75 of its calls
+#: (tv regnet_y_1_6gf at batch 256: candidates timed 10-40 s apart while a process upgraded
+#: its choices, the model's steady state not reached in 530 s; H200, 2026-11-28).
+SLOW_FACTOR = 3.0
+#: ... and whose first reading is at least this many ms per call: a faster one is timed in
+#: full in well under a second, and the few calls of a first reading are noisier
+SLOW_MIN_MS = 0.5
+
+
+def time_row(row: Row, run, rivals: list[Row] = ()) -> None:
     """``row``'s GPU and host time per call (``costs.time_costs``), then its graph time
-    (:func:`time_graphed`); a candidate that fails leaves the reason in its note."""
+    (:func:`time_graphed`); a candidate that fails leaves the reason in its note. Where
+    ``rivals`` (the problem's rows) holds timed rows, a first reading comes first, and a
+    candidate it shows cannot win (``SLOW_FACTOR``) keeps that reading, said in its note,
+    and no graph time (the graph ranking leaves it out)."""
     cls = backends.REGISTRY[row.backend]
+
+    def call():
+        return run(cls, row.config)
+    timed = [r for r in rivals if r.timed and r is not row]
     try:
-        row.gpu_ms, row.host_ms = time_costs(lambda: run(cls, row.config))
+        if timed:
+            gpu, host = time_probe(call)
+            best_gpu = min(r.gpu_ms for r in timed)
+            best = min(r.gpu_ms + r.host_ms for r in timed)
+            if gpu >= SLOW_MIN_MS and gpu > SLOW_FACTOR * best_gpu \
+                    and gpu + host > SLOW_FACTOR * best:
+                row.gpu_ms, row.host_ms, row.graph_ms, row.once = gpu, host, None, True
+                row.note = (f"timed once: {gpu / best_gpu:.1f}x the best GPU time so far, "
+                            f"cannot win")
+                return
+        row.gpu_ms, row.host_ms, row.once = *time_costs(call), False
     except torch.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         row.note = f"out of memory: {short(exc)}"
@@ -291,7 +325,8 @@ def _refine_host(rows: list[Row], run, top: int = 4, rounds: int = 3) -> None:
     interleaved over ``rounds``; each keeps its least. A candidate's own timing runs in one
     stretch, and the first one timed for a problem (aten) measured up to 2-4x its host time
     when timed again later: interleaving compares them under the same conditions."""
-    best = sorted((r for r in rows if r.timed), key=lambda r: r.cost(False))[:top]
+    best = sorted((r for r in rows if r.timed and not r.once),
+                  key=lambda r: r.cost(False))[:top]
     if len(best) < 2:
         return
     for _ in range(rounds):

@@ -85,7 +85,7 @@ def upgrade(key: str, graph: bool, run) -> Choice:
             if failed is not None:  # timing it would compile it here: seconds
                 r.note = f"background build failed: {timing.short(failed)}"
                 continue
-            timing.time_row(r, run)
+            timing.time_row(r, run, up.rows)
         if not final:
             return up.stand_in(graph)
         timing.confirm_against_aten(up.rows, run)
