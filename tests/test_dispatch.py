@@ -811,7 +811,7 @@ def test_an_upgrade_gives_a_candidate_that_cannot_win_its_first_reading_only(
         fakes, clock, monkeypatch):
     """Candidates timed once built (an upgrade) are compared with the problem's rows timed
     before: one whose first reading is over SLOW_FACTOR times the best is not timed in full
-    (a grouped layer's slow tiles held regnet's steady state for minutes at batch 256)."""
+    (slow candidates timed in full held regnet's steady state for minutes at batch 256)."""
     run, calls = fakes
     futures = {}
     builds = _building(futures, done="ab")
