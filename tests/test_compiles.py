@@ -67,6 +67,76 @@ def test_a_recorded_kernel_compiles_in_a_worker_into_the_callers_cache(tmp_path)
     assert done.returncode == 0 and "round trip ok" in done.stdout, done.stderr[-3000:]
 
 
+_CALLER_SETTINGS = textwrap.dedent("""
+    import faulthandler, os, sys
+    faulthandler.dump_traceback_later(400, exit=True)
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas_version
+    from triton.runtime import driver
+    from fastconv.backends.triton import compiles
+    from fastconv.backends.triton.fprop import _splitk_reduce_kernel as kernel
+
+    driver.set_active(compiles._TargetDriver(GPUTarget("cuda", 90, 32)))  # no GPU here
+    compiles.IDLE_S = 300.0  # the workers stay up across the settings' change below
+    ws, out = torch.empty(3 * 40 * 24), torch.empty(40, 24, dtype=torch.bfloat16)
+    args = (ws, out, out, out, out, 40, 24, 5, 8, 960, 960, 1, 192, 24, 0, 0, 0, 0, 0.0)
+
+    def round_trip(act):
+        meta = dict(HAS_SCALE=False, HAS_SHIFT=False, HAS_RES=False, ACT=act, INT64=False,
+                    SPLIT_K=3, BLOCK_M=32, BLOCK_N=32)
+        with compiles.collecting() as jobs:
+            kernel[(2, 1)](*args, **meta)
+        assert compiles.wait(timeout=300) and jobs[0].result()
+        cache = os.environ["TRITON_CACHE_DIR"]
+        built = sorted(os.listdir(cache))
+        kernel.warmup(*args, grid=(2, 1), **meta)  # the caller's own compile
+        return sorted(os.listdir(cache)) == built  # a hit: nothing compiled again
+
+    # torch.compile's Inductor does both of these in the caller's process: its code cache
+    # keys read the ptxas version (cached by Triton), then a compile in the process names
+    # torch's own ptxas (TRITON_PTXAS_PATH), and it sets TRITON_CACHE_DIR
+    get_ptxas_version(90)
+    os.environ["TRITON_PTXAS_PATH"] = sys.argv[1]
+    print("ptxas named after the version was read:", round_trip(1))
+    os.environ["TRITON_CACHE_DIR"] = sys.argv[2]  # the workers started before this
+    print("cache moved while the workers ran:", round_trip(2))
+""")
+
+_PTXAS_OF_ANOTHER_BUILD = """#!/bin/sh
+if [ "$1" = "--version" ]; then
+  echo "Cuda compilation tools, release 12.9, V12.9.999 (another build)"; exit 0
+fi
+exec {real} "$@"
+"""
+
+
+def test_workers_compile_with_the_callers_triton_settings(tmp_path):
+    """The workers' kernels are found by the caller's compile (no second compile, in the
+    caller's thread) although the caller's Triton settings changed after its Triton read
+    them or after the workers started. On the H200, a bench process that ran torch.compile
+    first compiled every fastconv kernel again in its main thread after the workers had
+    built them (stack dumps: Triton's ptxas under ``prepare_fprop`` for minutes): Triton
+    keeps the ptxas version it first read for its cache keys while Inductor then named
+    torch's own ptxas, which the workers, started after, read instead (a cache key of
+    another version: a miss)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = tmp_path / "ptxas"
+    ptxas.write_text(_PTXAS_OF_ANOTHER_BUILD.format(real=get_ptxas(90).path))
+    ptxas.chmod(0o755)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               FASTCONV_COMPILE_WORKERS="1")
+    env.pop("TRITON_PTXAS_PATH", None)
+    (tmp_path / "moved").mkdir()
+    done = subprocess.run([sys.executable, "-c", _CALLER_SETTINGS, str(ptxas),
+                           str(tmp_path / "moved")], env=env, capture_output=True, text=True,
+                          timeout=450)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ptxas named after the version was read: True" in done.stdout, done.stdout
+    assert "cache moved while the workers ran: True" in done.stdout, done.stdout
+
+
 _UNGUARDED_SCRIPT = """
 import os, sys
 print("script body ran in", "worker" if __name__ == "__mp_main__" else "caller", flush=True)

@@ -152,7 +152,8 @@ def _submit(module: str, name: str, data: str) -> cf.Future:
     from triton.runtime import driver
 
     target = driver.active.get_current_target()
-    args = (_compile, module, name, data, (target.backend, target.arch, target.warp_size))
+    args = (_compile, module, name, data, (target.backend, target.arch, target.warp_size),
+            _settings(target))
     with _LOCK:
         job = _JOBS.get(data)
         if job is None:
@@ -165,6 +166,26 @@ def _submit(module: str, name: str, data: str) -> cf.Future:
             _JOBS[data] = job
             job.add_done_callback(_idle_check)
         return job
+
+
+def _settings(target) -> dict[str, str]:
+    """What the caller's Triton would compile with now, for a job to compile with the same:
+    its ``TRITON_*`` environment (the cache directory, ptxas, ...; read at each compile) and,
+    for CUDA, the ptxas version its cache keys hold. Triton reads that version once per
+    process (``get_ptxas_version``, cached), so a ptxas named later (torch.compile's Inductor
+    names torch's own when it compiles in the process, and sets ``TRITON_CACHE_DIR``) leaves
+    the caller's keys on the first version while a worker started after would read the new
+    one: its kernels then missed the caller's cache and compiled again in the caller's
+    thread, each at its first launch (minutes of a model's first calls on the H200)."""
+    settings = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+    if target.backend == "cuda":
+        try:
+            from triton.backends.nvidia.compiler import get_ptxas_version
+
+            settings["TRITON_MOCK_PTX_VERSION"] = get_ptxas_version(target.arch)
+        except Exception:  # another Triton's layout: the worker reads its own
+            pass
+    return settings
 
 
 @contextlib.contextmanager
@@ -278,12 +299,13 @@ class _TargetDriver:
         return True
 
 
-def _compile(module: str, name: str, data: str, target: tuple) -> str:
-    """Worker: compile one recorded specialisation into the kernel cache; returns the
-    kernel's name."""
+def _compile(module: str, name: str, data: str, target: tuple, settings: dict) -> str:
+    """Worker: compile one recorded specialisation into the kernel cache, with the caller's
+    Triton settings (``_settings``); returns the kernel's name."""
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
 
+    _apply(settings)
     driver.set_active(_TargetDriver(GPUTarget(*target)))
     kernel = importlib.import_module(module)
     for part in name.split("."):
@@ -294,6 +316,15 @@ def _compile(module: str, name: str, data: str, target: tuple) -> str:
     if target[0] == "cuda":
         _build_launcher(compiled)
     return name
+
+
+def _apply(settings: dict) -> None:
+    """Worker: the caller's ``TRITON_*`` environment in place of the one the worker started
+    with (the ptxas version among it is the caller's, fixed for its process: the worker's
+    cached one, read from it, stays right)."""
+    for key in [k for k in os.environ if k.startswith("TRITON_") and k not in settings]:
+        del os.environ[key]
+    os.environ.update(settings)
 
 
 def _build_launcher(compiled) -> None:
