@@ -657,9 +657,10 @@ def test_the_budget_prunes_by_the_backend_s_cost_model(fakes, clock, tmp_path, m
     assert dispatch.choose(p, run=run, mode="benchmark").name() == "modelled:d"
 
 
-def test_the_triton_model_prunes_gemm_tiles_only():
-    """cost.py ranks the GEMM tiles of a real problem and keeps the fastest expected; direct
-    tiles (a grouped problem's, not modelled) are always kept, after them."""
+def test_the_triton_model_ranks_gemm_tiles_and_a_grouped_problem_s_direct_tiles_go():
+    """cost.py ranks the GEMM tiles of a real problem and keeps the fastest expected; a
+    grouped problem's direct tiles (not modelled, never an exhaustive winner) are left out
+    of budgeted tuning, after the modelled ones; a depthwise problem's are all kept."""
     from fastconv.backends.triton import cost
     from fastconv.backends.triton.backend import TritonBackend
 
@@ -673,11 +674,18 @@ def test_the_triton_model_prunes_gemm_tiles_only():
     direct = [c for c in configs if not isinstance(c, cost.TileConfig)]
     assert len(tiles) > 3 and direct
     kept, pruned = TritonBackend.prune(p, "fprop", configs, 3)
-    assert kept[3:] == direct and len(pruned) == len(tiles) - 3
-    assert sorted(kept[:3] + pruned, key=tiles.index) == tiles
-    times = [cost.estimate(p, "fprop", c) for c in kept[:3] + pruned]
+    assert len(kept) == 3 and pruned[len(tiles) - 3:] == direct
+    assert sorted(kept + pruned[:len(tiles) - 3], key=tiles.index) == tiles
+    times = [cost.estimate(p, "fprop", c) for c in kept + pruned[:len(tiles) - 3]]
     assert times == sorted(times) and all(0 < t < 1 for t in times)
     assert cost.estimate(p, "fprop", direct[0]) == float("inf")
+
+    dw = dataclasses.replace(fastconv.ConvProblem.from_tensors(
+        x.bfloat16(), torch.empty(64, 1, 3, 3, device="meta").bfloat16(), None, padding=1,
+        groups=64, rank=2, precision="bf16"), device="cuda")
+    configs = TritonBackend.candidates(dw)
+    assert len(configs) > 3 and not any(isinstance(c, cost.TileConfig) for c in configs)
+    assert TritonBackend.prune(dw, "fprop", configs, 3) == (configs, [])
 
 
 def test_the_default_budget_bounds_a_first_call():
