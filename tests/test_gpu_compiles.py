@@ -19,6 +19,12 @@ _SCRIPT = textwrap.dedent("""
     from fastconv.backends.triton import TritonBackend
     from fastconv.precision import Precision, relative_error
 
+    if os.environ.get("TORCH_COMPILE_FIRST"):  # Inductor compiling in this process first
+        import torch._inductor.config
+
+        torch._inductor.config.compile_threads = 1
+        torch.compile(lambda a: (a * 2).relu() + 1)(torch.randn(999, device="cuda"))
+        assert "TRITON_CACHE_DIR" in os.environ  # (Inductor set it)
     x = torch.randn(3, 24, 17, 19, device="cuda", dtype=torch.bfloat16)
     x = x.contiguous(memory_format=torch.channels_last)
     w = torch.randn(40, 24, 3, 3, device="cuda", dtype=torch.bfloat16) / 12
@@ -53,9 +59,20 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_candidates_compiled_ahead_in_workers_run_correctly(tmp_path):
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"),
-               FASTCONV_COMPILE_WORKERS="6")
+@pytest.mark.parametrize("compile_first", [False, True])
+def test_candidates_compiled_ahead_in_workers_run_correctly(tmp_path, compile_first):
+    """``compile_first``: torch.compile runs first in the process, compiling there (one
+    compile thread): Inductor then names torch's ptxas and its own Triton cache directory,
+    after Triton read its settings; the workers' kernels must still be the caller's cache
+    hits (before 57948b9 they were not: bench processes compiled every kernel twice)."""
+    env = dict(os.environ, FASTCONV_COMPILE_WORKERS="6")
+    for key in ("TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "TORCH_COMPILE_FIRST"):
+        env.pop(key, None)
+    if compile_first:
+        env.update(TORCH_COMPILE_FIRST="1", TRITON_HOME=str(tmp_path),
+                   TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    else:
+        env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"))
     done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
                           text=True, timeout=400)
     print(done.stdout)
