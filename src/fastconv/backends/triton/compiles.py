@@ -11,10 +11,11 @@ before every compile and, inside the block, records the kernel's specialisation 
 own serialised form, what ``JITFunction.preload`` reads) and says "skip". The launch then
 launches nothing (``launch._launch`` returns None); kernels compiled before still launch.
 Each recorded specialisation becomes one job of a process pool (``spawn``: CUDA is never
-initialised in a worker; the GPU's target travels with the job). A worker imports the
-kernel's module and calls ``preload``, which compiles for that target into the cache the
-worker inherited (``TRITON_CACHE_DIR`` and the other cache-keyed settings come with the
-environment), then builds the kernel's launcher there too.
+initialised in a worker; the GPU's target and the caller's Triton settings at the submit,
+its ``TRITON_*`` environment and ptxas version, travel with the job). A worker imports the
+kernel's module and calls ``preload``, which compiles for that target into the caller's
+cache under the key the caller's own compile would look for, then builds the kernel's
+launcher there too.
 
 ``FASTCONV_COMPILE_WORKERS``: the number of worker processes (default: the CPU cores less
 one, at most 8); 0 turns this off (every kernel compiles in the caller, as Triton does).
