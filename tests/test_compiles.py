@@ -105,7 +105,7 @@ _CALLER_SETTINGS = textwrap.dedent("""
 
 _PTXAS_OF_ANOTHER_BUILD = """#!/bin/sh
 if [ "$1" = "--version" ]; then
-  echo "Cuda compilation tools, release 12.9, V12.9.999 (another build)"; exit 0
+  echo "Cuda compilation tools, release {release}, V{release}.999 (another build)"; exit 0
 fi
 exec {real} "$@"
 """
@@ -123,7 +123,8 @@ def test_workers_compile_with_the_callers_triton_settings(tmp_path):
     from triton.backends.nvidia.compiler import get_ptxas
 
     ptxas = tmp_path / "ptxas"
-    ptxas.write_text(_PTXAS_OF_ANOTHER_BUILD.format(real=get_ptxas(90).path))
+    real = get_ptxas(90)  # (the same release: it chooses the PTX version)
+    ptxas.write_text(_PTXAS_OF_ANOTHER_BUILD.format(real=real.path, release=real.version))
     ptxas.chmod(0o755)
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton"),
                FASTCONV_COMPILE_WORKERS="1")
