@@ -153,11 +153,11 @@ def _submit(module: str, name: str, data: str) -> cf.Future:
     from triton.runtime import driver
 
     target = driver.active.get_current_target()
-    args = (_compile, module, name, data, (target.backend, target.arch, target.warp_size),
-            _settings(target))
     with _LOCK:
         job = _JOBS.get(data)
         if job is None:
+            args = (_compile, module, name, data,
+                    (target.backend, target.arch, target.warp_size), _settings(target))
             with _main_hidden():  # (a submit starts the workers it needs)
                 try:
                     job = _pool().submit(*args)
@@ -178,7 +178,7 @@ def _settings(target) -> dict[str, str]:
     the caller's keys on the first version while a worker started after would read the new
     one: its kernels then missed the caller's cache and compiled again in the caller's
     thread, each at its first launch (minutes of a model's first calls on the H200)."""
-    settings = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+    settings = _triton_env()
     if target.backend == "cuda":
         try:
             from triton.backends.nvidia.compiler import get_ptxas_version
@@ -323,9 +323,14 @@ def _apply(settings: dict) -> None:
     """Worker: the caller's ``TRITON_*`` environment in place of the one the worker started
     with (the ptxas version among it is the caller's, fixed for its process: the worker's
     cached one, read from it, stays right)."""
-    for key in [k for k in os.environ if k.startswith("TRITON_") and k not in settings]:
+    for key in _triton_env().keys() - settings.keys():
         del os.environ[key]
     os.environ.update(settings)
+
+
+def _triton_env() -> dict[str, str]:
+    """This process's ``TRITON_*`` environment variables."""
+    return {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
 
 
 def _build_launcher(compiled) -> None:
