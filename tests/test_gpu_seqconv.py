@@ -70,14 +70,18 @@ def test_long_conv1d_measured_route_is_kept_and_correct():
         "direct", "fft")
 
 
-@pytest.mark.parametrize("width, state_len", [(2, 1), (4, 3), (4, 7), (64, 63), (256, 300)])
-def test_one_token_steps_in_bf16_within_the_contract(width, state_len):
-    """The decode kernel (one token, a state pool) against float64, the pool's other rows
-    untouched and the named rows shifted exactly."""
+@pytest.mark.parametrize("width, state_len, layout", [
+    (2, 1, "rows"), (4, 3, "rows"), (4, 3, "dim"), (4, 7, "rows"), (64, 63, "rows"),
+    (256, 300, "rows"), (256, 300, "dim")])
+def test_one_token_steps_in_bf16_within_the_contract(width, state_len, layout):
+    """The decode kernel (one token, a state pool, its rows contiguous or dim-contiguous)
+    against float64, the pool's other rows untouched and the named rows shifted exactly."""
     batch, dim, rows = 37, 1031, 50
     w = (torch.randn(dim, width, device="cuda") / width ** 0.5).bfloat16()
     b = torch.randn(dim, device="cuda").bfloat16()
     pool = torch.randn(rows, dim, state_len, device="cuda").bfloat16()
+    if layout == "dim":
+        pool = pool.transpose(1, 2).contiguous().transpose(1, 2)
     index = torch.randperm(rows, device="cuda")[:batch].int()
     x = torch.randn(batch, dim, device="cuda").bfloat16()
     before = pool.clone()

@@ -856,6 +856,38 @@ def test_a_one_token_step_runs_one_kernel_and_matches_torch_s_step(dtype, monkey
     assert not ran and wg.grad is not None
 
 
+@pytest.mark.parametrize("width, state_len, layout", [(2, 1, "rows"), (4, 3, "dim"),
+                                                      (20, 23, "rows"), (20, 19, "dim")])
+def test_a_one_token_step_s_kernel_reads_any_state_layout(width, state_len, layout,
+                                                          monkeypatch):
+    """The decode kernel on rows contiguous or not (a (pool, state_len, dim) buffer seen
+    as (pool, dim, state_len)), one channel block or several, widths whose taps are
+    unrolled and beyond (a loop): the state shifted exactly, the output within float32's
+    rounding, padded entries zeros."""
+    from fastconv.backends.triton import decode
+
+    ran = []
+    real = decode.decode_step
+    monkeypatch.setattr(decode, "decode_step", lambda *a: ran.append(1) or real(*a))
+    g = torch.Generator().manual_seed(width + state_len)
+    dim = 300
+    w = torch.randn(dim, width, generator=g) / width ** 0.5
+    b = torch.randn(dim, generator=g)
+    pool = torch.randn(7, dim, state_len, generator=g)
+    if layout == "dim":
+        pool = pool.transpose(1, 2).contiguous().transpose(1, 2)
+    index = torch.tensor([4, -1, 0, 6], dtype=torch.int32)
+    x = torch.randn(4, dim, generator=g)
+    before = pool.clone()
+    used = index.long()[[0, 2, 3]]
+    window = torch.cat([before[used], x[[0, 2, 3]].unsqueeze(-1)], -1)
+    ref = (window[..., -width:].double() * w.double()).sum(-1) + b.double()
+    out = fastconv.causal_conv1d_update(x, pool, w, b, None, conv_state_indices=index)
+    assert ran and _rel(out[[0, 2, 3]], ref) < 1e-6 and not out[1].any()
+    assert torch.equal(pool[used], window[..., 1:])
+    assert torch.equal(pool[[1, 2, 3, 5]], before[[1, 2, 3, 5]])
+
+
 def test_check_rows_fail_on_a_wrong_route_and_on_a_failed_kernel(monkeypatch):
     """``fastconv check``'s sequence rows (interpreted here) are within the contract, fail
     where a route is 1 % off, and a kernel failure gives a failing row, not fewer rows."""
