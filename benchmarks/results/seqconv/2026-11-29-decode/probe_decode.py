@@ -4,6 +4,7 @@ bench does), the shipped kernel over BLOCK_D x num_warps, a flat variant (the st
 read and written as one contiguous range, the window's taps as strided vectors), and
 torch's four-launch step. Prints one line per variant: us per step and % of the floor
 (bytes: token and output, the state read and written, at the measured copy bandwidth).
+Run 3 added *rows* (the flat variant over 1-8 batch rows per program).
 Run on the device: PYTHONPATH=src python3 probe_decode.py"""
 
 import json
@@ -101,17 +102,52 @@ def gather_step(x, state, w, bias, block_d, warps):
     return out
 
 
-def shipped_step(x, state, w, bias, block_d, warps):
+@triton.jit
+def _rows_kernel(x_ptr, state_ptr, w_ptr, b_ptr, out_ptr, dim, batch, sx_b, ss_b, so_b,
+                 STATE_LEN: tl.constexpr, WIDTH: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_F: tl.constexpr, ROWS: tl.constexpr, SILU: tl.constexpr):
+    """The flat variant over ROWS batch rows per program (more bytes in flight)."""
+    r = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+    rmask = r < batch
+    d0 = tl.program_id(1) * BLOCK_D
+    c = tl.arange(0, BLOCK_D)[None, :]
+    ch = d0 + c
+    cmask = (ch < dim) & rmask
+    base = state_ptr + r * ss_b + d0 * STATE_LEN
+    token = tl.load(x_ptr + r * sx_b + ch, mask=cmask, other=0.0)
+    acc = token.to(tl.float32) * tl.load(w_ptr + ch * WIDTH + (WIDTH - 1), mask=ch < dim,
+                                         other=0.0).to(tl.float32)
+    for j in tl.static_range(WIDTH - 1):
+        s = tl.load(base + c * STATE_LEN + (STATE_LEN - (WIDTH - 1) + j), mask=cmask, other=0.0)
+        acc += s.to(tl.float32) * tl.load(w_ptr + ch * WIDTH + j, mask=ch < dim,
+                                          other=0.0).to(tl.float32)
+    acc += tl.load(b_ptr + ch, mask=ch < dim, other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    tl.store(out_ptr + r * so_b + ch, acc.to(out_ptr.dtype.element_ty), mask=cmask)
+    i = tl.arange(0, BLOCK_F)[None, :]
+    valid = (i < BLOCK_D * STATE_LEN) & (d0 * STATE_LEN + i < dim * STATE_LEN) & rmask
+    last = (i % STATE_LEN) == STATE_LEN - 1
+    later = tl.load(base + i + 1, mask=valid & ~last, other=0.0)
+    tok = tl.load(x_ptr + r * sx_b + d0 + i // STATE_LEN, mask=valid & last, other=0.0)
+    tl.debug_barrier()
+    tl.store(base + i, tl.where(last, tok.to(later.dtype), later), mask=valid)
+
+
+def rows_step(x, state, w, bias, block_d, warps, rows):
     batch, dim = x.shape
     out = torch.empty_like(x)
     L = state.shape[-1]
-    shipped._decode_kernel[(batch, triton.cdiv(dim, block_d))](
-        x, state, x, w, bias, out, dim, L, state.shape[0], x.stride(0), x.stride(1),
-        state.stride(0), state.stride(1), state.stride(2), w.stride(0), w.stride(1),
-        out.stride(0), out.stride(1), WIDTH=w.shape[1], BLOCK_D=block_d,
-        BLOCK_L=max(2, triton.next_power_of_2(L)), HAS_IDX=False, HAS_BIAS=True, SILU=True,
-        num_warps=warps)
+    _rows_kernel[(triton.cdiv(batch, rows), triton.cdiv(dim, block_d))](
+        x, state, w, bias, out, dim, batch, x.stride(0), state.stride(0), out.stride(0),
+        STATE_LEN=L, WIDTH=w.shape[1], BLOCK_D=block_d,
+        BLOCK_F=triton.next_power_of_2(block_d * L), ROWS=rows, SILU=True, num_warps=warps)
     return out
+
+
+def shipped_step(x, state, w, bias, *_):
+    """The kernel as committed (run 3: the flat kernel of a8a57f6, its own tile)."""
+    return shipped.decode_step(x, state, w, bias, True, None)
 
 
 def torch_step(x, state, w, bias, *_):
@@ -176,18 +212,22 @@ def main():
         x0, s0 = sets[0]
         sa, sb = s0.clone(), s0.clone()
         ref = torch_step(x0, sa, w, bias)
-        for name, fn in (("flat", flat_step), ("gather", gather_step)):
+        for name, fn in (("flat", flat_step), ("gather", gather_step),
+                         ("rows2", lambda *a: rows_step(*a, 2)),
+                         ("rows4", lambda *a: rows_step(*a, 4))):
             sb = s0.clone()
             got = fn(x0, sb, w, bias, 128, 4)
             torch.cuda.synchronize()
             err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
             print(f"b{batch} {name} check: out rel err {err:.2e}, state equal "
                   f"{bool(torch.equal(sa, sb))}", flush=True)
-        variants = [("torch", torch_step, ()), ("shipped d256 w4", shipped_step, (256, 4))]
-        for bd in (32, 64, 128, 256, 512):
-            for nw in (1, 2, 4, 8):
-                variants.append((f"flat d{bd} w{nw}", flat_step, (bd, nw)))
-                variants.append((f"gather d{bd} w{nw}", gather_step, (bd, nw)))
+        variants = [("torch", torch_step, ()), ("shipped", shipped_step, ()),
+                    ("flat d128 w4", flat_step, (128, 4)),
+                    ("gather d128 w4", gather_step, (128, 4))]
+        for bd in (64, 128, 256):
+            for nw in (4, 8):
+                for rows in (1, 2, 4, 8):
+                    variants.append((f"rows{rows} d{bd} w{nw}", rows_step, (bd, nw, rows)))
         for name, step, extra in variants:
             own = [(x, st.clone()) for x, st in sets]
             try:
