@@ -4,7 +4,8 @@ bench does), the shipped kernel over BLOCK_D x num_warps, a flat variant (the st
 read and written as one contiguous range, the window's taps as strided vectors), and
 torch's four-launch step. Prints one line per variant: us per step and % of the floor
 (bytes: token and output, the state read and written, at the measured copy bandwidth).
-Run 3 added *rows* (the flat variant over 1-8 batch rows per program).
+Run 3 added *rows* (the flat variant over 1-8 batch rows per program), run 4 *cols*
+(one vector of channels per state position) with and without cache hints.
 Run on the device: PYTHONPATH=src python3 probe_decode.py"""
 
 import json
@@ -145,6 +146,58 @@ def rows_step(x, state, w, bias, block_d, warps, rows):
     return out
 
 
+@triton.jit
+def _cols_kernel(x_ptr, state_ptr, w_ptr, b_ptr, out_ptr, dim, sx_b, ss_b, so_b,
+                 STATE_LEN: tl.constexpr, WIDTH: tl.constexpr, BLOCK_D: tl.constexpr,
+                 SILU: tl.constexpr, HINTS: tl.constexpr):
+    """Run 4: one vector of the channels per state position (STATE_LEN strided loads, the
+    taps the last WIDTH - 1 of them, STATE_LEN strided stores); HINTS: evict-first
+    loads and streaming stores of the state."""
+    b = tl.program_id(0).to(tl.int64)
+    ch = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = ch < dim
+    rows = state_ptr + b * ss_b + ch * STATE_LEN
+    token = tl.load(x_ptr + b * sx_b + ch, mask=cmask, other=0.0)
+    acc = token.to(tl.float32) * tl.load(w_ptr + ch * WIDTH + (WIDTH - 1), mask=cmask,
+                                         other=0.0).to(tl.float32)
+    acc += tl.load(b_ptr + ch, mask=cmask, other=0.0).to(tl.float32)
+    if HINTS:
+        prev = tl.load(rows, mask=cmask, other=0.0, eviction_policy="evict_first")
+    else:
+        prev = tl.load(rows, mask=cmask, other=0.0)
+    if STATE_LEN - (WIDTH - 1) == 0:
+        acc += prev.to(tl.float32) * tl.load(w_ptr + ch * WIDTH, mask=cmask,
+                                             other=0.0).to(tl.float32)
+    for p in tl.static_range(1, STATE_LEN):
+        if HINTS:
+            v = tl.load(rows + p, mask=cmask, other=0.0, eviction_policy="evict_first")
+            tl.store(rows + (p - 1), v, mask=cmask, cache_modifier=".cs")
+        else:
+            v = tl.load(rows + p, mask=cmask, other=0.0)
+            tl.store(rows + (p - 1), v, mask=cmask)
+        if p >= STATE_LEN - (WIDTH - 1):
+            j = p - (STATE_LEN - (WIDTH - 1))
+            acc += v.to(tl.float32) * tl.load(w_ptr + ch * WIDTH + j, mask=cmask,
+                                              other=0.0).to(tl.float32)
+    if HINTS:
+        tl.store(rows + (STATE_LEN - 1), token, mask=cmask, cache_modifier=".cs")
+    else:
+        tl.store(rows + (STATE_LEN - 1), token, mask=cmask)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    tl.store(out_ptr + b * so_b + ch, acc.to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+def cols_step(x, state, w, bias, block_d, warps, hints=False):
+    batch, dim = x.shape
+    out = torch.empty_like(x)
+    _cols_kernel[(batch, triton.cdiv(dim, block_d))](
+        x, state, w, bias, out, dim, x.stride(0), state.stride(0), out.stride(0),
+        STATE_LEN=state.shape[-1], WIDTH=w.shape[1], BLOCK_D=block_d, SILU=True,
+        HINTS=hints, num_warps=warps)
+    return out
+
+
 def shipped_step(x, state, w, bias, *_):
     """The kernel as committed (run 3: the flat kernel of a8a57f6, its own tile)."""
     return shipped.decode_step(x, state, w, bias, True, None)
@@ -213,6 +266,7 @@ def main():
         sa, sb = s0.clone(), s0.clone()
         ref = torch_step(x0, sa, w, bias)
         for name, fn in (("flat", flat_step), ("gather", gather_step),
+                         ("cols", cols_step),
                          ("rows2", lambda *a: rows_step(*a, 2)),
                          ("rows4", lambda *a: rows_step(*a, 4))):
             sb = s0.clone()
@@ -224,10 +278,10 @@ def main():
         variants = [("torch", torch_step, ()), ("shipped", shipped_step, ()),
                     ("flat d128 w4", flat_step, (128, 4)),
                     ("gather d128 w4", gather_step, (128, 4))]
-        for bd in (64, 128, 256):
-            for nw in (4, 8):
-                for rows in (1, 2, 4, 8):
-                    variants.append((f"rows{rows} d{bd} w{nw}", rows_step, (bd, nw, rows)))
+        for bd in (64, 128, 256, 512, 1024):
+            for nw in (1, 2, 4, 8):
+                variants.append((f"cols d{bd} w{nw}", cols_step, (bd, nw)))
+                variants.append((f"cols+hints d{bd} w{nw}", cols_step, (bd, nw, True)))
         for name, step, extra in variants:
             own = [(x, st.clone()) for x, st in sets]
             try:
