@@ -1,0 +1,199 @@
+"""Probe (issue 56, 2026-11-29): a causal long convolution as one Triton kernel per
+(channel, batch row): a two-stage FFT of size N = N1 x N2 on the tensor cores (the
+FlashFFTConv / Monarch scheme: DFT matrices as matrix products, a twiddle between them),
+the product with the filter's spectrum, and the inverse, in registers and shared memory,
+x read once and y written once. The filter's spectrum comes from torch.fft (float32).
+
+x (batch, dim, L), weight (dim, K), y[t] = sum_{j<=t} weight[j] x[t-j] (long_conv1d's
+convention). N = the power of two >= L + K - 1; x as an (N1, N2) matrix A[n1, n2] =
+x[N2 n1 + n2] (zero past L); B = F_N1 A (only A's first R rows are non-zero: R = ceil(L/N2)),
+C = B * twiddle, D = C F_N2 (D[k1, k2] = X[k1 + N1 k2]); Y = D * H (H in the same order);
+the inverse likewise, only the output's first R rows. 12 matrix products per row.
+
+Prints, per case: the relative error against float64 (and torch.fft's), and the median ms
+of this kernel and of torch.fft's implementation (the seqconv bench's) in one process,
+interleaved, in CUDA graphs. Run: PYTHONPATH=src python3 probe_fftconv.py"""
+
+import json
+import math
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _cmm(ar, ai, br, bi, DT: tl.constexpr):
+    """(ar + i ai) @ (br + i bi), float32 accumulation, operands in DT."""
+    ar, ai, br, bi = ar.to(DT), ai.to(DT), br.to(DT), bi.to(DT)
+    rr = tl.dot(ar, br) - tl.dot(ai, bi)
+    ii = tl.dot(ar, bi) + tl.dot(ai, br)
+    return rr, ii
+
+
+@triton.jit
+def _fftconv_kernel(x_ptr, y_ptr, hr_ptr, hi_ptr, f1r_ptr, f1i_ptr, tr_ptr, ti_ptr,
+                    f2r_ptr, f2i_ptr, g1r_ptr, g1i_ptr, b_ptr, batch, dim, L, inv_n,
+                    N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+    d = tl.program_id(0)
+    b = tl.program_id(1)
+    k1 = tl.arange(0, N1)
+    n2 = tl.arange(0, N2)
+    r = tl.arange(0, R)
+    k2 = tl.arange(0, N2)
+    pos = r[:, None] * N2 + n2[None, :]  # (R, N2): x's first R rows
+    row = (b * dim + d).to(tl.int64) * L
+    a = tl.load(x_ptr + row + pos, mask=pos < L, other=0.0)
+    # B = F_N1[:, :R] @ A  (A real)
+    f1r = tl.load(f1r_ptr + k1[:, None] * R + r[None, :])
+    f1i = tl.load(f1i_ptr + k1[:, None] * R + r[None, :])
+    a16 = a.to(DT)
+    br = tl.dot(f1r.to(DT), a16)
+    bi = tl.dot(f1i.to(DT), a16)
+    tw = k1[:, None] * N2 + n2[None, :]
+    tr = tl.load(tr_ptr + tw)
+    ti = tl.load(ti_ptr + tw)
+    cr = br * tr - bi * ti
+    ci = br * ti + bi * tr
+    f2 = n2[:, None] * N2 + k2[None, :]
+    f2r = tl.load(f2r_ptr + f2)
+    f2i = tl.load(f2i_ptr + f2)
+    dr, di = _cmm(cr, ci, f2r, f2i, DT)
+    hw = d.to(tl.int64) * (N1 * N2) + tw
+    hr = tl.load(hr_ptr + hw)
+    hi = tl.load(hi_ptr + hw)
+    yr = dr * hr - di * hi
+    yi = dr * hi + di * hr
+    # inverse: E = Y @ conj(F_N2), G = E * conj(twiddle), out = Re(conj(F_N1)[:R] @ G) / N
+    er, ei = _cmm(yr, yi, f2r, -f2i, DT)
+    gr = er * tr + ei * ti
+    gi = ei * tr - er * ti
+    g1r = tl.load(g1r_ptr + r[:, None] * N1 + k1[None, :])
+    g1i = tl.load(g1i_ptr + r[:, None] * N1 + k1[None, :])
+    out = (tl.dot(g1r.to(DT), gr.to(DT)) - tl.dot(g1i.to(DT), gi.to(DT))) * inv_n
+    if HAS_BIAS:
+        out += tl.load(b_ptr + d).to(tl.float32)
+    tl.store(y_ptr + row + pos, out.to(y_ptr.dtype.element_ty), mask=pos < L)
+
+
+_MATS: dict = {}
+
+
+def _split(n: int) -> tuple[int, int]:
+    n1 = 1 << (n.bit_length() - 1) // 2
+    return n1, n // n1
+
+
+def _matrices(n1: int, n2: int, rows: int, device):
+    key = (n1, n2, rows, device)
+    if key not in _MATS:
+        n = n1 * n2
+        k1 = torch.arange(n1, dtype=torch.float64)
+        r = torch.arange(rows, dtype=torch.float64)
+        j2 = torch.arange(n2, dtype=torch.float64)
+        f1 = torch.exp(-2j * math.pi * torch.outer(k1, r) / n1)  # (N1, R)
+        tw = torch.exp(-2j * math.pi * torch.outer(k1, j2) / n)  # (N1, N2)
+        f2 = torch.exp(-2j * math.pi * torch.outer(j2, j2) / n2)  # (N2, N2)
+        g1 = torch.exp(2j * math.pi * torch.outer(r, k1) / n1)  # (R, N1)
+        _MATS[key] = [t.to(device, torch.float32).contiguous()
+                      for m in (f1, tw, f2, g1) for t in (m.real, m.imag)]
+    return _MATS[key]
+
+
+def fftconv(x, w, bias=None):
+    batch, dim, L = x.shape
+    K = w.shape[1]
+    n = triton.next_power_of_2(L + K - 1)
+    n = max(n, 256)
+    n1, n2 = _split(n)
+    rows = max(16, triton.next_power_of_2(triton.cdiv(L, n2)))
+    spec = torch.fft.fft(w.float(), n=n).view(dim, n2, n1).transpose(1, 2)  # D order
+    hr, hi = spec.real.contiguous(), spec.imag.contiguous()
+    f1r, f1i, tr, ti, f2r, f2i, g1r, g1i = _matrices(n1, n2, rows, x.device)
+    y = torch.empty_like(x)
+    dt = tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16 \
+        if x.dtype == torch.float16 else tl.float32
+    _fftconv_kernel[(dim, batch)](
+        x, y, hr, hi, f1r, f1i, tr, ti, f2r, f2i, g1r, g1i, x if bias is None else bias,
+        batch, dim, L, 1.0 / n, N1=n1, N2=n2, R=rows, HAS_BIAS=bias is not None, DT=dt,
+        num_warps=8 if n1 * n2 >= 4096 else 4)
+    return y
+
+
+def torch_fft(x, w, b):  # the seqconv bench's torch provider
+    n = x.shape[-1] + w.shape[-1] - 1
+    out = torch.fft.irfft(torch.fft.rfft(x.float(), n=n) * torch.fft.rfft(w.float(), n=n),
+                          n=n)[..., :x.shape[-1]]
+    return (out + b.float().unsqueeze(-1)).to(x.dtype)
+
+
+def reference(x, w, b):
+    L = x.shape[-1]
+    return torch.nn.functional.conv1d(torch.nn.functional.pad(x.double(), (w.shape[1] - 1, 0)),
+                                      w.double().flip(-1).unsqueeze(1), b.double(),
+                                      groups=x.shape[1])[..., :L]
+
+
+def rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def graph_ms(fn, reps=20):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(reps)]
+    for a, e in ev:
+        a.record()
+        g.replay()
+        e.record()
+    torch.cuda.synchronize()
+    t = sorted(a.elapsed_time(e) for a, e in ev)
+    return t[len(t) // 2]
+
+
+def main():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cases = [(4, 768, 1024), (4, 768, 4096)] if device == "cuda" else \
+        [(2, 3, 100), (1, 2, 37), (2, 2, 128)]
+    dts = (torch.bfloat16, torch.float16) if device == "cuda" else (torch.float32,)
+    if device == "cuda":
+        print("#", torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    for batch, dim, L in cases:
+        for dt in dts:
+            g = torch.Generator(device="cpu").manual_seed(L)
+            x = torch.randn(batch, dim, L, generator=g).to(device, dt)
+            w = (torch.randn(dim, L, generator=g) / L ** 0.5).to(device, dt)
+            b = torch.randn(dim, generator=g).to(device, dt)
+            ref = reference(x, w, b)
+            row = dict(batch=batch, dim=dim, L=L, dtype=str(dt).split(".")[-1])
+            try:
+                row["rel_err"] = rel(fftconv(x, w, b), ref)
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                print(json.dumps(row), flush=True)
+                continue
+            row["torch_rel_err"] = rel(torch_fft(x, w, b), ref)
+            if device == "cuda":
+                ours, theirs = [], []
+                for _ in range(5):  # interleaved
+                    ours.append(graph_ms(lambda: fftconv(x, w, b)))
+                    theirs.append(graph_ms(lambda: torch_fft(x, w, b)))
+                row["ms"] = sorted(ours)[2]
+                row["torch_ms"] = sorted(theirs)[2]
+                row["speedup"] = round(row["torch_ms"] / row["ms"], 3)
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
