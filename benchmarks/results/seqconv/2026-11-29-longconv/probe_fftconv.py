@@ -11,8 +11,9 @@ C = B * twiddle, D = C F_N2 (D[k1, k2] = X[k1 + N1 k2]); Y = D * H (H in the sam
 the inverse likewise, only the output's first R rows. 12 matrix products per row.
 
 Prints, per case: the relative error against float64 (and torch.fft's), and the median ms
-of this kernel and of torch.fft's implementation (the seqconv bench's) in one process,
-interleaved, in CUDA graphs. Run: PYTHONPATH=src python3 probe_fftconv.py"""
+of this kernel and of torch.fft's implementation (the seqconv bench's provider) in one process,
+interleaved, in CUDA graphs (and fastconv.long_conv1d's; the kernel at 4, 8 and 16 warps).
+Run: PYTHONPATH=src python3 probe_fftconv.py"""
 
 import json
 import math
@@ -21,6 +22,9 @@ import sys
 import torch
 import triton
 import triton.language as tl
+
+from fastconv import long_conv1d
+from fastconv.tools.bench.seqconv import _torch_fft as torch_fft  # the bench's provider
 
 
 @triton.jit
@@ -102,7 +106,7 @@ def _matrices(n1: int, n2: int, rows: int, device):
     return _MATS[key]
 
 
-def fftconv(x, w, bias=None):
+def fftconv(x, w, bias=None, warps=None):
     batch, dim, L = x.shape
     K = w.shape[1]
     n = triton.next_power_of_2(L + K - 1)
@@ -118,15 +122,8 @@ def fftconv(x, w, bias=None):
     _fftconv_kernel[(dim, batch)](
         x, y, hr, hi, f1r, f1i, tr, ti, f2r, f2i, g1r, g1i, x if bias is None else bias,
         batch, dim, L, 1.0 / n, N1=n1, N2=n2, R=rows, HAS_BIAS=bias is not None, DT=dt,
-        num_warps=8 if n1 * n2 >= 4096 else 4)
+        num_warps=warps or (8 if n1 * n2 >= 4096 else 4))
     return y
-
-
-def torch_fft(x, w, b):  # the seqconv bench's torch provider
-    n = x.shape[-1] + w.shape[-1] - 1
-    out = torch.fft.irfft(torch.fft.rfft(x.float(), n=n) * torch.fft.rfft(w.float(), n=n),
-                          n=n)[..., :x.shape[-1]]
-    return (out + b.float().unsqueeze(-1)).to(x.dtype)
 
 
 def reference(x, w, b):
@@ -185,13 +182,18 @@ def main():
                 continue
             row["torch_rel_err"] = rel(torch_fft(x, w, b), ref)
             if device == "cuda":
-                ours, theirs = [], []
+                long_conv1d(x, w, b)  # its route timed once per shape
+                fns = {"torch_ms": lambda: torch_fft(x, w, b),
+                       "long_conv1d_ms": lambda: long_conv1d(x, w, b)}
+                for warps in (4, 8, 16):
+                    fns[f"ms_w{warps}"] = lambda warps=warps: fftconv(x, w, b, warps)
+                times = {k: [] for k in fns}
                 for _ in range(5):  # interleaved
-                    ours.append(graph_ms(lambda: fftconv(x, w, b)))
-                    theirs.append(graph_ms(lambda: torch_fft(x, w, b)))
-                row["ms"] = sorted(ours)[2]
-                row["torch_ms"] = sorted(theirs)[2]
-                row["speedup"] = round(row["torch_ms"] / row["ms"], 3)
+                    for k, fn in fns.items():
+                        times[k].append(graph_ms(fn))
+                row.update({k: round(sorted(v)[2], 4) for k, v in times.items()})
+                row["speedup"] = round(row["torch_ms"] / min(
+                    v for k, v in row.items() if k.startswith("ms_w")), 3)
             print(json.dumps(row), flush=True)
 
 
