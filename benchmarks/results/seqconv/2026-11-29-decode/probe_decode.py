@@ -5,10 +5,12 @@ read and written as one contiguous range, the window's taps as strided vectors),
 torch's four-launch step. Prints one line per variant: us per step and % of the floor
 (bytes: token and output, the state read and written, at the measured copy bandwidth).
 Run 3 added *rows* (the flat variant over 1-8 batch rows per program), run 4 *cols*
-(one vector of channels per state position) with and without cache hints.
+(one vector of channels per state position) with and without cache hints, run 5
+(COPY_ONLY=1) torch's copy and in-place multiply of the same bytes, beside the flat kernel.
 Run on the device: PYTHONPATH=src python3 probe_decode.py"""
 
 import json
+import os
 import sys
 
 import torch
@@ -282,6 +284,17 @@ def main():
             for nw in (1, 2, 4, 8):
                 variants.append((f"cols d{bd} w{nw}", cols_step, (bd, nw)))
                 variants.append((f"cols+hints d{bd} w{nw}", cols_step, (bd, nw, True)))
+        if os.environ.get("COPY_ONLY"):  # run 5: the same bytes moved by torch's own kernels
+            variants = [("flat d128 w4", flat_step, (128, 4)), ("shipped", shipped_step, ())]
+            flat = [torch.randn(batch * dim * width, device="cuda").to(dt) for _ in sets]
+            dsts = [torch.empty_like(f) for f in flat]
+            for name, fns in (("copy (one kernel, 2 buffers)",
+                               [lambda f=f, o=o: o.copy_(f) for f, o in zip(flat, dsts)]),
+                              ("in-place mul_ (one kernel)",
+                               [lambda f=f: f.mul_(1.0) for f in flat])):
+                us = graph_us(lambda fn, _: fn(), [(fn, None) for fn in fns], ())
+                print(json.dumps(dict(batch=batch, variant=name, us=round(us, 3),
+                                      floor_pct=round(100 * floor_us / us, 1))), flush=True)
         for name, step, extra in variants:
             own = [(x, st.clone()) for x, st in sets]
             try:
