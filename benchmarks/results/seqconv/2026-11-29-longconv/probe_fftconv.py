@@ -12,7 +12,8 @@ the inverse likewise, only the output's first R rows. 12 matrix products per row
 
 Prints, per case: the relative error against float64 (and torch.fft's), and the median ms
 of this kernel and of torch.fft's implementation (the seqconv bench's provider) in one process,
-interleaved, in CUDA graphs (and fastconv.long_conv1d's; the kernel at 4, 8 and 16 warps).
+interleaved, in CUDA graphs (and fastconv.long_conv1d's; the kernel at 4, 8 and 16 warps;
+run 3, not yet run: also N1 ≥ N2).
 Run: PYTHONPATH=src python3 probe_fftconv.py"""
 
 import json
@@ -85,9 +86,11 @@ def _fftconv_kernel(x_ptr, y_ptr, hr_ptr, hi_ptr, f1r_ptr, f1i_ptr, tr_ptr, ti_p
 _MATS: dict = {}
 
 
-def _split(n: int) -> tuple[int, int]:
-    n1 = 1 << (n.bit_length() - 1) // 2
-    return n1, n // n1
+def _split(n: int, tall: bool = False) -> tuple[int, int]:
+    """(N1, N2): N1 ≤ N2, or with ``tall`` N1 ≥ N2 (6.3M multiply-adds a row at N = 8192
+    against 9.4M: the complex-by-complex products are N1·N2² each)."""
+    small = 1 << (n.bit_length() - 1) // 2
+    return (n // small, small) if tall else (small, n // small)
 
 
 def _matrices(n1: int, n2: int, rows: int, device):
@@ -106,12 +109,12 @@ def _matrices(n1: int, n2: int, rows: int, device):
     return _MATS[key]
 
 
-def fftconv(x, w, bias=None, warps=None):
+def fftconv(x, w, bias=None, warps=None, tall=False):
     batch, dim, L = x.shape
     K = w.shape[1]
     n = triton.next_power_of_2(L + K - 1)
     n = max(n, 256)
-    n1, n2 = _split(n)
+    n1, n2 = _split(n, tall)
     rows = max(16, triton.next_power_of_2(triton.cdiv(L, n2)))
     spec = torch.fft.fft(w.float(), n=n).view(dim, n2, n1).transpose(1, 2)  # D order
     hr, hi = spec.real.contiguous(), spec.imag.contiguous()
@@ -162,7 +165,7 @@ def graph_ms(fn, reps=20):
 def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cases = [(4, 768, 1024), (4, 768, 4096)] if device == "cuda" else \
-        [(2, 3, 100), (1, 2, 37), (2, 2, 128)]
+        [(2, 3, 100), (1, 2, 37), (2, 2, 128), (1, 2, 200)]
     dts = (torch.bfloat16, torch.float16) if device == "cuda" else (torch.float32,)
     if device == "cuda":
         print("#", torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
@@ -176,6 +179,7 @@ def main():
             row = dict(batch=batch, dim=dim, L=L, dtype=str(dt).split(".")[-1])
             try:
                 row["rel_err"] = rel(fftconv(x, w, b), ref)
+                row["rel_err_tall"] = rel(fftconv(x, w, b, tall=True), ref)
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 print(json.dumps(row), flush=True)
@@ -187,6 +191,8 @@ def main():
                        "long_conv1d_ms": lambda: long_conv1d(x, w, b)}
                 for warps in (4, 8, 16):
                     fns[f"ms_w{warps}"] = lambda warps=warps: fftconv(x, w, b, warps)
+                for warps in (4, 8):  # (run 3: N1 ≥ N2)
+                    fns[f"ms_w{warps}_tall"] = lambda warps=warps: fftconv(x, w, b, warps, True)
                 times = {k: [] for k in fns}
                 for _ in range(5):  # interleaved
                     for k, fn in fns.items():
