@@ -13,7 +13,8 @@ the inverse likewise, only the output's first R rows. 12 matrix products per row
 Prints, per case: the relative error against float64 (and torch.fft's), and the median ms
 of this kernel and of torch.fft's implementation (the seqconv bench's provider) in one process,
 interleaved, in CUDA graphs (and fastconv.long_conv1d's; the kernel at 4, 8 and 16 warps;
-run 3, not yet run: also N1 ≥ N2).
+run 3, not yet run: also N1 ≥ N2, and a program per channel computing the filter's
+spectrum itself).
 Run: PYTHONPATH=src python3 probe_fftconv.py"""
 
 import json
@@ -83,6 +84,63 @@ def _fftconv_kernel(x_ptr, y_ptr, hr_ptr, hi_ptr, f1r_ptr, f1i_ptr, tr_ptr, ti_p
     tl.store(y_ptr + row + pos, out.to(y_ptr.dtype.element_ty), mask=pos < L)
 
 
+@triton.jit
+def _spectrum(src, length, f1r_ptr, f1i_ptr, tr_ptr, ti_ptr, f2r_ptr, f2i_ptr,
+              N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """The N1·N2-point DFT of ``length`` real values at ``src`` (zeros after), in D order."""
+    k1 = tl.arange(0, N1)
+    n2 = tl.arange(0, N2)
+    r = tl.arange(0, R)
+    pos = r[:, None] * N2 + n2[None, :]
+    a = tl.load(src + pos, mask=pos < length, other=0.0).to(DT)
+    f1r = tl.load(f1r_ptr + k1[:, None] * R + r[None, :])
+    f1i = tl.load(f1i_ptr + k1[:, None] * R + r[None, :])
+    br = tl.dot(f1r.to(DT), a)
+    bi = tl.dot(f1i.to(DT), a)
+    tw = k1[:, None] * N2 + n2[None, :]
+    tr = tl.load(tr_ptr + tw)
+    ti = tl.load(ti_ptr + tw)
+    f2 = n2[:, None] * N2 + n2[None, :]
+    return _cmm(br * tr - bi * ti, br * ti + bi * tr, tl.load(f2r_ptr + f2),
+                tl.load(f2i_ptr + f2), DT)
+
+
+@triton.jit
+def _fftconv_channel_kernel(x_ptr, y_ptr, w_ptr, f1r_ptr, f1i_ptr, tr_ptr, ti_ptr,
+                            f2r_ptr, f2i_ptr, g1r_ptr, g1i_ptr, b_ptr, batch, dim, L, K,
+                            inv_n, N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+    """Run 3's variant: one program per channel, the filter's spectrum computed here (the
+    same transform as x's: no torch.fft, no spectrum in memory) and kept for every batch
+    row of the channel."""
+    d = tl.program_id(0)
+    hr, hi = _spectrum(w_ptr + d.to(tl.int64) * K, K, f1r_ptr, f1i_ptr, tr_ptr, ti_ptr,
+                       f2r_ptr, f2i_ptr, N1, N2, R, DT)
+    k1 = tl.arange(0, N1)
+    n2 = tl.arange(0, N2)
+    r = tl.arange(0, R)
+    pos = r[:, None] * N2 + n2[None, :]
+    tw = k1[:, None] * N2 + n2[None, :]
+    f2 = n2[:, None] * N2 + n2[None, :]
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + d).to(tl.float32)
+    for b in range(batch):
+        row = (b * dim + d).to(tl.int64) * L
+        dr, di = _spectrum(x_ptr + row, L, f1r_ptr, f1i_ptr, tr_ptr, ti_ptr, f2r_ptr,
+                           f2i_ptr, N1, N2, R, DT)
+        er, ei = _cmm(dr * hr - di * hi, dr * hi + di * hr, tl.load(f2r_ptr + f2),
+                      -tl.load(f2i_ptr + f2), DT)
+        tr = tl.load(tr_ptr + tw)
+        ti = tl.load(ti_ptr + tw)
+        gr = er * tr + ei * ti
+        gi = ei * tr - er * ti
+        g1r = tl.load(g1r_ptr + r[:, None] * N1 + k1[None, :])
+        g1i = tl.load(g1i_ptr + r[:, None] * N1 + k1[None, :])
+        out = (tl.dot(g1r.to(DT), gr.to(DT)) - tl.dot(g1i.to(DT), gi.to(DT))) * inv_n + bias
+        tl.store(y_ptr + row + pos, out.to(y_ptr.dtype.element_ty), mask=pos < L)
+
+
 _MATS: dict = {}
 
 
@@ -126,6 +184,24 @@ def fftconv(x, w, bias=None, warps=None, tall=False):
         x, y, hr, hi, f1r, f1i, tr, ti, f2r, f2i, g1r, g1i, x if bias is None else bias,
         batch, dim, L, 1.0 / n, N1=n1, N2=n2, R=rows, HAS_BIAS=bias is not None, DT=dt,
         num_warps=warps or (8 if n1 * n2 >= 4096 else 4))
+    return y
+
+
+def fftconv_channels(x, w, bias=None, warps=4, tall=False):
+    """Run 3's variant (``_fftconv_channel_kernel``): a program per channel."""
+    batch, dim, L = x.shape
+    K = w.shape[1]
+    n = max(triton.next_power_of_2(L + K - 1), 256)
+    n1, n2 = _split(n, tall)
+    rows = max(16, triton.next_power_of_2(triton.cdiv(L, n2)))
+    mats = _matrices(n1, n2, rows, x.device)
+    y = torch.empty_like(x)
+    dt = tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16 \
+        if x.dtype == torch.float16 else tl.float32
+    w = w.contiguous()
+    _fftconv_channel_kernel[(dim,)](
+        x, y, w, *mats, x if bias is None else bias, batch, dim, L, K, 1.0 / n, N1=n1, N2=n2,
+        R=rows, HAS_BIAS=bias is not None, DT=dt, num_warps=warps)
     return y
 
 
@@ -180,6 +256,8 @@ def main():
             try:
                 row["rel_err"] = rel(fftconv(x, w, b), ref)
                 row["rel_err_tall"] = rel(fftconv(x, w, b, tall=True), ref)
+                row["rel_err_channels"] = rel(fftconv_channels(x, w, b), ref)
+                row["rel_err_channels_tall"] = rel(fftconv_channels(x, w, b, tall=True), ref)
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 print(json.dumps(row), flush=True)
@@ -191,8 +269,11 @@ def main():
                        "long_conv1d_ms": lambda: long_conv1d(x, w, b)}
                 for warps in (4, 8, 16):
                     fns[f"ms_w{warps}"] = lambda warps=warps: fftconv(x, w, b, warps)
-                for warps in (4, 8):  # (run 3: N1 ≥ N2)
+                for warps in (4, 8):  # (run 3: N1 ≥ N2, and a program per channel)
                     fns[f"ms_w{warps}_tall"] = lambda warps=warps: fftconv(x, w, b, warps, True)
+                    for tall in (False, True):
+                        fns[f"ms_w{warps}_channels{'_tall' * tall}"] = \
+                            lambda warps=warps, tall=tall: fftconv_channels(x, w, b, warps, tall)
                 times = {k: [] for k in fns}
                 for _ in range(5):  # interleaved
                     for k, fn in fns.items():
