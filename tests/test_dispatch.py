@@ -843,7 +843,10 @@ def test_finish_builds_and_building_see_budget_cut_candidates(fakes, clock, monk
     """``finish_builds(upgrades=True)`` (the bench, before it times a steady state) also
     waits for the candidates a budget-cut timing left building; plain ``finish_builds``
     (a CUDA-graph capture) waits only for stored choices' builds; ``building()`` (whether a
-    captured graph must be captured again later) sees both."""
+    captured graph must be captured again later) sees both. The waits are counted
+    (``timing.WAITED``, the bench's first-call breakdown)."""
+    from fastconv.dispatch import timing
+
     run, _ = fakes
     futures = {}
     monkeypatch.setattr(backends, "REGISTRY", {"fake": _building(futures, done="ab")})
@@ -851,7 +854,9 @@ def test_finish_builds_and_building_see_budget_cut_candidates(fakes, clock, monk
     assert not dispatch.building()
     assert dispatch.choose(_problem(), run=run, mode="benchmark").provisional
     assert dispatch.finish_builds(timeout=0.01)  # nothing stored waits
+    waited = timing.WAITED["builds_s"]
     assert not dispatch.finish_builds(timeout=0.01, upgrades=True)  # "c" still builds
+    assert timing.WAITED["builds_s"] - waited >= 0.01
     assert dispatch.building()  # (a CUDA graph captured now runs the provisional choice)
     futures["c"].set_result("built")
     assert dispatch.finish_builds(timeout=0.01, upgrades=True)

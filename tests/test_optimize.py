@@ -254,4 +254,7 @@ def test_models_suite_rows(mode, monkeypatch):
         assert by[p]["rel_err"] < (1e-5 if mode == "eval" else 1e-3)
         assert by[p]["timing"] == "not measured (no GPU)"
         assert by[p]["prepare_s"] > 0 and by[p]["first_call_s"] > 0
+    # (heuristic dispatch on the CPU: nothing timed, nothing built)
+    assert by["fastconv"]["first_call_timing_s"] == by["fastconv"]["first_call_build_wait_s"] == 0
+    assert "first_call_timing_s" not in by["torch"]
     assert by["fastconv"]["choice"] == "53 fused, 0 left"

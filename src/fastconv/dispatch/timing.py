@@ -162,6 +162,22 @@ def _compile_ahead(cls, configs: list, run) -> list[list | None]:
 BUILD_WAIT_S = 0.25
 
 
+#: Seconds this process's calls spent waiting for background builds (``wait_builds``: a
+#: budgeted timing's short wait, a strong prior's, a CUDA-graph capture's): the bench reads
+#: it around a first call to say how much of it was waiting rather than timing.
+WAITED = {"builds_s": 0.0}
+
+
+def wait_builds(jobs: list, timeout: float | None = None) -> bool:
+    """``concurrent.futures.wait`` for background builds, its time counted in ``WAITED``;
+    True if every job finished."""
+    start = time.perf_counter()
+    try:
+        return not concurrent.futures.wait(jobs, timeout=timeout).not_done
+    finally:
+        WAITED["builds_s"] += time.perf_counter() - start
+
+
 def _wait_built(jobs: list | None, start: float, bounded: bool) -> bool:
     """Wait for a candidate's background build, within the problem's budget and
     ``BUILD_WAIT_S`` (exhaustive tuning: without limit) where ``bounded`` (some candidate
@@ -169,14 +185,12 @@ def _wait_built(jobs: list | None, start: float, bounded: bool) -> bool:
     if not jobs:
         return True
     if not bounded:
-        concurrent.futures.wait(jobs)
-        return True
+        return wait_builds(jobs)
     tuning = budget.TUNING
     left = min(tuning.per_problem_s - (clock() - start),
                tuning.per_process_s - tuning.spent_s - (clock() - start),
                float("inf") if tuning.exhaustive else BUILD_WAIT_S)
-    timeout = None if math.isinf(left) else max(0.0, left)
-    return not concurrent.futures.wait(jobs, timeout=timeout).not_done
+    return wait_builds(jobs, None if math.isinf(left) else max(0.0, left))
 
 
 #: Seconds a strong prior's build is waited for (a Triton kernel compiles in 1-3 s on a cold
@@ -185,7 +199,7 @@ PRIOR_WAIT_S = 10.0
 
 
 def _wait_prior(jobs: list | None) -> bool:
-    return not jobs or not concurrent.futures.wait(jobs, timeout=PRIOR_WAIT_S).not_done
+    return not jobs or wait_builds(jobs, PRIOR_WAIT_S)
 
 
 #: A candidate whose first reading (``costs.time_probe``) is more than this many times the

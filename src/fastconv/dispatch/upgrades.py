@@ -5,7 +5,6 @@ after every build is done times them and stores the final choice)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import threading
 import warnings
@@ -181,7 +180,7 @@ def finish_builds(timeout: float | None = None, *, upgrades: bool = False) -> bo
     if upgrades:
         jobs += [j for up in list(UPGRADES.values()) for r in up.rows if r.builds
                  for j in r.builds if not j.done()]
-    return not concurrent.futures.wait(jobs, timeout=timeout).not_done
+    return timing.wait_builds(jobs, timeout)
 
 
 def building() -> bool:

@@ -15,7 +15,10 @@ autotuning), kept out of the timing, and ``prepare_s``: the time to build the pr
 model before it (``optimize``'s trace and fusion, torch's ``deepcopy`` and channels-last
 copy, ``torch.compile``'s wrapper; a user's first result waits for both); fastconv rows also
 ``builds_left_s``: how long kernels the first call left compiling in the background (aten
-running their layers meanwhile) took to finish after it. Every row's ``rel_err`` is against a
+running their layers meanwhile) took to finish after it, and what the first call spent
+timing candidates (``first_call_timing_s``, the tuning budget's count) and waiting for
+background builds (``first_call_build_wait_s``: strong priors, budgeted waits, a CUDA-graph
+capture's wait for chosen kernels). Every row's ``rel_err`` is against a
 float64 run of the same model (dropout off), so the table shows torch's own error beside
 fastconv's. In ``train`` rows (BatchNorm on batch statistics) DeepLab in bf16 shows ~0.79 for every
 provider, torch's included (ResNet-50: 0.12); the cause is not established (fp32 stays near
@@ -34,6 +37,7 @@ import time
 import torch
 
 from ... import dispatch
+from ...dispatch.timing import WAITED
 from ...precision import Precision, relative_error
 from .timers import restore_cudnn_flags, torch_cudnn_flags
 
@@ -274,12 +278,19 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                 fn, net = provider_call(provider, model, x, precision, mode)
                 row["prepare_s"] = _say(case, f"{provider} prepared", start)
                 start = time.perf_counter()
+                timed, waited = dispatch.budget.TUNING.spent_s, WAITED["builds_s"]
                 with no_dropout(net):
                     y = fn()  # compiles, dispatches and autotunes: kept out of the timing
                 if device == "cuda":
                     torch.cuda.synchronize()
                 row["first_call_s"] = _say(case, f"{provider} first call", start)
                 if provider.startswith("fastconv"):
+                    row["first_call_timing_s"] = dispatch.budget.TUNING.spent_s - timed
+                    row["first_call_build_wait_s"] = WAITED["builds_s"] - waited
+                    print(f"  {case.name}: {provider} first call: timing "
+                          f"{row['first_call_timing_s']:.1f} s, waiting for builds "
+                          f"{row['first_call_build_wait_s']:.1f} s", file=sys.stderr,
+                          flush=True)
                     # kernels the first call left compiling in the background (aten ran
                     # meanwhile, and the choices a tuning budget cut short wait for them
                     # to be timed): their wait, before the steady state is timed
