@@ -37,7 +37,6 @@ import time
 import torch
 
 from ... import dispatch
-from ...dispatch.timing import WAITED
 from ...precision import Precision, relative_error
 from .timers import restore_cudnn_flags, torch_cudnn_flags
 
@@ -278,7 +277,7 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                 fn, net = provider_call(provider, model, x, precision, mode)
                 row["prepare_s"] = _say(case, f"{provider} prepared", start)
                 start = time.perf_counter()
-                timed, waited = dispatch.budget.TUNING.spent_s, WAITED["builds_s"]
+                timed, waited = dispatch.budget.TUNING.spent_s, dispatch.timing.WAITED["builds_s"]
                 with no_dropout(net):
                     y = fn()  # compiles, dispatches and autotunes: kept out of the timing
                 if device == "cuda":
@@ -286,7 +285,7 @@ def run_case(case: ModelCase, providers: list[str], precision: Precision, mode: 
                 row["first_call_s"] = _say(case, f"{provider} first call", start)
                 if provider.startswith("fastconv"):
                     row["first_call_timing_s"] = dispatch.budget.TUNING.spent_s - timed
-                    row["first_call_build_wait_s"] = WAITED["builds_s"] - waited
+                    row["first_call_build_wait_s"] = dispatch.timing.WAITED["builds_s"] - waited
                     print(f"  {case.name}: {provider} first call: timing "
                           f"{row['first_call_timing_s']:.1f} s, waiting for builds "
                           f"{row['first_call_build_wait_s']:.1f} s", file=sys.stderr,
