@@ -141,6 +141,22 @@ def _fftconv_channel_kernel(x_ptr, y_ptr, w_ptr, f1r_ptr, f1i_ptr, tr_ptr, ti_pt
         tl.store(y_ptr + row + pos, out.to(y_ptr.dtype.element_ty), mask=pos < L)
 
 
+@triton.jit
+def _spectrum_kernel(w_ptr, hr_ptr, hi_ptr, K, f1r_ptr, f1i_ptr, tr_ptr, ti_ptr, f2r_ptr,
+                     f2i_ptr, N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr,
+                     DT: tl.constexpr):
+    """Run 4: the filters' spectra (dim, N1, N2) in D order, float32, by the same transform
+    (for ``_fftconv_kernel``: no torch.fft, no transposed copies)."""
+    d = tl.program_id(0)
+    hr, hi = _spectrum(w_ptr + d.to(tl.int64) * K, K, f1r_ptr, f1i_ptr, tr_ptr, ti_ptr,
+                       f2r_ptr, f2i_ptr, N1, N2, R, DT)
+    k1 = tl.arange(0, N1)
+    n2 = tl.arange(0, N2)
+    at = d.to(tl.int64) * (N1 * N2) + k1[:, None] * N2 + n2[None, :]
+    tl.store(hr_ptr + at, hr)
+    tl.store(hi_ptr + at, hi)
+
+
 _MATS: dict = {}
 
 
@@ -187,6 +203,29 @@ def fftconv(x, w, bias=None, warps=None, tall=False):
     return y
 
 
+def fftconv_two(x, w, bias=None, warps=4, tall=False):
+    """Run 4's variant: ``_spectrum_kernel`` then ``_fftconv_kernel`` on a (dim, batch) grid."""
+    batch, dim, L = x.shape
+    K = w.shape[1]
+    n = max(triton.next_power_of_2(L + K - 1), 256)
+    n1, n2 = _split(n, tall)
+    rows = max(16, triton.next_power_of_2(triton.cdiv(L, n2)))
+    f1r, f1i, tr, ti, f2r, f2i, g1r, g1i = _matrices(n1, n2, rows, x.device)
+    dt = tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16 \
+        if x.dtype == torch.float16 else tl.float32
+    w = w.contiguous()
+    hr = torch.empty(dim, n1, n2, device=x.device)
+    hi = torch.empty_like(hr)
+    _spectrum_kernel[(dim,)](w, hr, hi, K, f1r, f1i, tr, ti, f2r, f2i, N1=n1, N2=n2, R=rows,
+                             DT=dt, num_warps=warps)
+    y = torch.empty_like(x)
+    _fftconv_kernel[(dim, batch)](
+        x, y, hr, hi, f1r, f1i, tr, ti, f2r, f2i, g1r, g1i, x if bias is None else bias,
+        batch, dim, L, 1.0 / n, N1=n1, N2=n2, R=rows, HAS_BIAS=bias is not None, DT=dt,
+        num_warps=warps)
+    return y
+
+
 def fftconv_channels(x, w, bias=None, warps=4, tall=False):
     """Run 3's variant (``_fftconv_channel_kernel``): a program per channel."""
     batch, dim, L = x.shape
@@ -201,7 +240,7 @@ def fftconv_channels(x, w, bias=None, warps=4, tall=False):
     w = w.contiguous()
     _fftconv_channel_kernel[(dim,)](
         x, y, w, *mats, x if bias is None else bias, batch, dim, L, K, 1.0 / n, N1=n1, N2=n2,
-        R=rows, HAS_BIAS=bias is not None, DT=dt, num_warps=warps)
+        R=rows, HAS_BIAS=bias is not None, DT=dt, num_warps=warps, num_stages=1)
     return y
 
 
@@ -240,9 +279,9 @@ def graph_ms(fn, reps=20):
 
 def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    cases = [(4, 768, 1024), (4, 768, 4096)] if device == "cuda" else \
-        [(2, 3, 100), (1, 2, 37), (2, 2, 128), (1, 2, 200)]
-    dts = (torch.bfloat16, torch.float16) if device == "cuda" else (torch.float32,)
+    cases = [(4, 768, 1024), (4, 768, 2048), (4, 768, 4096), (4, 768, 8192)] \
+        if device == "cuda" else [(2, 3, 100), (1, 2, 37), (2, 2, 128), (1, 2, 200)]
+    dts = (torch.bfloat16,) if device == "cuda" else (torch.float32,)
     if device == "cuda":
         print("#", torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     for batch, dim, L in cases:
@@ -253,34 +292,31 @@ def main():
             b = torch.randn(dim, generator=g).to(device, dt)
             ref = reference(x, w, b)
             row = dict(batch=batch, dim=dim, L=L, dtype=str(dt).split(".")[-1])
-            try:
-                row["rel_err"] = rel(fftconv(x, w, b), ref)
-                row["rel_err_tall"] = rel(fftconv(x, w, b, tall=True), ref)
-                row["rel_err_channels"] = rel(fftconv_channels(x, w, b), ref)
-                row["rel_err_channels_tall"] = rel(fftconv_channels(x, w, b, tall=True), ref)
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                print(json.dumps(row), flush=True)
-                continue
-            row["torch_rel_err"] = rel(torch_fft(x, w, b), ref)
+            variants = {"torch": lambda: torch_fft(x, w, b),
+                        "long_conv1d": lambda: long_conv1d(x, w, b)}
+            for tall in (False, True):  # run 4: each variant on its own; 4 warps (run 2-3)
+                t = "_tall" * tall
+                variants["rows" + t] = lambda tall=tall: fftconv(x, w, b, 4, tall)
+                variants["channels" + t] = lambda tall=tall: fftconv_channels(x, w, b, 4, tall)
+                variants["two" + t] = lambda tall=tall: fftconv_two(x, w, b, 4, tall)
+            fns = {}
+            for name, fn in variants.items():
+                try:
+                    row[f"err_{name}"] = float(f"{rel(fn(), ref):.3g}")
+                    fns[name] = fn
+                except Exception as exc:
+                    row[f"error_{name}"] = f"{type(exc).__name__}: {str(exc)[:120]}"
             if device == "cuda":
-                long_conv1d(x, w, b)  # its route timed once per shape
-                fns = {"torch_ms": lambda: torch_fft(x, w, b),
-                       "long_conv1d_ms": lambda: long_conv1d(x, w, b)}
-                for warps in (4, 8, 16):
-                    fns[f"ms_w{warps}"] = lambda warps=warps: fftconv(x, w, b, warps)
-                for warps in (4, 8):  # (run 3: N1 ≥ N2, and a program per channel)
-                    fns[f"ms_w{warps}_tall"] = lambda warps=warps: fftconv(x, w, b, warps, True)
-                    for tall in (False, True):
-                        fns[f"ms_w{warps}_channels{'_tall' * tall}"] = \
-                            lambda warps=warps, tall=tall: fftconv_channels(x, w, b, warps, tall)
                 times = {k: [] for k in fns}
                 for _ in range(5):  # interleaved
                     for k, fn in fns.items():
                         times[k].append(graph_ms(fn))
-                row.update({k: round(sorted(v)[2], 4) for k, v in times.items()})
-                row["speedup"] = round(row["torch_ms"] / min(
-                    v for k, v in row.items() if k.startswith("ms_w")), 3)
+                row.update({f"ms_{k}": round(sorted(v)[2], 4) for k, v in times.items()})
+                best = min((k for k in fns if k not in ("torch", "long_conv1d")),
+                           key=lambda k: row[f"ms_{k}"], default=None)
+                if best:
+                    row["best"] = best
+                    row["speedup"] = round(row["ms_torch"] / row[f"ms_{best}"], 3)
             print(json.dumps(row), flush=True)
 
 
