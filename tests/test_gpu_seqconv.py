@@ -70,6 +70,33 @@ def test_long_conv1d_measured_route_is_kept_and_correct():
         "direct", "fft")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch, dim, seqlen, k, layout", [
+    (3, 520, 1031, 1031, "seqlen"), (2, 77, 2048, 2049, "seqlen"), (5, 64, 999, 301, "dim")])
+def test_fused_fft_route_within_the_contract(dtype, batch, dim, seqlen, k, layout):
+    """The fused FFT kernel compiled for the GPU (16-bit tensor-core products), forward and
+    backward, against float64; and the route long_conv1d measured for the shape, correct."""
+    from fastconv import longconv
+
+    x, w, b = _inputs(k, layout, batch, dim, seqlen)
+    x, w, b = x.to(dtype).requires_grad_(), w.to(dtype).requires_grad_(), \
+        b.to(dtype).requires_grad_()
+    grad = torch.randn(x.shape, device="cuda", dtype=dtype)
+    refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref = longconv._fft(*refs)
+    ref.backward(grad.double())
+    out = longconv._fused_fft(x, w, b)
+    out.backward(grad)
+    tol = TOLERANCE[Precision.BF16 if dtype == torch.bfloat16 else Precision.FP16]
+    assert out.dtype == dtype and relative_error(out, ref) <= tol
+    for mine, theirs in zip((x, w, b), refs):
+        assert relative_error(mine.grad, theirs.grad) <= tol
+    with torch.no_grad():
+        assert relative_error(fastconv.long_conv1d(x, w, b), ref) <= tol
+    assert longconv.LONG_CONV_CHOICES[((batch, dim, seqlen), k, dtype, "cuda")] in (
+        "direct", "fft", "fused_fft")
+
+
 @pytest.mark.parametrize("width, state_len, layout", [
     (2, 1, "rows"), (4, 3, "rows"), (4, 3, "dim"), (4, 7, "rows"), (64, 63, "rows"),
     (256, 300, "rows"), (256, 300, "dim")])

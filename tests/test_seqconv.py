@@ -663,19 +663,83 @@ def test_long_conv1d_matches_the_definition(k):
     assert out.shape == x.shape and _rel(out, ref) < 1e-5
     from fastconv import longconv
 
-    for route in longconv._ROUTES.values():  # both routes, whichever the rule picked
+    for route in longconv._ROUTES.values():  # every route, whichever the rule picked
         assert _rel(route(x, w, b), ref) < 1e-5
 
 
-def test_long_conv1d_gradients_through_both_routes():
+def test_long_conv1d_gradients_through_the_torch_routes():
     from fastconv import longconv
 
     g = torch.Generator().manual_seed(2)
     args = [torch.randn(1, 2, 12, generator=g, dtype=torch.float64).requires_grad_(),
             torch.randn(2, 12, generator=g, dtype=torch.float64).requires_grad_(),
             torch.randn(2, generator=g, dtype=torch.float64).requires_grad_()]
-    for route in longconv._ROUTES.values():
-        assert torch.autograd.gradcheck(route, args)
+    for name in ("direct", "fft"):  # (the fused kernel has no float64: the test below)
+        assert torch.autograd.gradcheck(longconv._ROUTES[name], args)
+
+
+def _long_reference(x, w, b=None):
+    """long_conv1d's definition in float64: out[t] = Σ_{j ≤ t} w[j] · x[t − j] (+ b)."""
+    xd, wd = x.detach().double(), w.detach().double()
+    ref = torch.zeros(xd.shape, dtype=torch.float64)
+    for j in range(w.shape[1]):
+        ref[..., j:] += wd[:, j, None] * xd[..., :x.shape[-1] - j]
+    return ref if b is None else ref + b.detach().double()[None, :, None]
+
+
+@pytest.mark.parametrize("batch, dim, seqlen, k, bias, layout", [
+    (2, 3, 37, 37, True, "seqlen"),  # N = 256: 16 x 16
+    (1, 2, 200, 5, False, "seqlen"),  # a short filter, R = 16 rows of 16
+    (3, 2, 129, 100, True, "dim"),  # N = 256, x dim-contiguous
+    (1, 3, 300, 277, True, "seqlen"),  # N = 1024: 32 x 32
+])
+def test_fused_fft_kernel_matches_the_definition(monkeypatch, batch, dim, seqlen, k, bias,
+                                                 layout):
+    """The fused FFT kernel (interpreter, float32 operands) against float64, its output
+    buffer poisoned so that an element it does not write fails the test."""
+    from fastconv.backends.triton import fftconv
+
+    g = torch.Generator().manual_seed(seqlen + k)
+    x = torch.randn(batch, dim, seqlen, generator=g)
+    if layout == "dim":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    w = torch.randn(dim, k, generator=g) / k ** 0.5
+    b = torch.randn(dim, generator=g) if bias else None
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like",
+                        lambda *a, **kw: empty_like(*a, **kw).fill_(float("nan")))
+    out = fftconv.long_conv(x, w, b)
+    assert out.shape == x.shape and out.isfinite().all()
+    assert _rel(out, _long_reference(x, w, b)) < 1e-5
+
+
+def test_fused_fft_route_gradients_match_the_definition():
+    """The fused route's backward (real FFTs) against float64 autograd of the definition."""
+    from fastconv import longconv
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 45, generator=g).requires_grad_()
+    w = (torch.randn(3, 31, generator=g) / 6).requires_grad_()
+    b = torch.randn(3, generator=g).requires_grad_()
+    grad = torch.randn(2, 3, 45, generator=g)
+    longconv._fused_fft(x, w, b).backward(grad)
+    refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    out = torch.zeros(2, 3, 45, dtype=torch.float64) + refs[2][None, :, None]
+    for j in range(31):
+        out = out + F.pad(refs[1][:, j, None] * refs[0][..., :45 - j], (j, 0))
+    out.backward(grad.double())
+    for mine, ref in zip((x, w, b), refs):
+        assert _rel(mine.grad, ref.grad) < 1e-5
+
+
+def test_fused_fft_route_is_offered_for_16_bit_inputs_up_to_4096_points():
+    from fastconv.backends.triton import fftconv
+
+    half = torch.empty(2, 4, 2048, dtype=torch.bfloat16)
+    assert fftconv.eligible(half, 2049) and fftconv.transform_size(2048, 2049) == 4096
+    assert not fftconv.eligible(half, 2050)  # 8,192 points
+    assert not fftconv.eligible(half.float(), 100)  # float32: the products would be 16-bit
+    assert fftconv.transform_size(10, 3) == 256 and fftconv.split(2048) == (64, 32)
 
 
 def test_fft_lengths_are_the_least_7_smooth_numbers():

@@ -1,8 +1,10 @@
 """Long causal depthwise convolutions (Hyena's implicit filters): ``long_conv1d``, a
-direct convolution or real FFTs of 7-smooth lengths, whichever a GPU measured faster for the
-shape."""
+direct convolution, real FFTs of 7-smooth lengths, or on a GPU one fused Triton kernel
+(``backends.triton.fftconv``), whichever the GPU measured fastest for the shape."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -21,10 +23,13 @@ def long_conv1d(x: torch.Tensor, weight: torch.Tensor,
     ``x`` is ``(batch, dim, seqlen)``, ``weight`` ``(dim, K)`` with ``1 ≤ K ≤ seqlen``. Short
     filters run as a direct convolution (:func:`fastconv.conv1d`), long ones through real
     FFTs of a length with factors 2, 3, 5 and 7 only, at least ``seqlen + K − 1`` (no power
-    of two padding), in float32 (float64 for float64 inputs). On a GPU the first call of each shape
-    times both and keeps the faster (``LONG_CONV_CHOICES``); elsewhere, and while
-    compiling, filters longer than ``DIRECT_MAX_K`` take the FFT. Differentiable in x,
-    weight and bias.
+    of two padding), in float32 (float64 for float64 inputs). On a GPU, 16-bit inputs whose
+    ``seqlen + K − 1`` is at most 4,096 also have a fused FFT kernel (the transforms as
+    matrix products on the tensor cores, x read once and the output written once; its
+    backward through the real FFTs). The first call of each shape on a GPU times the
+    routes and keeps the fastest (``LONG_CONV_CHOICES``); elsewhere, and while compiling,
+    filters longer than ``DIRECT_MAX_K`` take the real FFTs. Differentiable in x, weight
+    and bias.
     """
     check_x(x)
     x = readable(x)
@@ -40,6 +45,8 @@ def long_conv1d(x: torch.Tensor, weight: torch.Tensor,
     route = LONG_CONV_CHOICES.get(key)
     if route is None:
         route = _choose_route(x, weight, bias, key)
+    elif route == "fused_fft" and torch.compiler.is_compiling():
+        route = "fft"  # (the kernel is launched outside torch.compile's graph)
     return _ROUTES[route](x, weight, bias)
 
 
@@ -48,7 +55,7 @@ DIRECT_MAX_K = 64
 #: filters longer than this take the FFT untimed (a direct pass costs K multiply-adds per
 #: output: at K = seqlen = 64K, seconds per call, and the timing makes ~60 calls)
 TIMED_MAX_K = 1024
-#: (x shape, K, dtype, device type) -> "direct" or "fft", measured on the GPU
+#: (x shape, K, dtype, device type) -> a route of ``_ROUTES``, measured on the GPU
 LONG_CONV_CHOICES: dict[tuple, str] = {}
 
 
@@ -88,18 +95,72 @@ def _fft(x, weight, bias):
     return out.to(x.dtype)
 
 
-_ROUTES = {"direct": _direct, "fft": _fft}
+class _FusedFFT(torch.autograd.Function):
+    """The fused kernel forward; the backward through real FFTs of a 7-smooth length n ≥
+    seqlen + K − 1: the input's gradient is the output gradient's correlation with the
+    filter (``irfft(G · conj(W))``), the filter's its correlation with x summed over the
+    batch (``irfft(G · conj(X))``), n long enough that neither wraps into the lags kept."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        from .backends.triton import fftconv
+
+        ctx.save_for_backward(x, weight)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return fftconv.long_conv(x, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        seqlen, k = x.shape[-1], weight.shape[1]
+        n = fft_length(seqlen + k - 1)
+        acc_type = accumulate_dtype(x.dtype)
+        g = torch.fft.rfft(grad.to(acc_type), n=n)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            spectrum = g * torch.fft.rfft(weight.to(acc_type), n=n).conj()
+            dx = torch.fft.irfft(spectrum, n=n)[..., :seqlen].to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            spectrum = g * torch.fft.rfft(x.to(acc_type), n=n).conj()
+            dw = torch.fft.irfft(spectrum, n=n)[..., :k].sum(0).to(weight.dtype)
+        if ctx.needs_input_grad[2]:
+            db = grad.to(acc_type).sum((0, 2)).to(ctx.bias_dtype)
+        return dx, dw, db
+
+
+def _fused_fft(x, weight, bias):
+    return _FusedFFT.apply(x, weight, bias)
+
+
+_ROUTES = {"direct": _direct, "fft": _fft, "fused_fft": _fused_fft}
 
 
 def _choose_route(x, weight, bias, key) -> str:
-    guess = "direct" if weight.shape[1] <= DIRECT_MAX_K else "fft"
-    if x.device.type != "cuda" or weight.shape[1] > TIMED_MAX_K \
-            or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+    k = weight.shape[1]
+    guess = "direct" if k <= DIRECT_MAX_K else "fft"
+    if x.device.type != "cuda" or torch.compiler.is_compiling() \
+            or torch.cuda.is_current_stream_capturing():
         return guess
+    from .backends.triton import fftconv
     from .costs import time_costs
 
+    names = (["direct"] if k <= TIMED_MAX_K else []) + ["fft"]
+    if fftconv.eligible(x, k):
+        names.append("fused_fft")
+    if len(names) == 1:
+        return guess
+    times = {}
     with torch.no_grad():
-        times = {name: sum(time_costs(lambda f=f: f(x, weight, bias)))
-                 for name, f in _ROUTES.items()}
+        for name in names:
+            route = _ROUTES[name]
+            try:
+                times[name] = sum(time_costs(lambda route=route: route(x, weight, bias)))
+            except Exception as exc:  # a kernel that cannot compile or run here: the others
+                if name != "fused_fft":
+                    raise
+                warnings.warn(f"fastconv: long_conv1d's fused FFT kernel failed "
+                              f"({type(exc).__name__}: {exc}); the other routes run",
+                              RuntimeWarning, stacklevel=3)
     LONG_CONV_CHOICES[key] = min(times, key=times.get)
     return LONG_CONV_CHOICES[key]

@@ -1,0 +1,164 @@
+"""long_conv1d's fused FFT route: a causal depthwise convolution whose filter is as long as
+the sequence, one program per channel, the whole convolution on chip (FlashFFTConv's
+scheme: DFTs as matrix products on the tensor cores).
+
+Sizes. ``N`` is the power of two ≥ ``max(256, seqlen + K − 1)`` (the product of two
+circular transforms of length N is the linear convolution: no wrap-around reaches the first
+``seqlen`` outputs), split ``N = N1 · N2`` with ``N1 ≥ N2`` (both powers of two ≥ 16). A
+sequence is an ``(R, N2)`` matrix ``A[r, c] = x[N2·r + c]`` (``R``: its rows that hold
+positions below ``seqlen``, a power of two ≥ 16 and ≤ N1; the rows after are zero).
+
+Transform (two stages, each a matrix product): ``B = F1[:, :R] @ A`` (N1 × N2, F1 the
+N1-point DFT), ``C = B ∘ T`` (the twiddles ``T[k1, n2] = ω_N^(k1·n2)``), ``D = C @ F2`` (F2
+the N2-point DFT): ``D[k1, k2]`` is the spectrum at ``k1 + N1·k2``. The product with the
+filter's spectrum (computed the same way, once per channel, kept for the channel's batch
+rows) is pointwise in that order, and the inverse runs the stages backwards with conjugate
+matrices, only for the output's R rows. Operands of the products are in the input's 16-bit
+dtype, accumulation in float32: 14 products for a row (4 for the real first stage and
+last stage, 4 + 4 complex ones between), x read once and the output written once.
+
+Measured on an H200 (bf16, batch 4, dim 768, K = seqlen; the probe in
+``benchmarks/results/seqconv/2026-11-29-longconv``): 2.75x a torch.fft implementation at
+seqlen 1K and 2K, 0.94x at 4K (N = 8192: the tiles no longer fit the register file), so the
+route is offered up to ``MAX_N`` and chosen by measurement (``long_conv1d``). Its backward
+runs through torch.fft (``longconv``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import launch
+
+#: the largest transform offered (see the module docstring: 0.94x torch.fft at 8192)
+MAX_N = 4096
+#: the smallest transform (every factor ≥ 16, tl.dot's least size)
+MIN_N = 256
+
+
+def transform_size(seqlen: int, k: int) -> int:
+    """N: the power of two ≥ ``max(MIN_N, seqlen + k − 1)``."""
+    return max(MIN_N, triton.next_power_of_2(seqlen + k - 1))
+
+
+def eligible(x: torch.Tensor, k: int) -> bool:
+    """Whether the fused route runs ``long_conv1d(x, weight of length k)``: 16-bit inputs
+    (its products' operands; float32 inputs would lose their precision), a transform of at
+    most ``MAX_N`` points, at most 65,535 channels (the grid)."""
+    return x.dtype in (torch.float16, torch.bfloat16) and \
+        transform_size(x.shape[-1], k) <= MAX_N and 0 < x.shape[1] <= 65535
+
+
+@triton.jit
+def _cmm(ar, ai, br, bi, DT: tl.constexpr):
+    """(ar + i·ai) @ (br + i·bi): operands in DT, float32 accumulation."""
+    ar, ai, br, bi = ar.to(DT), ai.to(DT), br.to(DT), bi.to(DT)
+    return tl.dot(ar, br) - tl.dot(ai, bi), tl.dot(ar, bi) + tl.dot(ai, br)
+
+
+@triton.jit
+def _spectrum(src, stride, length, f1r, f1i, tr, ti, f2r, f2i, N1: tl.constexpr,
+              N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """The N-point DFT of ``length`` real values at ``src`` (``stride`` apart, zeros after),
+    as D[k1, k2] (module docstring); the matrices are loaded by the caller."""
+    r = tl.arange(0, R)
+    c = tl.arange(0, N2)
+    pos = r[:, None] * N2 + c[None, :]
+    a = tl.load(src + pos * stride, mask=pos < length, other=0.0).to(DT)
+    br = tl.dot(f1r.to(DT), a)
+    bi = tl.dot(f1i.to(DT), a)
+    return _cmm(br * tr - bi * ti, br * ti + bi * tr, f2r, f2i, DT)
+
+
+@triton.jit
+def _long_conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, f1r_ptr, f1i_ptr, tw_r_ptr, tw_i_ptr,
+                      f2r_ptr, f2i_ptr, g1r_ptr, g1i_ptr, batch, seqlen, K,
+                      sx_b, sx_d, sx_t, sw_d, sw_k, sy_b, sy_d, sy_t, inv_n,
+                      N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+    d = tl.program_id(0).to(tl.int64)
+    k1 = tl.arange(0, N1)
+    c = tl.arange(0, N2)
+    r = tl.arange(0, R)
+    f1 = k1[:, None] * R + r[None, :]  # F1[:, :R]
+    f1r = tl.load(f1r_ptr + f1)
+    f1i = tl.load(f1i_ptr + f1)
+    tw = k1[:, None] * N2 + c[None, :]
+    tr = tl.load(tw_r_ptr + tw)
+    ti = tl.load(tw_i_ptr + tw)
+    f2 = c[:, None] * N2 + c[None, :]
+    f2r = tl.load(f2r_ptr + f2)
+    f2i = tl.load(f2i_ptr + f2)
+    g1 = r[:, None] * N1 + k1[None, :]  # conj(F1)[:R, :]
+    g1r = tl.load(g1r_ptr + g1)
+    g1i = tl.load(g1i_ptr + g1)
+    hr, hi = _spectrum(w_ptr + d * sw_d, sw_k, K, f1r, f1i, tr, ti, f2r, f2i, N1, N2, R, DT)
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + d).to(tl.float32)
+    pos = r[:, None] * N2 + c[None, :]
+    x_row = x_ptr + d * sx_d  # (pointers advanced row by row: no 32-bit batch offsets)
+    y_row = y_ptr + d * sy_d
+    for _ in range(batch):
+        dr, di = _spectrum(x_row, sx_t, seqlen, f1r, f1i, tr, ti, f2r, f2i, N1, N2, R, DT)
+        # the inverse: E = (D ∘ H) @ conj(F2), G = E ∘ conj(T), out = Re(conj(F1)[:R] @ G) / N
+        er, ei = _cmm(dr * hr - di * hi, dr * hi + di * hr, f2r, -f2i, DT)
+        gr = er * tr + ei * ti
+        gi = ei * tr - er * ti
+        out = (tl.dot(g1r.to(DT), gr.to(DT)) - tl.dot(g1i.to(DT), gi.to(DT))) * inv_n + bias
+        tl.store(y_row + pos * sy_t, out.to(y_ptr.dtype.element_ty), mask=pos < seqlen)
+        x_row += sx_b
+        y_row += sy_b
+
+
+def split(n: int) -> tuple[int, int]:
+    """(N1, N2) with N1 · N2 = n, N1 = N2 or 2·N2 (N1 ≥ N2: the complex products cost
+    N1 · N2² multiply-adds each)."""
+    n2 = 1 << (n.bit_length() - 1) // 2
+    return n // n2, n2
+
+
+_MATRICES: dict = {}
+
+
+def _matrices(n1: int, n2: int, rows: int, device: torch.device) -> list[torch.Tensor]:
+    """F1[:, :R], T, F2 and conj(F1)[:R, :], real and imaginary parts, float32 on
+    ``device`` (made once per size and device, in float64: a CUDA-graph capture finds them
+    made by the eager call that chose this route)."""
+    key = (n1, n2, rows, str(device))
+    if key not in _MATRICES:
+        k1 = torch.arange(n1, dtype=torch.float64)
+        r = torch.arange(rows, dtype=torch.float64)
+        c = torch.arange(n2, dtype=torch.float64)
+        f1 = torch.exp(-2j * math.pi * torch.outer(k1, r) / n1)
+        tw = torch.exp(-2j * math.pi * torch.outer(k1, c) / (n1 * n2))
+        f2 = torch.exp(-2j * math.pi * torch.outer(c, c) / n2)
+        g1 = torch.exp(2j * math.pi * torch.outer(r, k1) / n1)
+        _MATRICES[key] = [t.to(device, torch.float32).contiguous()
+                          for m in (f1, tw, f2, g1) for t in (m.real, m.imag)]
+    return _MATRICES[key]
+
+
+_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def long_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``long_conv1d(x, weight, bias)`` in one kernel (no autograd here). ``x`` (batch, dim,
+    seqlen) and ``weight`` (dim, K) in any strides; float32 runs too (its products' operands
+    in float32: the CPU tests' interpreter), but ``eligible`` offers the route for 16-bit
+    inputs only."""
+    batch, dim, seqlen = x.shape
+    k = weight.shape[1]
+    n = transform_size(seqlen, k)
+    n1, n2 = split(n)
+    rows = max(16, triton.next_power_of_2(triton.cdiv(seqlen, n2)))
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    launch(_long_conv_kernel, (dim,), x, weight, y if bias is None else bias.contiguous(), y,
+           *_matrices(n1, n2, rows, x.device), batch, seqlen, k, *x.stride(), *weight.stride(),
+           *y.stride(), 1.0 / n, N1=n1, N2=n2, R=rows, HAS_BIAS=bias is not None,
+           DT=_DTYPES[x.dtype], num_warps=4, num_stages=1)
+    return y
