@@ -27,6 +27,15 @@ def _private_plan_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _saves_not_spaced(monkeypatch):
+    """Every persisted put saves at once (tests read the file right after a call; the
+    spacing of saves has its own test, and processes the tests start keep the default)."""
+    from fastconv import plancache
+
+    monkeypatch.setattr(plancache, "SAVE_SPACING_S", 0.0)
+
+
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     seen: dict[str, int] = {}  # test function -> its parametrizations collected so far

@@ -61,6 +61,7 @@ def test_concurrent_processes_lose_no_entries(tmp_path):
 def test_a_held_lock_skips_the_save_with_one_warning(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTCONV_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(plancache, "LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(plancache, "SAVE_SPACING_S", 0.0)  # every put saves
     cache = plancache.PlanCache()
     cache.put("before", {"i": 0}, persist=True)
     with plancache._file_lock(str(tmp_path / plancache.FILE_NAME) + ".lock"):
@@ -76,6 +77,30 @@ def test_a_held_lock_skips_the_save_with_one_warning(tmp_path, monkeypatch):
     assert sorted(_entries(tmp_path)) == ["before"]
     cache.put("after", {"i": 3}, persist=True)  # lock free again: saved, with the rest
     assert sorted(_entries(tmp_path)) == ["after", "before", "during", "during2"]
+
+
+def test_saves_are_spaced_and_the_last_entries_saved_at_exit(tmp_path, monkeypatch):
+    """Puts sooner than SAVE_SPACING_S after a save wait for the next save (a later put, a
+    flush, a clear) or the process's exit; memory has them at once."""
+    monkeypatch.setenv("FASTCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(plancache, "SAVE_SPACING_S", 60.0)
+    cache = plancache.PlanCache()
+    cache.put("a", {"i": 0}, persist=True)
+    cache.put("b", {"i": 1}, persist=True)
+    assert sorted(_entries(tmp_path)) == ["a"] and cache.get("b") == {"i": 1}
+    monkeypatch.setattr(plancache, "SAVE_SPACING_S", 0.0)
+    cache.put("c", {"i": 2}, persist=True)
+    assert sorted(_entries(tmp_path)) == ["a", "b", "c"]
+    monkeypatch.setattr(plancache, "SAVE_SPACING_S", 60.0)
+    cache.put("d", {"i": 3}, persist=True)
+    cache.clear()  # memory only: what waits is saved first
+    assert sorted(_entries(tmp_path)) == ["a", "b", "c", "d"]
+    code = _WRITER.replace("plancache.environment()",
+                           "plancache.environment(); plancache.SAVE_SPACING_S = 60.0")
+    proc = _spawn(code, 7, 5, cache_dir=tmp_path)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "stored" in out, err[-3000:]
+    assert {f"p7-{i}" for i in range(5)} <= set(_entries(tmp_path))
 
 
 def test_the_lock_of_a_killed_process_is_released(tmp_path, monkeypatch):

@@ -10,8 +10,11 @@ rewritten on the next save. A save holds an exclusive lock on ``plans-v1.json.lo
 the kernel drops it when its holder dies) while it merges the entries of the file on disk with
 its own and writes a temporary file renamed over the old one (atomic on POSIX), so concurrent
 processes lose no entries and readers never see half a file. A save that cannot take the lock
-within ``LOCK_TIMEOUT_S`` is skipped with one warning: the cache never blocks a call. Both
-stores are bounded (least recently used entries go first).
+within ``LOCK_TIMEOUT_S`` is skipped with one warning: the cache never blocks a call. Saves
+are at least ``SAVE_SPACING_S`` apart: entries stored sooner wait for the next save, or for
+the process's exit (a first call of a model at batch 256 stored 241 choices, and rewriting
+the growing file for each cost 2-3 s of it). Both stores are bounded (least recently used
+entries go first).
 
 PyTorch keeps ``cudnn.benchmark`` choices only for the life of a process (pytorch issue 4392
 asked for a persistent cache and was declined); this is that cache.
@@ -29,10 +32,12 @@ dispatch validates each before use. ``FASTCONV_TUNING_DB``: another database fil
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import functools
 import json
+import math
 import os
 import tempfile
 import threading
@@ -48,6 +53,8 @@ FILE_NAME = f"plans-v{FORMAT}.json"
 MEMORY_ENTRIES = 4096
 DISK_ENTRIES = 20000
 LOCK_TIMEOUT_S = 10.0
+#: Seconds between two saves of the disk store (``_store``; the last entries at exit)
+SAVE_SPACING_S = 1.0
 
 
 #: FASTCONV_CACHE_DIR values that turn the disk store off.
@@ -169,7 +176,9 @@ class PlanCache:
         self._mem: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self._lock = threading.RLock()
         self._disk: dict[str, dict] | None = None  # loaded lazily, once
-        self._unsaved: dict[str, dict] = {}  # persisted entries a skipped save left behind
+        self._unsaved: dict[str, dict] = {}  # persisted entries not yet saved
+        self._saved_at = -math.inf  # time.monotonic() of the last save
+        self._at_exit = False  # whether a save at exit is registered
         self._warned = False
         self.hits = self.misses = self.evictions = 0
 
@@ -223,7 +232,11 @@ class PlanCache:
             return list(self._mem.items())
 
     def clear(self, disk: bool = False) -> None:
+        """Forget every entry in memory (entries waiting to be saved are saved first), and
+        with ``disk`` delete the disk store too."""
         with self._lock:
+            if not disk:
+                self.flush()
             self._mem.clear()
             self.hits = self.misses = self.evictions = 0
             self._disk = self._db = None
@@ -239,6 +252,7 @@ class PlanCache:
 
     def disk_entries(self) -> int:
         with self._lock:
+            self.flush()
             return len(self._load())
 
     def _read_file(self) -> dict[str, dict]:
@@ -309,6 +323,7 @@ class PlanCache:
         """The disk store as a portable document (``fastconv plans --export``): its format,
         the environment its entries were measured in, and the entries."""
         with self._lock:
+            self.flush()
             entries = self._read_file() if self.path() else {}
         return {"format": FORMAT, "file": self.file_name, "environment": environment(),
                 "entries": entries}
@@ -345,6 +360,7 @@ class PlanCache:
     def snapshot(self) -> bytes | None:
         """The disk store's file as it is (None: no file), for :meth:`restore`."""
         path = self.path()
+        self.flush()
         if not path or not os.path.exists(path):
             return None
         with open(path, "rb") as f:
@@ -368,7 +384,21 @@ class PlanCache:
         if not self.path():
             return
         self._unsaved[key] = entry  # until a save succeeds: the next one retries it
-        self._save()
+        if time.monotonic() - self._saved_at >= SAVE_SPACING_S:
+            self._save()
+        elif not self._at_exit:
+            self._at_exit = True
+            atexit.register(self.flush)
+
+    def flush(self) -> None:
+        """Save the entries stored since the last save (``SAVE_SPACING_S``) now."""
+        with self._lock:
+            if self._unsaved and self.path():
+                try:
+                    self._save()
+                except Exception as exc:  # the disk store must never break a call
+                    self._warn(f"fastconv: cannot write the plan cache {self.path()}: "
+                               f"{type(exc).__name__}: {exc}")
 
     def _save(self, imported: dict[str, dict] | None = None) -> int:
         """Merge the unsaved entries into the file (under its lock) and rewrite it; with
@@ -396,6 +426,7 @@ class PlanCache:
                               f)
                 os.replace(tmp, path)
                 self._unsaved.clear()
+                self._saved_at = time.monotonic()
             finally:
                 if os.path.exists(tmp):
                     os.remove(tmp)
