@@ -3,13 +3,18 @@ training, batch 256, bf16 channels_last: torch eager's first training step timed
 ``optimize(cuda_graph=True)``'s (the models bench's ``fastconv_cuda_graph``) under cProfile
 (the main thread: background builds are not in it). Prints the first calls' seconds, the
 tuning budget's and the build waits' share, and the profile's top functions by cumulative
-and by own time.
+and by own time (run 1). Run 2 (``COUNT=1``, no profiler): the same first call with
+counters instead: Triton compiles by kernel and thread, dispatch's timings (``time_row``)
+inside and outside upgrades, the plan cache's saves.
 Run: PYTHONPATH=src python3 probe_firstcall.py [case] > log"""
 
+import collections
 import cProfile
 import io
+import os
 import pstats
 import sys
+import threading
 import time
 
 import torch
@@ -49,6 +54,50 @@ def first_call(provider, model, x, profile=False):
             print(f"## by {key}\n" + s.getvalue()[-9000:], flush=True)
 
 
+COUNTS = collections.Counter()
+SECONDS = collections.Counter()
+
+
+def _counted(owner, name, label=None):
+    """Wrap ``owner.name`` to count its calls and wall seconds under ``label``."""
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            key = label(args) if callable(label) else (label or name)
+            COUNTS[key] += 1
+            SECONDS[key] += time.perf_counter() - start
+    setattr(owner, name, wrapper)
+
+
+def install_counters():
+    from triton.runtime.jit import JITFunction
+
+    from fastconv import plancache
+    from fastconv.dispatch import timing, upgrades
+
+    if hasattr(JITFunction, "_do_compile"):
+        main = threading.main_thread()
+        _counted(JITFunction, "_do_compile", lambda a: (
+            "compile " + ("main " if threading.current_thread() is main else "worker ")
+            + getattr(a[0], "__name__", "?")))
+    _counted(timing, "time_row", "time_row (all)")
+    _counted(upgrades, "upgrade", "upgrade (timing what finished building)")
+    _counted(plancache.PlanCache, "_save", "plan cache save")
+
+
+def report():
+    rows = sorted(SECONDS.items(), key=lambda kv: -kv[1])
+    main = [(k, v) for k, v in rows if k.startswith("compile main")]
+    print(f"compiles in the main thread: {sum(COUNTS[k] for k, _ in main)}, "
+          f"{sum(v for _, v in main):.1f} s", flush=True)
+    for key, seconds in rows[:40]:
+        print(f"  {seconds:8.2f} s {COUNTS[key]:6d}  {key}", flush=True)
+
+
 def main():
     name = sys.argv[1] if len(sys.argv) > 1 else "tv_regnet_y_1_6gf"
     batch = int(sys.argv[2]) if len(sys.argv) > 2 else 256
@@ -57,7 +106,12 @@ def main():
     model = BUILDERS[name]().cuda().train()
     x = model_input(name, batch, 224, "cuda")
     first_call("torch", model, x)
-    first_call("fastconv_cuda_graph", model, x, profile=True)
+    count = os.environ.get("COUNT") == "1"
+    if count:
+        install_counters()
+    first_call("fastconv_cuda_graph", model, x, profile=not count)
+    if count:
+        report()
 
 
 if __name__ == "__main__":
