@@ -14,8 +14,8 @@ the N2-point DFT): ``D[k1, k2]`` is the spectrum at ``k1 + N1·k2``. The product
 filter's spectrum (computed the same way, once per channel, kept for the channel's batch
 rows) is pointwise in that order, and the inverse runs the stages backwards with conjugate
 matrices, only for the output's R rows. Operands of the products are in the input's 16-bit
-dtype, accumulation in float32: 14 products for a row (4 for the real first stage and
-last stage, 4 + 4 complex ones between), x read once and the output written once.
+dtype, accumulation in float32: 12 products for a row (2 for the real first stage, 4 for
+each complex stage, 2 for the real last), x read once and the output written once.
 
 Measured on an H200 (bf16, batch 4, dim 768, K = seqlen; the probe in
 ``benchmarks/results/seqconv/2026-11-29-longconv``): 2.75x a torch.fft implementation at
@@ -150,9 +150,11 @@ def long_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     """``long_conv1d(x, weight, bias)`` in one kernel (no autograd here). ``x`` (batch, dim,
     seqlen) and ``weight`` (dim, K) in any strides; float32 runs too (its products' operands
     in float32: the CPU tests' interpreter), but ``eligible`` offers the route for 16-bit
-    inputs only."""
+    inputs only. ``K ≤ seqlen`` (``long_conv1d`` checks it)."""
     batch, dim, seqlen = x.shape
     k = weight.shape[1]
+    if k > seqlen:  # (the transform reads the filter's first R·N2 ≥ seqlen taps only)
+        raise ValueError(f"a filter of {k} taps for {seqlen} positions")
     n = transform_size(seqlen, k)
     n1, n2 = split(n)
     rows = max(16, triton.next_power_of_2(triton.cdiv(seqlen, n2)))
