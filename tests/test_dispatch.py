@@ -788,7 +788,8 @@ def _building(futures: dict, done: str):
 def test_candidates_left_building_are_timed_once_built(fakes, clock, monkeypatch, tmp_path):
     """The budget stops timing while a candidate still builds: the best timed runs,
     provisionally (plans keep it until its builds are done); the next call times those
-    candidates, with the ones timed before again, and stores the final choice on disk."""
+    candidates, with the ones timed before that could still win again, and stores the
+    final choice on disk."""
     run, calls = fakes
     futures = {}
     monkeypatch.setattr(backends, "REGISTRY", {"fake": _building(futures, done="ab")})
@@ -804,7 +805,8 @@ def test_candidates_left_building_are_timed_once_built(fakes, clock, monkeypatch
     assert first.until()
     final = dispatch.choose(p, run=run, mode="benchmark")
     assert (final.config, final.provisional) == ("c", False)
-    assert calls == [("fake", "a"), ("fake", "b"), ("fake", "c")]  # all again, and "c"
+    # b again (a, at 3x b's time, keeps its first: RETIME_FACTOR), and c
+    assert calls == [("fake", "b"), ("fake", "c")]
     # a stand-in kept elsewhere (a plan of another signature of the same problem, which
     # did not make the final call) asks again rather than running for good
     assert first.until() and again.until()
@@ -836,7 +838,8 @@ def test_an_upgrade_gives_a_candidate_that_cannot_win_its_first_reading_only(
     futures["c"].set_result("built")
     final = dispatch.choose(p, run=run, mode="benchmark")
     assert (final.config, final.provisional) == ("b", False)
-    assert sorted(probed) == [1.0, 3.0, 9.0] and sorted(full) == [1.0, 3.0]  # not c's 9.0
+    # b again in full (not a: 3x b's time), c's first reading only (9x)
+    assert sorted(probed) == [1.0, 9.0] and full == [1.0]
 
 
 def test_finish_builds_and_building_see_budget_cut_candidates(fakes, clock, monkeypatch):
@@ -1034,3 +1037,18 @@ def test_eager_calls_with_autograd_take_torchs_convolution_untimed(monkeypatch):
     for a, b in zip(got, want):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
     plans.clear_plans()
+
+
+def test_an_upgrades_final_timing_retimes_only_rows_that_could_still_win():
+    """``upgrades.contenders``: timed rows within RETIME_FACTOR of the best in either the
+    eager (GPU + host) or the CUDA-graph ranking; an untimed row is not one."""
+    from fastconv.dispatch import upgrades
+    from fastconv.dispatch.timing import Row
+
+    a = Row("x", "a", gpu_ms=1.0, host_ms=0.1, graph_ms=1.0)  # (eager cost 1.1)
+    b = Row("x", "b", gpu_ms=1.4, host_ms=0.1)  # eager 1.5 of 1.1: near; no graph time
+    c = Row("x", "c", gpu_ms=1.0, host_ms=1.0, graph_ms=1.4)  # eager 2.4; graph 1.4 of 1.0
+    d = Row("x", "d", gpu_ms=5.0, host_ms=0.0, graph_ms=5.0)
+    e = Row("x", "e")
+    assert upgrades.RETIME_FACTOR == 1.5
+    assert upgrades.contenders([d, c, e, b, a]) == [b, a, c]

@@ -140,7 +140,8 @@ def test_without_a_prior_a_starved_problem_still_runs_aten_untimed(fakes, clock,
 def test_candidates_are_timed_as_their_builds_finish(fakes, clock, monkeypatch, tmp_path):
     """A starved problem runs aten untimed; the first call after one build finishes times
     that candidate and aten and runs the faster (still provisional); the call after the
-    last build times everything again and stores the final choice."""
+    last build times the new candidates, and again those timed before that could still win,
+    and stores the final choice."""
     run, calls = fakes
     futures = _starved(monkeypatch, calls, "")
     p = _problem()
@@ -159,9 +160,10 @@ def test_candidates_are_timed_as_their_builds_finish(fakes, clock, monkeypatch, 
     calls.clear()
     final = dispatch.choose(p, run=run, mode="benchmark")
     assert (final.config, final.provisional) == ("c", False)
-    # (c beats aten: the two timed once more, timing.confirm_against_aten)
-    assert sorted(calls, key=str) == [("aten", None), ("aten", None), ("fake", "a"),
-                                      ("fake", "b"), ("fake", "c"), ("fake", "c")]
+    # b again (aten, at 2x b's time, not: RETIME_FACTOR), a and c; c beats aten: the two
+    # timed once more (timing.confirm_against_aten)
+    assert sorted(calls, key=str) == [("aten", None), ("fake", "a"), ("fake", "b"),
+                                      ("fake", "c"), ("fake", "c")]
     assert (tmp_path / plancache.FILE_NAME).exists()
 
 
