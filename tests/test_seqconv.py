@@ -999,3 +999,23 @@ def test_short_kernels_compile_for_an_h100(layout):
     # (registers read where the ptxas Triton ships takes the PTX alone: not Triton 3.9's)
     rows = re.findall(r"(\d+) registers, spill stores (\d+) bytes", out)
     assert all(0 < int(r) <= 255 and int(s) <= 64 for r, s in rows), out
+
+
+@pytest.mark.parametrize("route", ["direct", "fft", "fused_fft"])
+def test_long_conv1d_compiles_whole_whichever_route_was_measured(route, monkeypatch):
+    """torch.compile (fullgraph) of long_conv1d with each route stored for the shape: the
+    fused kernel's is replaced by the real FFTs inside a compiled graph."""
+    from fastconv import longconv
+
+    g = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(2, 3, 50, generator=g), torch.randn(3, 50, generator=g) / 7, \
+        torch.randn(3, generator=g)
+    monkeypatch.setattr(longconv, "LONG_CONV_CHOICES",
+                        {((2, 3, 50), 50, torch.float32, "cpu"): route})
+    called = []
+    monkeypatch.setitem(longconv._ROUTES, "fused_fft", lambda *a: called.append(a))
+    try:
+        got = torch.compile(fastconv.long_conv1d, backend="aot_eager", fullgraph=True)(x, w, b)
+    finally:
+        torch._dynamo.reset()
+    assert not called and _rel(got, _long_reference(x, w, b)) < 1e-5
