@@ -91,6 +91,8 @@ def test_fused_fft_route_within_the_contract(dtype, batch, dim, seqlen, k, layou
     assert out.dtype == dtype and relative_error(out, ref) <= tol
     for mine, theirs in zip((x, w, b), refs):
         assert relative_error(mine.grad, theirs.grad) <= tol
+    again = torch.autograd.grad(longconv._fused_fft(x, w, b), (x, w, b), grad)
+    assert all(torch.equal(a, t.grad) for a, t in zip(again, (x, w, b)))  # deterministic
     with torch.no_grad():
         assert relative_error(fastconv.long_conv1d(x, w, b), ref) <= tol
     assert longconv.LONG_CONV_CHOICES[((batch, dim, seqlen), k, dtype, "cuda")] in (

@@ -732,6 +732,39 @@ def test_fused_fft_route_gradients_match_the_definition():
         assert _rel(mine.grad, ref.grad) < 1e-5
 
 
+@pytest.mark.parametrize("batch, dim, seqlen, k, layout, need", [
+    (3, 2, 37, 37, "seqlen", "both"), (2, 3, 129, 100, "dim", "both"),
+    (1, 2, 300, 277, "seqlen", "dx"), (2, 2, 200, 5, "dim", "dw")])
+def test_fused_fft_backward_kernel_matches_the_definition(monkeypatch, batch, dim, seqlen, k,
+                                                          layout, need):
+    """The fused backward kernel's dx and dw (interpreter, float32 operands) against float64
+    autograd of the definition, for x and the output gradient in either layout (the
+    gradient transposed: not contiguous), the buffers poisoned, only what is asked for."""
+    from fastconv.backends.triton import fftconv
+
+    g = torch.Generator().manual_seed(seqlen * k)
+    x = torch.randn(batch, dim, seqlen, generator=g)
+    grad = torch.randn(batch, dim, seqlen, generator=g)
+    if layout == "dim":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+        grad = grad.transpose(1, 2).contiguous().transpose(1, 2)
+    w = torch.randn(dim, k, generator=g) / k ** 0.5
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    out = torch.zeros(batch, dim, seqlen, dtype=torch.float64)
+    for j in range(k):
+        out = out + F.pad(wd[:, j, None] * xd[..., :seqlen - j], (j, 0))
+    ref_dx, ref_dw = torch.autograd.grad(out, (xd, wd), grad.double())
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like",
+                        lambda *a, **kw: empty_like(*a, **kw).fill_(float("nan")))
+    dx, dw = fftconv.long_conv_backward(x, w, grad, need != "dw", need != "dx")
+    assert (dx is None) == (need == "dw") and (dw is None) == (need == "dx")
+    if dx is not None:
+        assert dx.shape == x.shape and _rel(dx, ref_dx) < 1e-5
+    if dw is not None:
+        assert dw.shape == w.shape and _rel(dw, ref_dw) < 1e-5
+
+
 def test_fused_fft_route_is_offered_for_16_bit_inputs_up_to_4096_points():
     from fastconv.backends.triton import fftconv
 

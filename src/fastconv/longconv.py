@@ -26,10 +26,10 @@ def long_conv1d(x: torch.Tensor, weight: torch.Tensor,
     of two padding), in float32 (float64 for float64 inputs). On a GPU, 16-bit inputs whose
     ``seqlen + K − 1`` is at most 4,096 also have a fused FFT kernel (the transforms as
     matrix products on the tensor cores, x read once and the output written once; its
-    backward through the real FFTs). The first call of each shape on a GPU times the
-    routes and keeps the fastest (``LONG_CONV_CHOICES``); elsewhere, and while compiling,
-    filters longer than ``DIRECT_MAX_K`` take the real FFTs. Differentiable in x, weight
-    and bias.
+    backward one kernel of the same transforms). The first call of each shape on a GPU
+    times the routes and keeps the fastest (``LONG_CONV_CHOICES``); elsewhere, and while
+    compiling, filters longer than ``DIRECT_MAX_K`` take the real FFTs. Differentiable in
+    x, weight and bias.
     """
     check_x(x)
     x = readable(x)
@@ -96,10 +96,10 @@ def _fft(x, weight, bias):
 
 
 class _FusedFFT(torch.autograd.Function):
-    """The fused kernel forward; the backward through real FFTs of a 7-smooth length n ≥
-    seqlen + K − 1: the input's gradient is the output gradient's correlation with the
-    filter (``irfft(G · conj(W))``), the filter's its correlation with x summed over the
-    batch (``irfft(G · conj(X))``), n long enough that neither wraps into the lags kept."""
+    """The fused kernels (``backends.triton.fftconv``): the forward, and a backward of the
+    same transforms (the input's gradient is the output gradient's correlation with the
+    filter, the filter's its correlation with x summed over the batch); the bias's
+    gradient is a sum."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -112,20 +112,15 @@ class _FusedFFT(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
+        from .backends.triton import fftconv
+
         x, weight = ctx.saved_tensors
-        seqlen, k = x.shape[-1], weight.shape[1]
-        n = fft_length(seqlen + k - 1)
-        acc_type = accumulate_dtype(x.dtype)
-        g = torch.fft.rfft(grad.to(acc_type), n=n)
+        need_dx, need_dw, need_db = ctx.needs_input_grad
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            spectrum = g * torch.fft.rfft(weight.to(acc_type), n=n).conj()
-            dx = torch.fft.irfft(spectrum, n=n)[..., :seqlen].to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            spectrum = g * torch.fft.rfft(x.to(acc_type), n=n).conj()
-            dw = torch.fft.irfft(spectrum, n=n)[..., :k].sum(0).to(weight.dtype)
-        if ctx.needs_input_grad[2]:
-            db = grad.to(acc_type).sum((0, 2)).to(ctx.bias_dtype)
+        if need_dx or need_dw:
+            dx, dw = fftconv.long_conv_backward(x, weight, grad, need_dx, need_dw)
+        if need_db:
+            db = grad.sum((0, 2), dtype=accumulate_dtype(grad.dtype)).to(ctx.bias_dtype)
         return dx, dw, db
 
 

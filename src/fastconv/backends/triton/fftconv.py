@@ -20,8 +20,13 @@ each complex stage, 2 for the real last), x read once and the output written onc
 Measured on an H200 (bf16, batch 4, dim 768, K = seqlen; the probe in
 ``benchmarks/results/seqconv/2026-11-29-longconv``): 2.75x a torch.fft implementation at
 seqlen 1K and 2K, 0.94x at 4K (N = 8192: the tiles no longer fit the register file), so the
-route is offered up to ``MAX_N`` and chosen by measurement (``long_conv1d``). Its backward
-runs through torch.fft (``longconv``).
+route is offered up to ``MAX_N`` and chosen by measurement (``long_conv1d``).
+
+Backward (``long_conv_backward``), one program per channel too: the filter's spectrum W
+once; per batch row the output gradient's spectrum G, dx = IDFT(G ∘ conj(W)) (a
+correlation: no wrap-around reaches the first ``seqlen`` lags, as N ≥ seqlen + K − 1), and
+x's spectrum X added into Σ G ∘ conj(X) (float32, in batch order); then dw = the first K
+values of its inverse.
 """
 
 from __future__ import annotations
@@ -75,44 +80,97 @@ def _spectrum(src, stride, length, f1r, f1i, tr, ti, f2r, f2i, N1: tl.constexpr,
 
 
 @triton.jit
+def _inverse(yr, yi, f2r, f2i, tr, ti, g1r, g1i, inv_n, DT: tl.constexpr):
+    """The first R·N2 values of the real inverse DFT of Y (in D order):
+    E = Y @ conj(F2), G = E ∘ conj(T), out = Re(conj(F1)[:R] @ G) / N."""
+    er, ei = _cmm(yr, yi, f2r, -f2i, DT)
+    gr = er * tr + ei * ti
+    gi = ei * tr - er * ti
+    return (tl.dot(g1r.to(DT), gr.to(DT)) - tl.dot(g1i.to(DT), gi.to(DT))) * inv_n
+
+
+@triton.jit
+def _load_matrices(f1r_ptr, f1i_ptr, tw_r_ptr, tw_i_ptr, f2r_ptr, f2i_ptr, g1r_ptr, g1i_ptr,
+                   N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr):
+    """F1[:, :R], T, F2 and conj(F1)[:R, :] (real, imaginary), float32."""
+    k1 = tl.arange(0, N1)
+    c = tl.arange(0, N2)
+    r = tl.arange(0, R)
+    f1 = k1[:, None] * R + r[None, :]
+    tw = k1[:, None] * N2 + c[None, :]
+    f2 = c[:, None] * N2 + c[None, :]
+    g1 = r[:, None] * N1 + k1[None, :]
+    return (tl.load(f1r_ptr + f1), tl.load(f1i_ptr + f1), tl.load(tw_r_ptr + tw),
+            tl.load(tw_i_ptr + tw), tl.load(f2r_ptr + f2), tl.load(f2i_ptr + f2),
+            tl.load(g1r_ptr + g1), tl.load(g1i_ptr + g1))
+
+
+@triton.jit
 def _long_conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, f1r_ptr, f1i_ptr, tw_r_ptr, tw_i_ptr,
                       f2r_ptr, f2i_ptr, g1r_ptr, g1i_ptr, batch, seqlen, K,
                       sx_b, sx_d, sx_t, sw_d, sw_k, sy_b, sy_d, sy_t, inv_n,
                       N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr,
                       HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+    """y = IDFT(DFT(x) ∘ DFT(w)) + bias, one program per channel over the batch."""
     d = tl.program_id(0).to(tl.int64)
-    k1 = tl.arange(0, N1)
-    c = tl.arange(0, N2)
-    r = tl.arange(0, R)
-    f1 = k1[:, None] * R + r[None, :]  # F1[:, :R]
-    f1r = tl.load(f1r_ptr + f1)
-    f1i = tl.load(f1i_ptr + f1)
-    tw = k1[:, None] * N2 + c[None, :]
-    tr = tl.load(tw_r_ptr + tw)
-    ti = tl.load(tw_i_ptr + tw)
-    f2 = c[:, None] * N2 + c[None, :]
-    f2r = tl.load(f2r_ptr + f2)
-    f2i = tl.load(f2i_ptr + f2)
-    g1 = r[:, None] * N1 + k1[None, :]  # conj(F1)[:R, :]
-    g1r = tl.load(g1r_ptr + g1)
-    g1i = tl.load(g1i_ptr + g1)
+    f1r, f1i, tr, ti, f2r, f2i, g1r, g1i = _load_matrices(
+        f1r_ptr, f1i_ptr, tw_r_ptr, tw_i_ptr, f2r_ptr, f2i_ptr, g1r_ptr, g1i_ptr, N1, N2, R)
     hr, hi = _spectrum(w_ptr + d * sw_d, sw_k, K, f1r, f1i, tr, ti, f2r, f2i, N1, N2, R, DT)
     bias = 0.0
     if HAS_BIAS:
         bias = tl.load(b_ptr + d).to(tl.float32)
-    pos = r[:, None] * N2 + c[None, :]
+    pos = tl.arange(0, R)[:, None] * N2 + tl.arange(0, N2)[None, :]
     x_row = x_ptr + d * sx_d  # (pointers advanced row by row: no 32-bit batch offsets)
     y_row = y_ptr + d * sy_d
     for _ in range(batch):
         dr, di = _spectrum(x_row, sx_t, seqlen, f1r, f1i, tr, ti, f2r, f2i, N1, N2, R, DT)
-        # the inverse: E = (D ∘ H) @ conj(F2), G = E ∘ conj(T), out = Re(conj(F1)[:R] @ G) / N
-        er, ei = _cmm(dr * hr - di * hi, dr * hi + di * hr, f2r, -f2i, DT)
-        gr = er * tr + ei * ti
-        gi = ei * tr - er * ti
-        out = (tl.dot(g1r.to(DT), gr.to(DT)) - tl.dot(g1i.to(DT), gi.to(DT))) * inv_n + bias
+        out = _inverse(dr * hr - di * hi, dr * hi + di * hr, f2r, f2i, tr, ti, g1r, g1i,
+                       inv_n, DT) + bias
         tl.store(y_row + pos * sy_t, out.to(y_ptr.dtype.element_ty), mask=pos < seqlen)
         x_row += sx_b
         y_row += sy_b
+
+
+@triton.jit
+def _long_conv_backward_kernel(x_ptr, w_ptr, g_ptr, dx_ptr, dw_ptr, f1r_ptr, f1i_ptr,
+                               tw_r_ptr, tw_i_ptr, f2r_ptr, f2i_ptr, g1r_ptr, g1i_ptr,
+                               batch, seqlen, K, sx_b, sx_d, sx_t, sw_d, sw_k, sg_b, sg_d,
+                               sg_t, sdx_b, sdx_d, sdx_t, sdw_d, sdw_k, inv_n,
+                               N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr,
+                               NEED_DX: tl.constexpr, NEED_DW: tl.constexpr,
+                               DT: tl.constexpr):
+    """The gradients of x and w for one channel: dx = IDFT(G ∘ conj(W)) (the output
+    gradient's correlation with the filter) row by row, dw = IDFT(Σ_rows G ∘ conj(X))[:K]
+    (its correlation with x, the spectra summed over the batch in a fixed order)."""
+    d = tl.program_id(0).to(tl.int64)
+    f1r, f1i, tr, ti, f2r, f2i, g1r, g1i = _load_matrices(
+        f1r_ptr, f1i_ptr, tw_r_ptr, tw_i_ptr, f2r_ptr, f2i_ptr, g1r_ptr, g1i_ptr, N1, N2, R)
+    pos = tl.arange(0, R)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    if NEED_DX:
+        hr, hi = _spectrum(w_ptr + d * sw_d, sw_k, K, f1r, f1i, tr, ti, f2r, f2i, N1, N2, R,
+                           DT)
+    acc_r = tl.zeros([N1, N2], dtype=tl.float32)
+    acc_i = tl.zeros([N1, N2], dtype=tl.float32)
+    x_row = x_ptr + d * sx_d
+    g_row = g_ptr + d * sg_d
+    dx_row = dx_ptr + d * sdx_d
+    for _ in range(batch):
+        gr, gi = _spectrum(g_row, sg_t, seqlen, f1r, f1i, tr, ti, f2r, f2i, N1, N2, R, DT)
+        if NEED_DX:
+            dx = _inverse(gr * hr + gi * hi, gi * hr - gr * hi, f2r, f2i, tr, ti, g1r, g1i,
+                          inv_n, DT)
+            tl.store(dx_row + pos * sdx_t, dx.to(dx_ptr.dtype.element_ty), mask=pos < seqlen)
+        if NEED_DW:
+            xr, xi = _spectrum(x_row, sx_t, seqlen, f1r, f1i, tr, ti, f2r, f2i, N1, N2, R, DT)
+            acc_r += gr * xr + gi * xi
+            acc_i += gi * xr - gr * xi
+        x_row += sx_b
+        g_row += sg_b
+        dx_row += sdx_b
+    if NEED_DW:
+        dw = _inverse(acc_r, acc_i, f2r, f2i, tr, ti, g1r, g1i, inv_n, DT)
+        tl.store(dw_ptr + d * sdw_d + pos * sdw_k, dw.to(dw_ptr.dtype.element_ty),
+                 mask=pos < K)
 
 
 def split(n: int) -> tuple[int, int]:
@@ -164,3 +222,28 @@ def long_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
            *y.stride(), 1.0 / n, N1=n1, N2=n2, R=rows, HAS_BIAS=bias is not None,
            DT=_DTYPES[x.dtype], num_warps=4, num_stages=1)
     return y
+
+
+def long_conv_backward(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor,
+                       need_dx: bool = True, need_dw: bool = True) -> tuple:
+    """(dx, dw) of :func:`long_conv` for the output gradient ``grad`` (None where not
+    needed), one kernel: a program per channel, the filter's spectrum once, the output
+    gradient's and x's spectra per batch row, the filter's gradient summed over the batch
+    in the frequency domain (a fixed order: deterministic). The bias's gradient (a sum) is
+    the caller's."""
+    batch, dim, seqlen = x.shape
+    k = weight.shape[1]
+    if k > seqlen:
+        raise ValueError(f"a filter of {k} taps for {seqlen} positions")
+    n = transform_size(seqlen, k)
+    n1, n2 = split(n)
+    rows = max(16, triton.next_power_of_2(triton.cdiv(seqlen, n2)))
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else None
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else None
+    launch(_long_conv_backward_kernel, (dim,), x, weight, grad, x if dx is None else dx,
+           weight if dw is None else dw, *_matrices(n1, n2, rows, x.device), batch, seqlen, k,
+           *x.stride(), *weight.stride(), *grad.stride(),
+           *(x if dx is None else dx).stride(), *(weight if dw is None else dw).stride(),
+           1.0 / n, N1=n1, N2=n2, R=rows, NEED_DX=need_dx, NEED_DW=need_dw,
+           DT=_DTYPES[x.dtype], num_warps=4, num_stages=1)
+    return dx, dw
