@@ -82,11 +82,13 @@ def _spectrum(src, stride, length, f1r, f1i, tr, ti, f2r, f2i, N1: tl.constexpr,
 @triton.jit
 def _inverse(yr, yi, f2r, f2i, tr, ti, g1r, g1i, inv_n, DT: tl.constexpr):
     """The first R·N2 values of the real inverse DFT of Y (in D order):
-    E = Y @ conj(F2), G = E ∘ conj(T), out = Re(conj(F1)[:R] @ G) / N."""
-    er, ei = _cmm(yr, yi, f2r, -f2i, DT)
+    E = (Y / N) @ conj(F2), G = E ∘ conj(T), out = Re(conj(F1)[:R] @ G). Y is scaled first:
+    a product of two spectra (the filter's gradient sums x's times the output gradient's
+    over the batch) summed over N2 terms overflowed float16 operands (65,504)."""
+    er, ei = _cmm(yr * inv_n, yi * inv_n, f2r, -f2i, DT)
     gr = er * tr + ei * ti
     gi = ei * tr - er * ti
-    return (tl.dot(g1r.to(DT), gr.to(DT)) - tl.dot(g1i.to(DT), gi.to(DT))) * inv_n
+    return tl.dot(g1r.to(DT), gr.to(DT)) - tl.dot(g1i.to(DT), gi.to(DT))
 
 
 @triton.jit
