@@ -768,7 +768,7 @@ def test_fused_fft_backward_kernel_matches_the_definition(monkeypatch, batch, di
 def test_fused_fft_route_is_offered_for_16_bit_inputs_up_to_4096_points():
     from fastconv.backends.triton import fftconv
 
-    half = torch.empty(2, 4, 2048, dtype=torch.bfloat16)
+    half = torch.empty(2, 4, 2048, dtype=torch.bfloat16)  # (CPU: the interpreter's kernels)
     assert fftconv.eligible(half, 2048) and fftconv.transform_size(2048, 2048) == 4096
     assert not fftconv.eligible(torch.empty(2, 4, 2049, dtype=torch.float16), 2049)  # 8,192
     assert not fftconv.eligible(half.float(), 100)  # float32: the products would be 16-bit

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import launch
+from .launch import INTERPRETED, launch
 
 #: the largest transform offered (see the module docstring: 0.94x torch.fft at 8192)
 MAX_N = 4096
@@ -53,9 +53,11 @@ def transform_size(seqlen: int, k: int) -> int:
 def eligible(x: torch.Tensor, k: int) -> bool:
     """Whether the fused route runs ``long_conv1d(x, weight of length k)``: 16-bit inputs
     (its products' operands; float32 inputs would lose their precision), a transform of at
-    most ``MAX_N`` points, at most 65,535 channels (the grid)."""
+    most ``MAX_N`` points, at most 65,535 channels (the grid), and kernels compiled for the
+    tensor's device (not the interpreter's, which runs on CPU tensors only)."""
     return x.dtype in (torch.float16, torch.bfloat16) and \
-        transform_size(x.shape[-1], k) <= MAX_N and 0 < x.shape[1] <= 65535
+        transform_size(x.shape[-1], k) <= MAX_N and 0 < x.shape[1] <= 65535 \
+        and INTERPRETED == (x.device.type == "cpu")
 
 
 @triton.jit
