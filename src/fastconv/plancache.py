@@ -53,7 +53,7 @@ FILE_NAME = f"plans-v{FORMAT}.json"
 MEMORY_ENTRIES = 4096
 DISK_ENTRIES = 20000
 LOCK_TIMEOUT_S = 10.0
-#: Seconds between two saves of the disk store (``_store``; the last entries at exit)
+#: Seconds between two saves of the disk store (``put``; the last entries at exit)
 SAVE_SPACING_S = 1.0
 
 
@@ -203,12 +203,13 @@ class PlanCache:
         """Remember ``entry``; with ``persist`` also write it to the disk store."""
         with self._lock:
             self._put(key, entry)
-            if persist:
-                try:
-                    self._store(key, entry)
-                except Exception as exc:  # the disk store must never break a call
-                    self._warn(f"fastconv: cannot write the plan cache {self.path()}: "
-                               f"{type(exc).__name__}: {exc}")
+            if persist and self.path():
+                self._unsaved[key] = entry  # until a save succeeds: the next one retries it
+                if time.monotonic() - self._saved_at >= SAVE_SPACING_S:
+                    self.flush()
+                elif not self._at_exit:
+                    self._at_exit = True
+                    atexit.register(self.flush)
 
     def discard(self, key: str) -> None:
         """Forget ``key`` in memory (a refused entry; the file keeps it until rewritten)."""
@@ -379,16 +380,6 @@ class PlanCache:
                 return
             with open(path, "wb") as f:
                 f.write(snapshot)
-
-    def _store(self, key: str, entry: dict) -> None:
-        if not self.path():
-            return
-        self._unsaved[key] = entry  # until a save succeeds: the next one retries it
-        if time.monotonic() - self._saved_at >= SAVE_SPACING_S:
-            self._save()
-        elif not self._at_exit:
-            self._at_exit = True
-            atexit.register(self.flush)
 
     def flush(self) -> None:
         """Save the entries stored since the last save (``SAVE_SPACING_S``) now."""

@@ -177,6 +177,16 @@ def _long_conv_backward_kernel(x_ptr, w_ptr, g_ptr, dx_ptr, dw_ptr, f1r_ptr, f1i
                  mask=pos < K)
 
 
+def _sizes(seqlen: int, k: int) -> tuple[int, int, int, int]:
+    """(N, N1, N2, R) of a filter of ``k`` taps over ``seqlen`` positions (K ≤ seqlen: the
+    transform reads the filter's first R·N2 ≥ seqlen taps only)."""
+    if k > seqlen:
+        raise ValueError(f"a filter of {k} taps for {seqlen} positions")
+    n = transform_size(seqlen, k)
+    n1, n2 = split(n)
+    return n, n1, n2, max(16, triton.next_power_of_2(triton.cdiv(seqlen, n2)))
+
+
 def split(n: int) -> tuple[int, int]:
     """(N1, N2) with N1 · N2 = n, N1 = N2 or 2·N2 (N1 ≥ N2: the complex products cost
     N1 · N2² multiply-adds each)."""
@@ -215,11 +225,7 @@ def long_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     inputs only. ``K ≤ seqlen`` (``long_conv1d`` checks it)."""
     batch, dim, seqlen = x.shape
     k = weight.shape[1]
-    if k > seqlen:  # (the transform reads the filter's first R·N2 ≥ seqlen taps only)
-        raise ValueError(f"a filter of {k} taps for {seqlen} positions")
-    n = transform_size(seqlen, k)
-    n1, n2 = split(n)
-    rows = max(16, triton.next_power_of_2(triton.cdiv(seqlen, n2)))
+    n, n1, n2, rows = _sizes(seqlen, k)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     launch(_long_conv_kernel, (dim,), x, weight, y if bias is None else bias.contiguous(), y,
            *_matrices(n1, n2, rows, x.device), batch, seqlen, k, *x.stride(), *weight.stride(),
@@ -237,11 +243,7 @@ def long_conv_backward(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor
     the caller's."""
     batch, dim, seqlen = x.shape
     k = weight.shape[1]
-    if k > seqlen:
-        raise ValueError(f"a filter of {k} taps for {seqlen} positions")
-    n = transform_size(seqlen, k)
-    n1, n2 = split(n)
-    rows = max(16, triton.next_power_of_2(triton.cdiv(seqlen, n2)))
+    n, n1, n2, rows = _sizes(seqlen, k)
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else None
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else None
     launch(_long_conv_backward_kernel, (dim,), x, weight, grad, x if dx is None else dx,
