@@ -378,7 +378,7 @@ def test_seqconv_suite_rows_check_both_providers_against_float64(mode):
             assert by[p]["min_bytes"] > 0 and by[p]["timing"].startswith("not measured")
 
 
-def test_seqconv_decode_rows_are_also_timed_in_a_graph_over_sets_larger_than_l2():
+def test_seqconv_decode_rows_are_timed_in_a_graph_over_sets_larger_than_l2():
     """A decode row's graph time cycles through DECODE_SETS states of its own per provider
     (the same state each replay would sit in L2 and read faster than a model's layers);
     every set's step is the decode step (checked against torch's on the same set)."""
@@ -406,10 +406,46 @@ def test_seqconv_decode_rows_are_also_timed_in_a_graph_over_sets_larger_than_l2(
     assert len(ours) == seqconv.DECODE_SETS
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(ours, theirs))
     assert not torch.allclose(ours[0], ours[1])  # each set its own token and state
-    causal = seqconv.shrink(next(c for c in seqconv.CASES if c.kind == "causal"))
-    rows = seqconv.run_case(causal, ["fastconv", "torch"], Precision.IEEE, "fwd", device="cpu",
-                            timer=Timer())
-    assert len(seen) == 2 and all("graph_ms_p50" not in r for r in rows)  # decode rows only
+
+
+class _RecordingTimer:
+    """A bench timer that runs every graph call once and keeps the outputs."""
+
+    def __init__(self):
+        self.seen = []
+
+    def eager_rounds(self, fns, reps):
+        return {p: [1.0, 2.0, 3.0] for p in fns}
+
+    def graph(self, fns):
+        self.seen.append([f() for f in fns])
+        return [4.0, 5.0, 6.0]
+
+
+@pytest.mark.parametrize("mode", ["fwd", "train"])
+def test_seqconv_rows_are_timed_in_a_graph_over_operand_sets_larger_than_l2(mode, monkeypatch):
+    """Causal, packed and long rows are replayed from a graph too, cycling through operand
+    sets of their own whose bytes together exceed the L2 cache twice over; each set's call
+    is the case's call (fastconv's output equal to torch's on the same set, sets
+    differing)."""
+    from fastconv import costs
+    from fastconv.precision import Precision
+    from fastconv.tools.bench import seqconv
+
+    monkeypatch.setattr(costs, "L2_BYTES", 30_000)  # (the shrunk cases' size)
+    for kind in ("causal", "packed", "long"):
+        case = seqconv.shrink(next(c for c in seqconv.CASES if c.kind == kind))
+        timer = _RecordingTimer()
+        rows = seqconv.run_case(case, ["fastconv", "torch"], Precision.IEEE, mode,
+                                device="cpu", timer=timer, hbm_gbps=1.0)
+        seen = timer.seen
+        assert [r["graph_ms_p50"] for r in rows] == [5.0, 5.0]
+        moved = rows[0]["min_bytes"]
+        ours, theirs = seen
+        assert len(ours) == len(theirs) == costs.rotation_count(moved) > 1, kind
+        assert len(ours) * moved > 2 * costs.L2_BYTES or len(ours) == 8  # (at most 8)
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(ours, theirs))
+        assert not torch.allclose(ours[0], ours[1]), kind  # each set its own operands
 
 
 @pytest.mark.parametrize("extra, says", [

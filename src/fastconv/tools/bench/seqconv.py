@@ -11,9 +11,11 @@ the same masked sum written in torch, one pass per tap).
 Providers: ``fastconv`` and ``torch``. ``min_bytes`` is what a pass must read and write
 (inputs, outputs, weights; in ``train`` also the output's gradient, x read again and its
 gradient: five passes of x's size), so ``hbm_pct`` is the floor's
-time (``min_bytes`` at the measured copy bandwidth) over the median. Decode rows are also
-timed as CUDA-graph replays over ``DECODE_SETS`` states (``graph_ms_p50``,
-``graph_hbm_pct``): a model's decode runs in a graph, where the host's cost is gone.
+time (``min_bytes`` at the measured copy bandwidth) over the median. Every row is also
+timed as CUDA-graph replays (``graph_ms_p50``, ``graph_hbm_pct``): a model's layers run in a
+graph where the host's cost is gone (eager decode steps and many training steps here are
+the host's). The replays cycle through operand sets that together exceed the L2 cache twice
+over (decode: ``DECODE_SETS`` states), so each call reads from HBM as a model's layers do.
 """
 
 from __future__ import annotations
@@ -97,11 +99,12 @@ def _torch_fft(x, w, b):
     return (out + b.float().unsqueeze(-1)).to(x.dtype)
 
 
-def _calls(case: SeqCase, dtype, device, train: bool):
-    """({provider: call}, float64 reference output, bytes a pass must move)."""
+def _calls(case: SeqCase, dtype, device, train: bool, seed: int = 0, reference: bool = True):
+    """({provider: call}, float64 reference output (None without ``reference``), bytes a
+    pass must move), on operands drawn from ``seed``."""
     import fastconv
 
-    g = torch.Generator(device="cpu").manual_seed(0)
+    g = torch.Generator(device="cpu").manual_seed(seed)
     shape = (case.batch, case.dim, case.seqlen if case.kind != "decode" else 1)
     x = torch.randn(shape, generator=g).to(device, dtype)
     scale = case.width ** -0.5
@@ -125,16 +128,16 @@ def _calls(case: SeqCase, dtype, device, train: bool):
         fns = {"fastconv": lambda x, w, b: fastconv.causal_conv1d(x, w, b, ids,
                                                                   activation="silu"),
                "torch": lambda x, w, b: _torch_packed(x, w, b, ids)}
-        ref = _torch_packed(x.double(), w.double(), b.double(), ids)
+        ref = _torch_packed(x.double(), w.double(), b.double(), ids) if reference else None
     elif case.kind == "long":
         fns = {"fastconv": lambda x, w, b: fastconv.long_conv1d(x, w, b), "torch": _torch_fft}
-        xd, wd = x.double(), w.double()  # the definition, directly
-        ref = F.conv1d(F.pad(xd, (case.width - 1, 0)), wd.flip(-1).unsqueeze(1), b.double(),
-                       groups=case.dim)
+        ref = None if not reference else F.conv1d(  # the definition, directly
+            F.pad(x.double(), (case.width - 1, 0)), w.double().flip(-1).unsqueeze(1),
+            b.double(), groups=case.dim)
     else:
         fns = {"fastconv": lambda x, w, b: fastconv.causal_conv1d(x, w, b, activation="silu"),
                "torch": _torch_causal}
-        ref = _torch_causal(x.double(), w.double(), b.double())
+        ref = _torch_causal(x.double(), w.double(), b.double()) if reference else None
     moved = size * (2 * x.numel() + w.numel())
     if case.kind == "packed":
         moved += 4 * case.batch * case.seqlen  # the ids
@@ -178,6 +181,19 @@ def _decode_sets(case: SeqCase, dtype, device) -> dict[str, list]:
             for provider, step in steps.items()}
 
 
+def _graph_sets(case: SeqCase, dtype, device, train: bool, moved: int) -> dict[str, list]:
+    """{provider: calls} to replay in a CUDA graph: decode steps over ``DECODE_SETS``
+    states; other cases over operand sets of their own (``rotation_count`` of a pass's
+    bytes: together more than the L2 cache twice over)."""
+    from ...costs import rotation_count
+
+    if case.kind == "decode":
+        return _decode_sets(case, dtype, device)
+    sets = [_calls(case, dtype, device, train, seed=1 + i, reference=False)[0]
+            for i in range(rotation_count(moved))]
+    return {provider: [s[provider] for s in sets] for provider in sets[0]}
+
+
 def run_case(case: SeqCase, providers: list[str], precision: Precision, mode: str,
              device: str = "cuda", timer=None, reps: int = 50,
              hbm_gbps: float | None = None) -> list[dict]:
@@ -212,8 +228,9 @@ def run_case(case: SeqCase, providers: list[str], precision: Precision, mode: st
     from .timers import percentiles
 
     times = timer.eager_rounds({p: [calls[p]] for p in ready}, reps)
-    # eager decode steps are the host's; a model's decode runs in a graph, without it
-    graphed = _decode_sets(case, dtype, device) if case.kind == "decode" else {}
+    # eager decode steps and small training steps are the host's; a model's layers run in
+    # a graph, without it
+    graphed = _graph_sets(case, dtype, device, mode == "train", moved)
     for provider, row in ready.items():
         p50, p20, p80 = percentiles(times[provider])
         row.update(ms_p50=p50, ms_p20=p20, ms_p80=p80)
