@@ -244,3 +244,25 @@ def test_grouped_gradients_of_a_large_kernel():
     gradient's rows looped at run time, the weight gradient's rows over programs, one
     input channel of each group per pass."""
     test_grouped_gradients_direct_kernels((1, 4, 4, 2, (6, 7), 8, 1, 3, 1), False)
+
+
+def test_kernel_rows_past_the_unroll_limit_are_refused_with_the_reason():
+    """The direct kernels unroll a kernel row's taps at compile time (minutes to compile
+    past DIRECT_COLUMNS_MAX): a longer depthwise row is refused by the Triton backend with
+    its reason, and a grouped one's direct tiles are refused (GEMM tiles remain); at the limit
+both are served."""
+    from fastconv.backends.triton.backend import TritonBackend
+    from fastconv.backends.triton.binds import DIRECT_COLUMNS_MAX
+    from fastconv.problem import ConvProblem
+
+    for k, refused in ((DIRECT_COLUMNS_MAX, False), (DIRECT_COLUMNS_MAX + 1, True)):
+        x = torch.randn(1, 4, 2 * k + 3)
+        depthwise_w = torch.randn(4, 1, k)
+        problem = ConvProblem.from_tensors(x, depthwise_w, None, 1, 0, 1, 4, rank=1)
+        reasons = TritonBackend.not_supported_reasons(problem)
+        assert any(f"kernel row of {k} taps" in r for r in reasons) == refused, reasons
+        ex = fastconv.explain(x, depthwise_w, None, 1, 0, 1, 4)
+        assert (f"kernel row of {k} taps" in str(ex)) == refused, str(ex)
+        grouped = ConvProblem.from_tensors(x, torch.randn(4, 2, k), None, 1, 0, 1, 2, rank=1)
+        errors = TritonBackend.config_errors(grouped, depthwise.DwConfig(4, 16, 4), "fprop")
+        assert any(f"at most {DIRECT_COLUMNS_MAX} taps" in e for e in errors) == refused

@@ -18,6 +18,7 @@ import torch
 from ...problem import ConvProblem
 from ..base import Backend
 from .binds import (
+    DIRECT_COLUMNS_MAX,
     DIRECT_GROUP_MAX,
     bind,
     direct_depthwise,
@@ -113,6 +114,10 @@ class TritonBackend(Backend):
             reasons.append("float64 runs only under the Triton interpreter (for gradcheck)")
         if problem.groups > _MAX_GROUPS:
             reasons.append(f"groups {problem.groups} > {_MAX_GROUPS} (launch grid limit)")
+        if direct_depthwise(problem) and problem.kernel[-1] > DIRECT_COLUMNS_MAX:
+            reasons.append(f"a depthwise kernel row of {problem.kernel[-1]} taps: the direct "
+                           f"kernels unroll a row at compile time, at most "
+                           f"{DIRECT_COLUMNS_MAX} taps (minutes to compile past that)")
         return reasons
 
     @classmethod
@@ -272,7 +277,8 @@ def _direct_errors(problem: ConvProblem, config, op: str) -> list[str]:
         errors.append(f"a {config.block_a}x{config.block_b} tile: at most 8192 elements")
     if not (direct_depthwise(problem) or direct_grouped(problem)):
         errors.append("direct tiles run depthwise convolutions and groups of at most "
-                      f"{DIRECT_GROUP_MAX} channels, not transposed")
+                      f"{DIRECT_GROUP_MAX} channels, not transposed, with kernel rows of "
+                      f"at most {DIRECT_COLUMNS_MAX} taps")
     if config.plane and (problem.rank != 2 or problem.layout != "nchw"):
         errors.append("plane: only channels-first conv2d")
     if config.pairs and (op != "fprop" or problem.layout != "nchw"

@@ -57,12 +57,19 @@ def pairs_problem(problem: ConvProblem) -> bool:
 #: Grouped convolutions with at most this many input and output channels per group also
 #: get depthwise.py's direct kernels as candidates (issue 7: ResNeXt's 4-32 per group).
 DIRECT_GROUP_MAX = 64
+#: The direct kernels unroll a kernel row's taps at compile time: their compile time grows
+#: about with the square of a row's length (the forward for sm_90a on a 2-core host: 2 s at
+#: 16 taps, 36 s at 64). Past this many columns they are not offered: long_conv1d's timing
+#: of its direct route at K = 1,024 left a background build running for many minutes, and a
+#: CUDA-graph capture, which waits for builds, hung behind it (2026-11-29).
+DIRECT_COLUMNS_MAX = 64
 
 
 def direct_grouped(problem: ConvProblem) -> bool:
     return (problem.groups > 1 and not problem.transposed
             and problem.c_per_group <= DIRECT_GROUP_MAX
-            and problem.k_per_group <= DIRECT_GROUP_MAX)
+            and problem.k_per_group <= DIRECT_GROUP_MAX
+            and problem.kernel[-1] <= DIRECT_COLUMNS_MAX)
 
 
 def bind(problem: ConvProblem, config, op: str):
