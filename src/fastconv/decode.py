@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .devices import elsewhere
 from .errors import ConvError
 from .seqargs import (
     accumulate_dtype,
@@ -42,6 +43,11 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     autocast casts nothing here (the state is updated in place, in its own dtype; weight and
     bias may have another floating dtype), as in causal-conv1d's update.
     """
+    device = elsewhere(x)
+    if device is not None:  # (its kernel runs on the current device: fastconv.devices)
+        with torch.cuda.device(device):
+            return causal_conv1d_update(x, conv_state, weight, bias, activation, cache_seqlens,
+                                        conv_state_indices)
     if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
         raise ConvError(f"x: got {described(x)}; expected (batch, dim) or "
                         f"(batch, dim, seqlen)")

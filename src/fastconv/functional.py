@@ -18,6 +18,7 @@ torch's own ops instead (``as_torch_ops``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -27,6 +28,7 @@ from . import dispatch, plans
 from . import dispatch as _dispatch  # the module, where an argument is called dispatch
 from .backends.aten import _flat_pad
 from .batchnorm import bn_act, fold
+from .devices import elsewhere
 from .epilogue import Epilogue
 from .epilogue import apply as apply_epilogue
 from .errors import ConvError, ConvTypeError, real_number
@@ -145,6 +147,10 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
 
 
 def _conv(call: ConvCall, input, weight, bias, residual, scale, shift, out, mode):
+    device = elsewhere(input)
+    if device is not None:  # (its kernels, handles and timings are the current device's)
+        with torch.cuda.device(device):
+            return _conv(call, input, weight, bias, residual, scale, shift, out, mode)
     if mode is None:
         return _conv_impl(call, input, weight, bias, residual, scale, shift, out)
     with dispatch.settings(mode):
@@ -304,7 +310,9 @@ def explain(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if rank not in (1, 2):
         raise ConvError(f"input: expected a batched 1-D or 2-D input (3 or 4 dimensions), "
                         f"got {getattr(input, 'shape', type(input).__name__)}")
-    with _dispatch.settings(dispatch):
+    device = elsewhere(input)
+    with _dispatch.settings(dispatch), \
+            torch.cuda.device(device) if device is not None else contextlib.nullcontext():
         call = ConvCall(rank, transposed, stride, padding, dilation, groups, output_padding,
                         activation, negative_slope, backend, precision)
         problem = plans.forward_problem(call, input, weight, bias, residual, scale, shift,
@@ -364,6 +372,11 @@ def conv_bn_act2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 def _conv_bn_act(call: ConvCall, input, weight, bias, residual, norm: Norm, training: bool,
                  process_group):
+    device = elsewhere(input)
+    if device is not None:  # (its kernels run on the current device: fastconv.devices)
+        with torch.cuda.device(device):
+            return _conv_bn_act(call, input, weight, bias, residual, norm, training,
+                                process_group)
     k = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() > 0 else None
     for name, t in (("running_mean", norm.running_mean), ("running_var", norm.running_var),
                     ("bn_weight", norm.weight), ("bn_bias", norm.bias)):

@@ -8,6 +8,7 @@ import warnings
 
 import torch
 
+from .devices import elsewhere
 from .errors import ConvError
 from .functional import conv1d
 from .seqargs import accumulate_dtype, check_bias, check_x, described, readable
@@ -31,6 +32,10 @@ def long_conv1d(x: torch.Tensor, weight: torch.Tensor,
     compiling, filters longer than ``DIRECT_MAX_K`` take the real FFTs. Differentiable in
     x, weight and bias.
     """
+    device = elsewhere(x)
+    if device is not None:  # (its kernels and timings run on the current device)
+        with torch.cuda.device(device):
+            return long_conv1d(x, weight, bias)
     check_x(x)
     x = readable(x)
     batch, dim, seqlen = x.shape

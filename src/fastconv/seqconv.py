@@ -27,6 +27,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .devices import elsewhere
 from .functional import _autocast, conv1d
 from .precision import parse
 from .seqargs import (
@@ -104,6 +105,11 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     cast first as for torch's convolutions (floating tensors other than float64 to
     autocast's dtype), so the output then has autocast's dtype.
     """
+    device = elsewhere(x)
+    if device is not None:  # (its kernels run on the current device: fastconv.devices)
+        with torch.cuda.device(device):
+            return causal_conv1d(x, weight, bias, seq_idx, initial_states, return_final_states,
+                                 activation, precision=precision)
     check_x(x)
     x = readable(x)
     dim = x.shape[1]

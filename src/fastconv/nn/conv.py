@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .. import backends, dispatch, plans
 from .. import functional as fc
+from ..devices import elsewhere
 from ..errors import ConvTypeError
 from ..precision import parse
 from ..spec import ConvCall
@@ -151,6 +152,10 @@ class _FastconvMixin:
         """torch.nn.ConvNd's forward calls this: the convolution through the module's plan
         (inside an optimized model's training step, through the entry its first call of the
         step's settings kept: :meth:`_step_run`)."""
+        device = elsewhere(input)
+        if device is not None:  # (its plans run on the current device: fastconv.devices)
+            with torch.cuda.device(device):
+                return self._conv_forward(input, weight, bias)
         step = current_step()
         if step is not None:
             kept = self._call_site().step_conv

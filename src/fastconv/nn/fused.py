@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .. import functional as fc
 from ..batchnorm import bn_act, finish_bn_act, fused_here, takes_torch_ops
+from ..devices import elsewhere
 from ..epilogue import Epilogue, activate
 from ..errors import ConvError, real_number
 from ..spec import Norm
@@ -95,6 +96,10 @@ class _ConvBNActMixin:
         """``act(bn(conv(input)) + residual)``; BatchNorm's train/eval semantics exactly.
         A ``residual`` of another shape than the output is broadcast as torch's ``+`` does
         (the add and the activation then run after the fused convolution and BatchNorm)."""
+        device = elsewhere(input)
+        if device is not None:  # (its kernels run on the current device: fastconv.devices)
+            with torch.cuda.device(device):
+                return self.forward(input, residual)
         if residual is not None and isinstance(residual, Tensor) and isinstance(input, Tensor) \
                 and residual.shape != self._output_shape(input):
             return activate(self._forward(input, None, "none") + residual, self.activation,

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .. import costs, dispatch, original
+from ..devices import elsewhere
 from ..nn import step
 from ..nn.conv import _FastconvMixin
 from .report import Report
@@ -121,6 +122,10 @@ class OptimizedModel(nn.Module):
                                            m._parameters.get("bias")) if p is not None]
 
     def forward(self, *args):
+        device = elsewhere(next((a for a in args if isinstance(a, torch.Tensor)), None))
+        if device is not None:  # (its graphs and layers run on the current device)
+            with torch.cuda.device(device):
+                return self.forward(*args)
         args = self._prepare(args)
         if self.cuda_graph and all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             if not self.training:
