@@ -17,8 +17,9 @@ import torch
 
 def elsewhere(t) -> int | None:
     """The index of the GPU holding ``t`` where that is not the current device, else None
-    (CPU tensors, non-tensors, and the common case: one device in use)."""
-    if not isinstance(t, torch.Tensor) or not t.is_cuda:
-        return None
+    (CPU tensors, non-tensors, the common case of one device in use, and inside torch.compile's
+    tracing, whose graphs Inductor runs under a guard of its own)."""
+    if not isinstance(t, torch.Tensor) or not t.is_cuda or torch.compiler.is_compiling():
+        return None  # (a compiled graph runs under its own device guard)
     index = t.get_device()  # (CUDA is initialised: a CUDA tensor exists; 0.1 us a call)
     return index if index != torch._C._cuda_getDevice() else None
