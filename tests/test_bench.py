@@ -97,6 +97,35 @@ def test_cpu_bench_marks_timings_not_measured(tmp_path, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only mode")
+def test_a_run_cut_short_leaves_the_cases_it_finished(tmp_path, monkeypatch):
+    """Before each case the rows so far are written to a partial file (a device call's
+    timeout kills the bench mid-suite: everything measured before was lost); a run that
+    ends writes its own files and removes the partial one."""
+    from fastconv.tools.bench import runner
+
+    real, calls = runner.run_case, []
+
+    def third_fails(case, *args, **kwargs):
+        calls.append(case.name)
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return real(case, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_case", third_fails)
+    assert cli.main(["bench", "--suite", "seed002_conv1d", "--precision", "ieee", "--provider",
+                     "torch", "--cpu-cases", "4", "--out", str(tmp_path)]) != 0
+    partial = list(tmp_path.glob("partial-*.json"))
+    assert len(partial) == 1 and not list(tmp_path.glob("seed002*.json"))
+    doc = json.loads(partial[0].read_text())
+    assert [r["case"] for r in doc["rows"]] == calls[:2]
+    assert doc["meta"]["suite"] == "seed002_conv1d"
+    monkeypatch.setattr(runner, "run_case", real)
+    assert cli.main(["bench", "--suite", "seed002_conv1d", "--precision", "ieee", "--provider",
+                     "torch", "--cpu-cases", "4", "--out", str(tmp_path)]) == 0
+    assert not list(tmp_path.glob("partial-*")) and list(tmp_path.glob("seed002*.json"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only mode")
 def test_unavailable_provider_is_skipped_with_the_reason(tmp_path, capsys):
     assert cli.main(["bench", "--provider", "torch,cudnn_fe", "--cpu-cases", "1",
                      "--precision", "ieee", "--out", str(tmp_path)]) == 0

@@ -4,6 +4,7 @@ their arguments)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def run(args, has_gpu: bool) -> int:
@@ -103,8 +104,14 @@ def run(args, has_gpu: bool) -> int:
             if all(getattr(c, "rank", 2) == 1 for c in cases):
                 layout = "nchw"  # torch has no channels-last 3-D tensors: conv1d runs on NCL
             ceilings = runner.measure_ceilings(prec) if has_gpu else {}
+            meta = report.environment(ceilings, suite)
+            # every case done so far, rewritten before the next: what a run cut short (a
+            # timeout, a crash) leaves behind; removed once the run's own files are written
+            partial = Path(out_dir) / f"partial-{suite}-{mode}-{prec.value}-{layout}.json"
             rows = []
             for case in cases:
+                if rows:
+                    report.write_partial(partial, {"meta": meta, "rows": rows})
                 advance(f"{suite} {mode} {prec} {layout} {case.name}")
                 if args.ddp is not None:
                     from fastconv.tools.bench import ddp
@@ -143,7 +150,8 @@ def run(args, has_gpu: bool) -> int:
                                         device="cuda" if has_gpu else "cpu", mode=mode,
                                         host=suite in suites.HOST_SUITES)
             report.add_roofline(rows, ceilings)
-            doc = {"meta": report.environment(ceilings, suite), "rows": rows}
+            doc = {"meta": meta, "rows": rows}
+            partial.unlink(missing_ok=True)
             stem = report.file_stem(suite, prec.value, layout, doc["meta"]["gpu"], mode)
             if args.ddp is not None:
                 from fastconv.tools.bench import ddp

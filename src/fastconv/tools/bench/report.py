@@ -188,6 +188,15 @@ def write(doc: dict, out_dir: str | Path, stem: str) -> list[Path]:
     return [jpath, cpath]
 
 
+def write_partial(path: Path, doc: dict) -> None:
+    """``doc`` as JSON at ``path``, replaced whole (written beside it, then renamed: a run
+    killed while writing leaves the previous version)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps(doc, indent=1) + "\n")
+    scratch.replace(path)
+
+
 def file_stem(suite: str, precision: str, layout: str, gpu: str | None,
               mode: str = "fwd") -> str:
     gpu_s = re.sub(r"[^A-Za-z0-9]+", "", (gpu or "cpu").replace("NVIDIA", "")) or "gpu"
