@@ -25,9 +25,9 @@ def first_gpu_current():
     torch.cuda.set_device(before)
 
 
-@pytest.mark.parametrize("backend", ["auto", "triton", "cudnn_fe", "aten"])
+@pytest.mark.parametrize("backend", ["auto", "triton", "cudnn", "aten"])
 def test_conv2d_and_its_gradients_on_the_second_gpu(backend):
-    if backend == "cudnn_fe" and not fastconv.backends.REGISTRY["cudnn_fe"].available()[0]:
+    if backend == "cudnn" and not fastconv.backends.REGISTRY["cudnn"].available()[0]:
         pytest.skip("no cuDNN frontend here")
     x = torch.randn(3, 16, 17, 19, device="cuda:1", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(24, 16, 3, 3, device="cuda:1", dtype=torch.bfloat16, requires_grad=True)
