@@ -60,8 +60,8 @@ DIRECT_GROUP_MAX = 64
 #: The direct kernels unroll a kernel row's taps at compile time: their compile time grows
 #: about with the square of a row's length (the forward for sm_90a on a 2-core host: 2 s at
 #: 16 taps, 36 s at 64). Past this many columns they are not offered: long_conv1d's timing
-#: of its direct route at K = 1,024 left a background build running for many minutes, and a
-#: CUDA-graph capture, which waits for builds, hung behind it (2026-11-29).
+#: of its direct route at K = 1,024 left a background build running for hours, and the
+#: bench's graph timing, which waits for every build, hung behind it (2026-11-29).
 DIRECT_COLUMNS_MAX = 64
 
 
