@@ -293,3 +293,42 @@ def test_training_kernels_replay_from_a_cuda_graph(monkeypatch):
         eager = step()
         for a, c in zip(captured, eager):
             assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_inductor_graphs_run_the_short_kernels(mode, packed, monkeypatch):
+    """torch.compile (Inductor, fullgraph; and in CUDA graphs) of a block with causal_conv1d
+    between elementwise work, x dim-contiguous and a view (a projection's output split in
+    two, as Mamba's blocks pass it): the compiled graph calls seq_ops.short_conv, and its
+    output and gradients are eager's (the same kernels) within bf16's contract of float64
+    over three steps on new inputs."""
+    from fastconv import seq_ops, seqconv
+
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    calls = []
+    real = seq_ops._forward
+    monkeypatch.setattr(seq_ops, "_forward", lambda *a: calls.append(1) or real(*a))
+    dim, seqlen = 136, 1031
+    w = (torch.randn(dim, 4, device="cuda") / 2).bfloat16().requires_grad_()
+    b = torch.randn(dim, device="cuda").bfloat16().requires_grad_()
+    seq_idx = (torch.arange(seqlen, device="cuda") >= 500).int().expand(2, -1).contiguous() \
+        if packed else None
+
+    def block(h, w, b):
+        x, z = h.transpose(1, 2).chunk(2, dim=1)
+        y = fastconv.causal_conv1d(x * 2, w, b, seq_idx, activation="silu")
+        return y * torch.nn.functional.silu(z)
+    compiled = torch.compile(block, fullgraph=True, mode=mode)
+    for _ in range(3):
+        h = torch.randn(2, seqlen, 2 * dim, device="cuda").bfloat16().requires_grad_()
+        g = torch.randn(2, dim, seqlen, device="cuda").bfloat16()
+        got = compiled(h, w, b)
+        got = (got, *torch.autograd.grad(got, (h, w, b), g))
+        args = [t.detach().double().requires_grad_() for t in (h, w, b)]
+        want = block(*args)
+        want = (want, *torch.autograd.grad(want, args, g.double()))
+        for a, c in zip(got, want):
+            assert a.dtype == torch.bfloat16 and a.isfinite().all()
+            assert relative_error(a, c) <= TOLERANCE[Precision.BF16]
+    assert calls  # (under CUDA graphs the replays call nothing)

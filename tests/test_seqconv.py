@@ -174,12 +174,12 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
     in a warning, and this and every later call takes the torch route: same result (the
     short-filter kernels, which take these calls first, left out)."""
     from fastconv import seqconv
-    from fastconv.backends.triton import packed, shortconv
+    from fastconv.backends.triton import packed
 
     def broken(*args, **kwargs):
         raise RuntimeError("no such kernel")
     monkeypatch.setattr(packed, "packed_forward", broken)
-    monkeypatch.setattr(shortconv, "eligible", lambda x, width: False)
+    monkeypatch.setattr(seqconv, "short_eligible", lambda x, width: False)
     monkeypatch.setattr(seqconv, "_KERNEL_FAILED", {})
     x, w, b, _ = _inputs(2, 3, 11, 4, seed=3)
     seq_idx = torch.tensor([[0] * 4 + [1] * 7, [0] * 11], dtype=torch.int32)
@@ -196,7 +196,7 @@ def test_packed_kernel_failure_falls_back_to_torch_once(monkeypatch):
 def test_short_kernels_take_what_their_grid_holds():
     """shortconv runs batches of 1 to 65,535 rows and up to 65,535 channels (grid axes),
     16-bit and float32 data, widths to 17; the rest goes to the other routes."""
-    from fastconv.backends.triton.shortconv import eligible
+    from fastconv.seqargs import short_eligible as eligible
 
     def x(*shape, dtype=torch.float32):
         return torch.empty(shape, dtype=dtype)
@@ -844,6 +844,102 @@ def test_causal_conv1d_compiles_fullgraph():
     # the routes ask whether they are traced before anything else (Dynamo warned that it
     # traced kernel_device()'s lru_cache)
     assert not [w for w in said if "lru_cache" in str(w.message)]
+
+
+def _torch_route_grads(x, w, b, s, seq_idx, g):
+    """Output and gradients (x, w, b, s) of the torch route in float64."""
+    from fastconv import seqconv
+
+    args = [t.detach().double().requires_grad_() for t in (x, w, b, s)]
+    ids = seq_idx if seq_idx is not None else torch.zeros(x.shape[0], x.shape[2],
+                                                          dtype=torch.int32)
+    out = seqconv._packed_torch(*args[:3], ids, args[3], False, "silu")
+    return out, torch.autograd.grad(out, args, g.double())
+
+
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_compiled_graphs_run_the_short_kernels_as_custom_ops(layout, packed, monkeypatch):
+    """Inside torch.compile's graph (fullgraph) a short filter's training route is one
+    custom op (seq_ops.short_conv), whose forward and backward are shortconv.py's kernels
+    (interpreted), not a convolution of torch's: the output and every gradient against
+    float64, and x's layout kept; without autograd the same op where eager calls run the
+    kernel (seqlen-contiguous x, or packed sequences)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from fastconv import seqconv
+    from fastconv.backends.triton import shortconv
+
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    backward = []
+    real = shortconv.short_backward
+    monkeypatch.setattr(shortconv, "short_backward",
+                        lambda *a, **k: backward.append(1) or real(*a, **k))
+    x, w, b, s = _inputs(2, 5, 29, 4, layout, seed=11)
+    seq_idx = torch.tensor([[0] * 8 + [1] * 21, [0] * 29], dtype=torch.int32) \
+        if packed else None
+    args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+
+    def f(x, w, b, s):
+        return fastconv.causal_conv1d(x, w, b, seq_idx, s, activation="silu")
+
+    def traced(counter):
+        return [str(n.target) for graph in counter.graphs for n in graph.graph.nodes
+                if n.op == "call_function"]
+    counter = CompileCounterWithBackend("aot_eager")
+    out = torch.compile(f, fullgraph=True, backend=counter)(*args)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, args, g)
+    want, want_grads = _torch_route_grads(x, w, b, s, seq_idx, g)
+    assert traced(counter) == ["fastconv.short_conv.default"] and backward == [1]
+    assert out.stride() == x.stride() and got[0].stride() == x.stride()
+    assert _rel(out, want) < 1e-6
+    assert all(_rel(a, c) < 1e-6 for a, c in zip(got, want_grads))
+    counter = CompileCounterWithBackend("aot_eager")
+    with torch.no_grad():
+        plain = torch.compile(f, fullgraph=True, backend=counter)(x, w, b, s)
+    kernel = layout == "seqlen" or packed  # (else fastconv.conv1d's route, as eager calls)
+    assert traced(counter)[-1] == ("fastconv.short_conv.default" if kernel else
+                                   "fastconv.conv.default")
+    assert _rel(plain, want) < 1e-6
+
+
+def test_short_conv_ops_pass_opcheck():
+    """torch.library.opcheck of both ops: schema, fakes (shapes and strides), autograd
+    registration and AOT dispatch, with and without a bias, states and seq_idx."""
+    from fastconv import seq_ops
+
+    x, w, b, s = _inputs(2, 3, 13, 3, "dim", seed=12)
+    seq_idx = torch.tensor([[0] * 5 + [1] * 8, [0] * 13], dtype=torch.int32)
+    for bias, states, ids in ((b, s, seq_idx), (None, None, None)):
+        args = [t.clone().requires_grad_() if t is not None else None
+                for t in (x, states, w, bias)]
+        torch.library.opcheck(seq_ops.short_conv, (*args, True, ids))
+        dy = torch.randn(2, 3, 13)
+        torch.library.opcheck(seq_ops.short_conv_backward,
+                              (dy, x, states, w, bias, False, states is not None, ids))
+
+
+def test_short_conv_op_answers_with_torch_where_its_kernels_fail(monkeypatch):
+    """The op's kernels that fail are said once in a warning; the torch route answers, in
+    the layouts the op promises (x's for the output and dx)."""
+    from fastconv import seq_ops, seqconv
+    from fastconv.backends.triton import shortconv
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("no such kernel")
+    monkeypatch.setattr(shortconv, "short_forward", failing)
+    monkeypatch.setattr(seqconv, "_KERNEL_FAILED", {})
+    x, w, b, s = _inputs(2, 3, 17, 5, "dim", seed=13)
+    args = [t.clone().requires_grad_() for t in (x, s, w, b)]
+    with pytest.warns(RuntimeWarning, match=r"kernels \(short\) failed .*no such kernel"):
+        out = seq_ops.short_conv(*args, True, None)
+    g = torch.randn(2, 3, 17)
+    got = torch.autograd.grad(out, args, g)  # (the family is set aside: no kernel runs)
+    want, want_grads = _torch_route_grads(x, w, b, s, None, g)
+    assert out.stride() == x.stride() and got[0].stride() == x.stride()
+    assert _rel(out, want) < 1e-6
+    assert all(_rel(a, c) < 1e-6 for a, c in zip(got, [want_grads[i] for i in (0, 3, 1, 2)]))
 
 
 class _MambaMixer(torch.nn.Module):

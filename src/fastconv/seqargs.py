@@ -12,8 +12,19 @@ from .errors import ConvError, ConvTypeError
 
 #: widths ``causal_conv1d`` and ``causal_conv1d_update`` accept
 MIN_WIDTH, MAX_WIDTH = 2, 256
+#: the widest filter backends/triton/shortconv.py's kernels take: a tap reaches at most two
+#: chunks (16 positions) back
+SHORT_MAX_WIDTH = 17
 #: the activations they accept ("swish" is SiLU)
 ACTIVATIONS = (None, "silu", "swish")
+
+
+def short_eligible(x: torch.Tensor, width: int) -> bool:
+    """Whether shortconv.py's kernels run causal_conv1d(x) of this width: up to
+    SHORT_MAX_WIDTH taps, not float64 (they compute in float32), a batch of 1 to 65,535 rows
+    and at most 65,535 channels (grid axes 2 and 1: a program may hold one channel)."""
+    return (width <= SHORT_MAX_WIDTH and x.dtype != torch.float64 and 0 < x.shape[0] <= 65535
+            and x.shape[1] <= 65535)
 
 
 def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -99,3 +110,10 @@ def kernel_device() -> str | None:
     from .backends.triton.launch import INTERPRETED
 
     return "cpu" if INTERPRETED else "cuda"
+
+
+@torch.compiler.assume_constant_result
+def kernels_run_on(device_type: str) -> bool:
+    """Whether Triton's kernels run on tensors of this device type here (:func:`kernel_device`);
+    a constant to torch.compile's tracing, which calls it once instead of tracing it."""
+    return kernel_device() == device_type

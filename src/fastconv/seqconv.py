@@ -27,6 +27,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from . import seq_ops
 from .devices import elsewhere
 from .functional import _autocast, conv1d
 from .precision import parse
@@ -38,7 +39,9 @@ from .seqargs import (
     check_weight,
     check_x,
     kernel_device,
+    kernels_run_on,
     readable,
+    short_eligible,
 )
 
 #: where a causal conv1d without seq_idx that will be differentiated runs the packed kernels
@@ -237,14 +240,18 @@ def _by_family(family: str, x: torch.Tensor, run):
 def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
     """The output by the kernels of :class:`_PackedFunction` (with autograd: their
     backward; ``seq_idx`` may be None), without autograd shortconv.py's forward where it
-    runs, else packed.py's, or None where they do not run (:func:`_by_family`)."""
+    runs, else packed.py's, or None where they do not run (:func:`_by_family`); while
+    torch.compile traces, shortconv.py's as a custom op (:func:`_traced_short`)."""
+    if torch.compiler.is_compiling():
+        return _traced_short(x, weight, bias, seq_idx, initial_states, silu)
+
     def run():
         if _requires_grad(x, weight, bias, initial_states):
             return _PackedFunction.apply(x, weight, bias, initial_states, seq_idx, silu)
         from .backends.triton import shortconv
         from .backends.triton.packed import packed_forward
 
-        if shortconv.eligible(x, weight.shape[1]):
+        if short_eligible(x, weight.shape[1]):
             out = _by_family("short", x, lambda: shortconv.short_forward(
                 x, initial_states, weight, bias, silu, seq_idx))
             if out is not None:
@@ -259,14 +266,70 @@ def _short_kernel(x, weight, bias, initial_states, silu: bool):
     2-8, where fastconv.conv1d's route measured 70-79 %; its depthwise kernel alone reaches
     91-94 % in graph time; widths 10-17 not yet measured), or None where it does not run:
     x dim-contiguous (conv1d's channels-last kernels, not compared), a filter wider than it
-    takes or float64 data, and as :func:`_by_family` says (its own family, "short")."""
+    takes or float64 data, and as :func:`_by_family` says (its own family, "short"); while
+    torch.compile traces, the same kernel as a custom op (:func:`_traced_short`)."""
+    if x.stride(2) != 1 or not short_eligible(x, weight.shape[1]):
+        return None
+    if torch.compiler.is_compiling():
+        return _traced_short(x, weight, bias, None, initial_states, silu)
+
     def run():
         from .backends.triton import shortconv
 
-        if not shortconv.eligible(x, weight.shape[1]):
-            return None
         return shortconv.short_forward(x, initial_states, weight, bias, silu)
-    return _by_family("short", x, run) if x.stride(2) == 1 else None
+    return _by_family("short", x, run)
+
+
+def _traced_short(x, weight, bias, seq_idx, initial_states, silu: bool):
+    """While torch.compile traces: shortconv.py's kernels as one custom op with its autograd
+    (``seq_ops.short_conv``: an opaque node whose forward and backward are the kernels, run
+    by :func:`short_conv_run` and :func:`short_conv_grads`), or None where they do not run
+    (a filter wider than they take, float64, a device Triton's kernels do not run on)."""
+    if not short_eligible(x, weight.shape[1]) or not kernels_run_on(x.device.type):
+        return None
+    return seq_ops.short_conv(x, initial_states, weight, bias, silu, seq_idx)
+
+
+def short_conv_run(x, initial_states, weight, bias, silu: bool, seq_idx) -> torch.Tensor:
+    """``seq_ops.short_conv``'s implementation: shortconv.py's forward, or where its family
+    failed in this process (or fails now: said once, as :func:`_by_family` does) the torch
+    route's output (:func:`_packed_torch`), in the layout the op promises (x's)."""
+    if "short" not in _KERNEL_FAILED:
+        from .backends.triton import shortconv
+
+        try:
+            return shortconv.short_forward(x, initial_states, weight, bias, silu, seq_idx)
+        except Exception as exc:  # (not a user error: the arguments were checked)
+            _kernel_failed("short", exc)
+    out = _packed_torch(x, weight, bias, _one_sequence(x) if seq_idx is None else seq_idx,
+                        initial_states, False, "silu" if silu else "none")
+    return torch.empty_like(x).copy_(out)
+
+
+def short_conv_grads(dy, x, initial_states, weight, bias, silu: bool, init_grad: bool,
+                     seq_idx) -> list:
+    """``seq_ops.short_conv_backward``'s implementation: ``[dx, d weight]``, then ``d bias``
+    where there is a bias and ``d initial_states`` where ``init_grad``, by shortconv.py's
+    backward, or the torch route's (as :func:`short_conv_run`); each contiguous, dx in
+    x's layout, as the op promises."""
+    grads = None
+    if "short" not in _KERNEL_FAILED:
+        from .backends.triton.shortconv import short_backward
+
+        try:
+            dx, dh, dw, db = short_backward(dy, x, initial_states, weight, bias, silu,
+                                            init_grad, seq_idx)
+        except Exception as exc:  # (not a user error: the arguments were checked)
+            _kernel_failed("short", exc)
+        else:
+            grads = [dx, dw, db, dh]
+    if grads is None:
+        grads = _torch_grads((x, weight, bias, initial_states),
+                             (True, True, bias is not None, init_grad), dy, seq_idx, silu)
+        grads[0] = torch.empty_like(x).copy_(grads[0])
+    dx, dw, db, dh = grads
+    return [dx, dw.contiguous()] + ([db.contiguous()] if bias is not None else []) \
+        + ([dh.contiguous()] if init_grad else [])
 
 
 def _wide_kernel(x, weight, bias, initial_states, silu: bool):
@@ -309,7 +372,7 @@ class _PackedFunction(torch.autograd.Function):
 
         ctx.save_for_backward(x, weight, bias, initial_states, seq_idx)
         ctx.silu = silu
-        ctx.short = "short" not in _KERNEL_FAILED and shortconv.eligible(x, weight.shape[1])
+        ctx.short = "short" not in _KERNEL_FAILED and short_eligible(x, weight.shape[1])
         if ctx.short:
             try:
                 return shortconv.short_forward(x, initial_states, weight, bias, silu, seq_idx)
@@ -344,26 +407,53 @@ class _PackedFunction(torch.autograd.Function):
                 grads = [dx, dw, db, dh]
             except Exception as exc:  # the torch route's gradients (see _packed_kernel)
                 _kernel_failed("packed", exc)
-                grads = _torch_grads(ctx, dy, seq_idx)
+                grads = _torch_grads(ctx.saved_tensors[:4], needs, dy, seq_idx, ctx.silu)
         return (*[g if need else None for g, need in zip(grads, needs)], None, None)
 
 
-def _torch_grads(ctx, dy, seq_idx) -> list:
-    """The gradients of x, weight, bias and the initial states (None where not asked) by
-    autograd through :func:`_packed_torch`: a kernel's backward that failed."""
-    x, weight, bias, initial_states = ctx.saved_tensors[:4]
-    inputs = [t.detach().requires_grad_() if t is not None and need else None
-              for t, need in zip((x, weight, bias, initial_states), ctx.needs_input_grad)]
-    given = [t if t is not None else s for t, s in
-             zip(inputs, (x, weight, bias, initial_states))]
+def _one_sequence(x) -> torch.Tensor:
+    """The seq_idx of rows that are one sequence each."""
+    return x.new_zeros(x.shape[0], x.shape[2], dtype=torch.int32)
+
+
+def _torch_grads(saved, needs, dy, seq_idx, silu: bool) -> list:
+    """The gradients of x, weight, bias and the initial states (``saved``; None where
+    ``needs`` does not ask) of :func:`_packed_torch`, written out in torch operations (not
+    by autograd, which custom ops' implementations run below): a kernel's backward that
+    failed. One masked pass per tap for the pre-activation (where SiLU was applied), one
+    for the gradients."""
+    x, weight, bias, initial_states = saved
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    pad = width - 1
+    acc_type = accumulate_dtype(x.dtype)
     if seq_idx is None:  # (no packing: one sequence per row)
-        seq_idx = x.new_zeros(x.shape[0], x.shape[2], dtype=torch.int32)
-    with torch.enable_grad():
-        out = _packed_torch(*given[:3], seq_idx, given[3], False,
-                            "silu" if ctx.silu else "none")
-    wanted = [t for t in inputs if t is not None]
-    found = iter(torch.autograd.grad(out, wanted, dy))
-    return [next(found) if t is not None else None for t in inputs]
+        seq_idx = _one_sequence(x)
+    start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
+    full = torch.cat([start, x], dim=-1).to(acc_type)
+    ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)
+    w = weight.to(acc_type)
+
+    def tap(k):  # (the inputs tap k reads, zero where in another sequence)
+        return torch.where((ids[:, k:k + seqlen] == seq_idx).unsqueeze(1),
+                           full[..., k:k + seqlen], 0)
+    g = dy.to(acc_type)
+    if silu:
+        z = torch.zeros_like(g) if bias is None else bias.to(acc_type).unsqueeze(-1)
+        for k in range(width):
+            z = z + tap(k) * w[:, k:k + 1]
+        sig = torch.sigmoid(z)
+        g = g * sig * (1 + z * (1 - sig))
+    dfull = torch.zeros_like(full)
+    dw = full.new_empty(dim, width)
+    for k in range(width):
+        same = (ids[:, k:k + seqlen] == seq_idx).unsqueeze(1)
+        dfull[..., k:k + seqlen] += torch.where(same, g * w[:, k:k + 1], 0)
+        dw[:, k] = (tap(k) * g).sum((0, 2))
+    grads = [dfull[..., pad:].to(x.dtype), dw.to(weight.dtype),
+             g.sum((0, 2)).to(bias.dtype) if bias is not None else None,
+             dfull[..., :pad].to(x.dtype) if initial_states is not None else None]
+    return [t if need else None for t, need in zip(grads, needs)]
 
 
 class _WideFunction(torch.autograd.Function):
@@ -395,5 +485,5 @@ class _WideFunction(torch.autograd.Function):
             grads = [dx, dw, db, dh]
         except Exception as exc:  # the torch route's gradients
             _kernel_failed("wide", exc)
-            grads = _torch_grads(ctx, dy, None)
+            grads = _torch_grads(ctx.saved_tensors, needs, dy, None, ctx.silu)
         return (*[g if need else None for g, need in zip(grads, needs)], None)

@@ -37,17 +37,6 @@ import triton.language as tl
 
 from .launch import cdiv, launch
 
-#: the widest filter: a tap reaches at most two chunks (16 positions) back
-MAX_WIDTH = 17
-
-
-def eligible(x: torch.Tensor, width: int) -> bool:
-    """Whether these kernels run causal_conv1d(x) of this width: up to
-    MAX_WIDTH taps, not float64 (they compute in float32), a batch of 1 to 65,535 rows and
-    at most 65,535 channels (grid axes 2 and 1: a program may hold one channel)."""
-    return (width <= MAX_WIDTH and x.dtype != torch.float64 and 0 < x.shape[0] <= 65535
-            and x.shape[1] <= 65535)
-
 
 @triton.jit
 def _columns(v, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr):
@@ -144,8 +133,8 @@ def _tap(w_ptr, d, dmask, sw_d, sw_k, K: tl.constexpr, WIDTH: tl.constexpr):
 
 @triton.jit
 def _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """(the taps of channels d in float32, MAX_WIDTH of them (zero past WIDTH); the bias
-    or zeros)."""
+    """(the taps of channels d in float32, seqargs.SHORT_MAX_WIDTH of them (zero past
+    WIDTH); the bias or zeros)."""
     w = (_tap(w_ptr, d, dmask, sw_d, sw_k, 0, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 1, WIDTH),
          _tap(w_ptr, d, dmask, sw_d, sw_k, 2, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 3, WIDTH),
          _tap(w_ptr, d, dmask, sw_d, sw_k, 4, WIDTH), _tap(w_ptr, d, dmask, sw_d, sw_k, 5, WIDTH),
