@@ -2,8 +2,8 @@
 fastconv.optimize.
 
 Cases are named by model and batch (``deeplabv3_r50_b8``: DeepLabV3-ResNet50, batch 8,
-512x512; ``mamba_conv_b8_l2048``: the convolution part of a Mamba block, batch 8, 2,048
-positions). Modes: ``eval`` (inference under no_grad) and ``train`` (forward, backward and an
+512x512; ``mamba_conv_b8_l2048``: the convolution part of a Mamba block of Mamba-1.4B's
+widths, batch 8, 2,048 positions; ``mamba130m_conv_b8_l2048``: Mamba-130M's widths). Modes: ``eval`` (inference under no_grad) and ``train`` (forward, backward and an
 SGD step). Providers: ``torch`` (eager; bf16/fp16 run channels-last under autocast, as users
 run mixed precision), ``torch_compile`` and ``torch_compile_ro`` (mode="reduce-overhead"),
 ``fastconv`` (``optimize`` of the model in the same precision), ``fastconv_cuda_graph`` (the
@@ -104,9 +104,10 @@ class MambaConvBlock(torch.nn.Module):
         return h + self.out_proj((x * torch.nn.functional.silu(z)).transpose(1, 2))
 
 
-BUILDERS = {"deeplabv3_r50": _deeplab, "resnet50": _resnet50, "mamba_conv": MambaConvBlock}
-#: models whose input is (batch, size = seqlen, d_model), not an image
-SEQUENCE_MODELS = {"mamba_conv": 2048}
+BUILDERS = {"deeplabv3_r50": _deeplab, "resnet50": _resnet50, "mamba_conv": MambaConvBlock,
+            "mamba130m_conv": lambda: MambaConvBlock(d_model=768)}
+#: models whose input is (batch, size = seqlen, d_model), not an image: their d_model
+SEQUENCE_MODELS = {"mamba_conv": 2048, "mamba130m_conv": 768}
 BUILDERS.update({f"tv_{n}": _torchvision(n) for n in (
     "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf")})
 BUILDERS.update({f"timm_{n}": _timm(n) for n in (
@@ -119,7 +120,8 @@ CASES = [ModelCase("deeplabv3_r50_b8", "deeplabv3_r50", 8, 512),
          ModelCase("resnet50_b256", "resnet50", 256, 224),
          ModelCase("timm_resnet50_b256", "timm_resnet50", 256, 224),
          # issue 56: a Mamba block's convolution part against torch.compile
-         ModelCase("mamba_conv_b8_l2048", "mamba_conv", 8, 2048)]
+         ModelCase("mamba_conv_b8_l2048", "mamba_conv", 8, 2048),
+         ModelCase("mamba130m_conv_b8_l2048", "mamba130m_conv", 8, 2048)]
 # the zoo of issue 22 at batch 32, 224x224, and at 256 where the GPU is the limit (issue 55)
 CASES += [ModelCase(f"{key}_b{batch}", key, batch, 224) for batch in (32, 256)
           for key in BUILDERS if key.startswith(("tv_", "timm_"))
