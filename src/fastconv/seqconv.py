@@ -17,7 +17,8 @@ into another sequence (on a GPU shortconv.py's kernels for widths up to 17 in 16
 float32, packed.py's otherwise; torch operations, one pass per tap, under torch.compile's
 tracing and where Triton does not run). Everything has autograd, with a
 deterministic backward (weight gradients summed in a fixed order), and captures in a CUDA
-graph.
+graph. While torch.compile traces, shortconv.py's kernels run as custom ops (``seq_ops.py``)
+wherever eager calls run them; the other routes trace as torch's operations.
 """
 
 from __future__ import annotations
@@ -44,11 +45,15 @@ from .seqargs import (
     short_eligible,
 )
 
-#: where a causal conv1d without seq_idx that will be differentiated runs the packed kernels
-#: (not fastconv.conv1d): measured on an H200 in bf16 (benchmarks/NOTES.md, "Sequence
-#: convolutions"), forward and backward 1.5-3.1x faster from 2^25 elements at widths 2-16
-#: (1.2x at width 32, none at 64); below 2^24 elements their fixed ~0.5 ms per step loses
-_TRAIN_KERNELS_MIN_NUMEL, _TRAIN_KERNELS_MAX_WIDTH = 1 << 25, 32
+#: where a causal conv1d without seq_idx that will be differentiated runs the training
+#: kernels (not fastconv.conv1d): from this many elements for shortconv.py's widths (2-17),
+#: twice as many for packed.py's (to _TRAIN_KERNELS_MAX_WIDTH). Measured on an H200 in bf16
+#: (benchmarks/NOTES.md, "Sequence convolutions"): shortconv's eager forward + backward
+#: 1.23-1.44x the conv1d route at 2^24 elements and 1.46-2.19x at 1.5·2^24, width 4, either
+#: layout; below, eager steps are the host's (0.82-0.90x at 2^18-2^23, seqlen-contiguous).
+#: packed.py's 1.5-3.1x from 2^25 at widths 2-16 (1.2x at width 32, none at 64), their
+#: fixed ~0.5 ms per step losing below 2^24
+_TRAIN_KERNELS_MIN_NUMEL, _TRAIN_KERNELS_MAX_WIDTH = 1 << 24, 32
 #: from this width, a causal conv1d without seq_idx runs the tensor-core (Toeplitz) kernels
 #: (forward, and backward where it will be differentiated)
 _WIDE_MIN_WIDTH = 32
@@ -128,7 +133,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         _check_seq_idx(seq_idx, x)
         return _packed(x, weight, bias, seq_idx, initial_states, return_final_states, act)
     grad = _requires_grad(x, weight, bias, initial_states)
-    if grad and x.numel() >= _TRAIN_KERNELS_MIN_NUMEL and width <= _TRAIN_KERNELS_MAX_WIDTH:
+    least = _TRAIN_KERNELS_MIN_NUMEL << (0 if short_eligible(x, width) else 1)
+    if grad and x.numel() >= least and width <= _TRAIN_KERNELS_MAX_WIDTH:
         out = _packed_kernel(x, weight, bias, None, initial_states, act == "silu")
     elif width >= _WIDE_MIN_WIDTH:
         out = _wide_kernel(x, weight, bias, initial_states, act == "silu")
