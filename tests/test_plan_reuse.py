@@ -427,3 +427,21 @@ def test_a_fused_layer_reaches_its_kernel_in_six_frames_on_every_route():
                                }.items():
                 call()
                 assert _frames_to_the_kernel(call) <= 6, name
+
+
+def test_operand_sets_keep_the_calls_strides():
+    """Dispatch's operand-set copies have the call's strides, gaps and zero strides
+    included: a plan's prepared launch keeps its first call's strides, and a kernel prepared
+    for a non-dense view read past the end of clone()'s dense copy on a GPU."""
+    from fastconv.plans import _Sets
+
+    half = torch.randn(2, 9, 14).transpose(1, 2)[:, :7]  # (2, 7, 9), row stride 14
+    wide = torch.randn(7).expand(3, 7)
+    sets = _Sets((half, wide.requires_grad_(False), None, 3), lambda k: (), 1 << 40)
+    copy = sets[1]
+    for a, c in zip((half, wide), copy[:2]):
+        assert c.stride() == a.stride() and torch.equal(c, a)
+        assert c.data_ptr() != a.data_ptr()
+    assert copy[2:] == (None, 3)
+    grad = _Sets((half.clone().requires_grad_(),), lambda k: (), 1 << 40)[1][0]
+    assert grad.requires_grad and grad.is_leaf and grad.stride() == half.clone().stride()

@@ -226,16 +226,28 @@ class _Sets:
         while len(self.sets) <= k:
             i = len(self.sets)
             src = self.own if i == 0 else tuple(
-                t.detach().clone().requires_grad_(t.requires_grad)
+                copy_alike(t).requires_grad_(t.requires_grad)
                 if isinstance(t, torch.Tensor) else t for t in self.own)
             self.sets.append(src + self.scratch(i))
         return self.sets[k]
 
 
+def copy_alike(t: torch.Tensor) -> torch.Tensor:
+    """A detached copy of ``t`` with its strides, gaps included. A plan's prepared launch
+    keeps the strides of its first call's tensors (``launch.Prepared``), so an operand set
+    must have the call's: ``clone`` of a non-dense view (a projection's output split in
+    two, as Mamba's blocks pass it to their convolution) is dense, and a depthwise kernel
+    prepared for the view read past the copy's end (an illegal memory access on an H200)."""
+    if t.numel() == 0:
+        return t.detach().clone()
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.detach().as_strided((span,), (1,)).clone().as_strided(t.shape, t.stride())
+
+
 def _like(out: torch.Tensor | None):
-    """An operand set's scratch: ``out`` for set 0, a buffer like it for the others (None:
-    each call allocates its output, as the call being planned does)."""
-    return lambda k: (out if k == 0 or out is None else torch.empty_like(out),)
+    """An operand set's scratch: ``out`` for set 0, a buffer with its strides for the
+    others (None: each call allocates its output, as the call being planned does)."""
+    return lambda k: (out if k == 0 or out is None else copy_alike(out),)
 
 
 def _output_bytes(problem: ConvProblem) -> int:

@@ -3,9 +3,10 @@ fastconv.optimize.
 
 Cases are named by model and batch (``deeplabv3_r50_b8``: DeepLabV3-ResNet50, batch 8,
 512x512; ``mamba_conv_b8_l2048``: the convolution part of a Mamba block of Mamba-1.4B's
-widths, batch 8, 2,048 positions; ``mamba130m_conv_b8_l2048``: Mamba-130M's widths). Modes: ``eval`` (inference under no_grad) and ``train`` (forward, backward and an
-SGD step). Providers: ``torch`` (eager; bf16/fp16 run channels-last under autocast, as users
-run mixed precision), ``torch_compile`` and ``torch_compile_ro`` (mode="reduce-overhead"),
+widths, batch 8, 2,048 positions; ``mamba130m_conv_b8_l2048``: Mamba-130M's widths).
+Modes: ``eval`` (inference under no_grad) and ``train`` (forward, backward and an SGD step).
+Providers: ``torch`` (eager; bf16/fp16 run channels-last under autocast, as users run mixed
+precision), ``torch_compile`` and ``torch_compile_ro`` (mode="reduce-overhead"),
 ``fastconv`` (``optimize`` of the model in the same precision), ``fastconv_cuda_graph`` (the
 same with ``cuda_graph=True``: inference replayed, training forward + backward replayed, the
 SGD step eager), ``fastconv_compile`` and ``fastconv_compile_ro`` (``fastconv.compile``:
