@@ -335,19 +335,20 @@ def test_inductor_graphs_run_the_short_kernels(mode, packed, monkeypatch):
 
 
 def test_a_projection_view_through_dispatch_timing():
-    """causal_conv1d without autograd on x a dim-contiguous view of a projection's output
-    (row stride 2·dim, as Mamba's blocks pass it): its conv1d route's candidates are timed
-    on operand-set copies, and the output is within bf16's contract at two lengths in one
-    process (dense copies from clone() under a kernel prepared for the view read past
-    their end: an illegal memory access)."""
+    """A causal depthwise fastconv.conv1d on x a dim-contiguous view of a projection's
+    output (row stride 2·dim, as Mamba's blocks pass it; causal_conv1d's route before its
+    short kernels took this layout): dispatch times the candidates on operand-set copies,
+    and the output is within bf16's contract at two lengths in one process (dense copies
+    from clone() under a kernel prepared for the view read past their end: an illegal
+    memory access)."""
     torch.manual_seed(5)
     for seqlen in (1024, 2048):
         h = torch.randn(8, seqlen, 2 * 1536, device="cuda", dtype=torch.bfloat16)
         x = h.transpose(1, 2)[:, :1536]
-        w = (torch.randn(1536, 4, device="cuda") / 2).bfloat16()
+        w = (torch.randn(1536, 1, 4, device="cuda") / 2).bfloat16()
         b = torch.randn(1536, device="cuda").bfloat16()
-        with torch.no_grad():
-            out = fastconv.causal_conv1d(x, w, b, activation="silu")
-        ref = fastconv.causal_conv1d(x.double(), w.double(), b.double(), activation="silu")
+        out = fastconv.conv1d(x, w, b, padding=((3, 0),), groups=1536, activation="silu")
+        ref = torch.nn.functional.silu(torch.nn.functional.conv1d(
+            x.double(), w.double(), b.double(), padding=3, groups=1536)[..., :seqlen])
         torch.cuda.synchronize()
         assert relative_error(out, ref) <= TOLERANCE[Precision.BF16]

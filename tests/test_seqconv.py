@@ -863,8 +863,7 @@ def test_compiled_graphs_run_the_short_kernels_as_custom_ops(layout, packed, mon
     """Inside torch.compile's graph (fullgraph) a short filter's training route is one
     custom op (seq_ops.short_conv), whose forward and backward are shortconv.py's kernels
     (interpreted), not a convolution of torch's: the output and every gradient against
-    float64, and x's layout kept; without autograd the same op where eager calls run the
-    kernel (seqlen-contiguous x, or packed sequences)."""
+    float64, and x's layout kept; without autograd the same op."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from fastconv import seqconv
@@ -898,9 +897,7 @@ def test_compiled_graphs_run_the_short_kernels_as_custom_ops(layout, packed, mon
     counter = CompileCounterWithBackend("aot_eager")
     with torch.no_grad():
         plain = torch.compile(f, fullgraph=True, backend=counter)(x, w, b, s)
-    kernel = layout == "seqlen" or packed  # (else fastconv.conv1d's route, as eager calls)
-    assert traced(counter)[-1] == ("fastconv.short_conv.default" if kernel else
-                                   "fastconv.conv.default")
+    assert traced(counter) == ["fastconv.short_conv.default"]
     assert _rel(plain, want) < 1e-6
 
 

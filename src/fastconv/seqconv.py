@@ -4,7 +4,7 @@ with ``width - 1`` zeros on the left: ``weight[:, -1]`` multiplies the current p
 that a model switches by changing an import. Its decode step is ``decode.py``'s, the long
 convolutions of Hyena ``longconv.py``'s.
 
-Routes without ``seq_idx``: widths up to 17 (16-bit or float32, seqlen-contiguous) run the
+Routes without ``seq_idx``: widths up to 17 (16-bit or float32, either layout) run the
 forward kernel of ``backends/triton/shortconv.py`` where no gradient is wanted; where one
 is and the problem is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and
 backward (widths up to 17, either layout) or ``backends/triton/packed.py``'s (up to
@@ -267,14 +267,15 @@ def _packed_kernel(x, weight, bias, seq_idx, initial_states, silu: bool):
 
 
 def _short_kernel(x, weight, bias, initial_states, silu: bool):
-    """The output without autograd by backends/triton/shortconv.py's forward kernel, x
-    seqlen-contiguous (on an H100, bf16, eager calls: 90-97 % of the byte floor at widths
-    2-8, where fastconv.conv1d's route measured 70-79 %; its depthwise kernel alone reaches
-    91-94 % in graph time; widths 10-17 not yet measured), or None where it does not run:
-    x dim-contiguous (conv1d's channels-last kernels, not compared), a filter wider than it
-    takes or float64 data, and as :func:`_by_family` says (its own family, "short"); while
-    torch.compile traces, the same kernel as a custom op (:func:`_traced_short`)."""
-    if x.stride(2) != 1 or not short_eligible(x, weight.shape[1]):
+    """The output without autograd by backends/triton/shortconv.py's forward kernel, either
+    layout (on an H100, bf16, eager calls, seqlen-contiguous: 90-97 % of the byte floor at
+    widths 2-8, where fastconv.conv1d's route measured 70-79 %; on an H200, width 4,
+    dim-contiguous views of a projection's half: 1.20-9.45x that route eager, 1.05-9.45x in
+    CUDA graphs; widths 10-17 not yet measured), or None where it does not run: a filter
+    wider than it takes or float64 data, and as :func:`_by_family` says (its own family,
+    "short"); while torch.compile traces, the same kernel as a custom op
+    (:func:`_traced_short`)."""
+    if not short_eligible(x, weight.shape[1]):
         return None
     if torch.compiler.is_compiling():
         return _traced_short(x, weight, bias, None, initial_states, silu)
