@@ -297,17 +297,15 @@ def _traced_short(x, weight, bias, seq_idx, initial_states, silu: bool):
     return seq_ops.short_conv(x, initial_states, weight, bias, silu, seq_idx)
 
 
-def short_conv_run(x, initial_states, weight, bias, silu: bool, seq_idx, run) -> torch.Tensor:
-    """``seq_ops.short_conv``'s implementation: shortconv.py's forward launched by ``run``,
-    or where its family failed in this process (or fails now: said once, as
-    :func:`_by_family` does) the torch route's output (:func:`_packed_torch`), in the
-    layout the op promises (x's)."""
+def short_conv_run(x, initial_states, weight, bias, silu: bool, seq_idx) -> torch.Tensor:
+    """``seq_ops.short_conv``'s implementation: shortconv.py's forward, or where its family
+    failed in this process (or fails now: said once, as :func:`_by_family` does) the torch
+    route's output (:func:`_packed_torch`), in the layout the op promises (x's)."""
     if "short" not in _KERNEL_FAILED:
         from .backends.triton import shortconv
 
         try:
-            return shortconv.short_forward(x, initial_states, weight, bias, silu, seq_idx,
-                                           run)
+            return shortconv.short_forward(x, initial_states, weight, bias, silu, seq_idx)
         except Exception as exc:  # (not a user error: the arguments were checked)
             _kernel_failed("short", exc)
     out = _packed_torch(x, weight, bias, _one_sequence(x) if seq_idx is None else seq_idx,
@@ -316,18 +314,18 @@ def short_conv_run(x, initial_states, weight, bias, silu: bool, seq_idx, run) ->
 
 
 def short_conv_grads(dy, x, initial_states, weight, bias, silu: bool, init_grad: bool,
-                     seq_idx, run) -> list:
+                     seq_idx) -> list:
     """``seq_ops.short_conv_backward``'s implementation: ``[dx, d weight]``, then ``d bias``
     where there is a bias and ``d initial_states`` where ``init_grad``, by shortconv.py's
-    backward launched by ``run``, or the torch route's (as :func:`short_conv_run`); each
-    contiguous, dx in x's layout, as the op promises."""
+    backward, or the torch route's (as :func:`short_conv_run`); each contiguous, dx in
+    x's layout, as the op promises."""
     grads = None
     if "short" not in _KERNEL_FAILED:
         from .backends.triton.shortconv import short_backward
 
         try:
             dx, dh, dw, db = short_backward(dy, x, initial_states, weight, bias, silu,
-                                            init_grad, seq_idx, run)
+                                            init_grad, seq_idx)
         except Exception as exc:  # (not a user error: the arguments were checked)
             _kernel_failed("short", exc)
         else:

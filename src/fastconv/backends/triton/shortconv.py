@@ -434,19 +434,17 @@ def _ids(seq_idx, x: torch.Tensor) -> tuple:
 
 
 def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias, silu: bool,
-                  seq_idx=None, run=launch) -> torch.Tensor:
+                  seq_idx=None) -> torch.Tensor:
     """causal_conv1d's output (x's shape, layout and dtype; see the module docstring); with
     ``seq_idx`` (int32, (batch, seqlen)) a tap counts only where its position has the
-    output position's id (positions before 0 have position 0's). ``run(kernel, grid,
-    *args, **meta)`` launches the kernel (``seq_ops``: Triton's wrapper that torch.compile
-    traces)."""
+    output position's id (positions before 0 have position 0's)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     block_d, chunks, warps = tiles(_layout(x), width, seq_idx is not None)[0]
     out = torch.empty_like(x)
     init = initial_states if initial_states is not None else x
     ids, si_b, si_t = _ids(seq_idx, x)
-    run(_forward_kernel, (cdiv(seqlen, 8 * chunks), cdiv(dim, block_d), batch),
+    launch(_forward_kernel, (cdiv(seqlen, 8 * chunks), cdiv(dim, block_d), batch),
            x, ids, init, weight, x if bias is None else bias, out, dim, seqlen, *x.stride(),
            si_b, si_t, *init.stride(), *weight.stride(), *out.stride(),
            WIDTH=width, LOOK=_look(width), BLOCK_D=block_d, CHUNKS=chunks,
@@ -456,10 +454,10 @@ def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias, s
 
 
 def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: torch.Tensor,
-                   bias, silu: bool, init_grad: bool, seq_idx=None, run=launch) -> tuple:
+                   bias, silu: bool, init_grad: bool, seq_idx=None) -> tuple:
     """(dx, d initial_states or None, d weight, d bias or None) of :func:`short_forward`
     given the output's gradient: one pass, then the per-window sums of the weight's and
-    bias's gradients added in a fixed order (float32). ``run`` as short_forward's."""
+    bias's gradients added in a fixed order (float32)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     block_d, chunks, warps = tiles(_layout(x), width, seq_idx is not None)[1]
@@ -474,7 +472,7 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     part = torch.empty((batch, windows, dim, taps), device=x.device, dtype=torch.float32)
     init = initial_states if initial_states is not None else x
     ids, si_b, si_t = _ids(seq_idx, x)
-    run(_backward_kernel, (windows, cdiv(dim, block_d), batch),
+    launch(_backward_kernel, (windows, cdiv(dim, block_d), batch),
            x, ids, init, weight, x if bias is None else bias, dy, dx, dh, part, dim, seqlen,
            *x.stride(), si_b, si_t, *init.stride(), *weight.stride(), *dy.stride(),
            *dx.stride(), *dh.stride(),
