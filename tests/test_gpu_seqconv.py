@@ -303,12 +303,13 @@ def test_inductor_graphs_run_the_short_kernels(mode, packed, monkeypatch):
     two, as Mamba's blocks pass it): the compiled graph calls seq_ops.short_conv, and its
     output and gradients are eager's (the same kernels) within bf16's contract of float64
     over three steps on new inputs."""
-    from fastconv import seqconv
+    from fastconv import seq_ops, seqconv
 
     monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
     calls = []  # (the op's implementation, looked up at each call)
-    real = seqconv.short_conv_run
-    monkeypatch.setattr(seqconv, "short_conv_run", lambda *a: calls.append(1) or real(*a))
+    real = seq_ops.IMPLEMENTATION["forward"]
+    monkeypatch.setitem(seq_ops.IMPLEMENTATION, "forward",
+                        lambda *a: calls.append(1) or real(*a))
     dim, seqlen = 136, 1031
     w = (torch.randn(dim, 4, device="cuda") / 2).bfloat16().requires_grad_()
     b = torch.randn(dim, device="cuda").bfloat16().requires_grad_()

@@ -10,8 +10,9 @@ In eager mode ``seqconv`` launches the kernels itself (a custom op's dispatch co
 microseconds of host time); while torch.compile traces it calls ``short_conv``, so that the
 compiled graph runs the kernels as one opaque node each way (the fakes give the shapes and
 strides) instead of torch's padded convolution. The implementations are ``seqconv``'s
-(:func:`~fastconv.seqconv.short_conv_run`, :func:`~fastconv.seqconv.short_conv_grads`):
-they answer with torch operations where the kernels failed in the process.
+(:func:`~fastconv.seqconv.short_conv_run`, :func:`~fastconv.seqconv.short_conv_grads`),
+installed by it at its import (:func:`implement`: this module sits below it): they answer
+with torch operations where the kernels failed in the process.
 
 No ``from __future__ import annotations`` here: torch.library reads the annotations.
 """
@@ -19,12 +20,20 @@ No ``from __future__ import annotations`` here: torch.library reads the annotati
 import torch
 from torch import Tensor
 
+#: the ops' implementations, "forward" and "gradients" (:func:`implement`)
+IMPLEMENTATION: dict = {}
+
+
+def implement(forward, gradients) -> None:
+    """Install the ops' implementations: ``forward(x, initial_states, weight, bias, silu,
+    seq_idx)`` and ``gradients(dy, x, initial_states, weight, bias, silu, init_grad,
+    seq_idx)`` (the lists :func:`_backward_op` returns)."""
+    IMPLEMENTATION.update(forward=forward, gradients=gradients)
+
 
 def _forward(x: Tensor, initial_states: Tensor | None, weight: Tensor, bias: Tensor | None,
              silu: bool, seq_idx: Tensor | None) -> Tensor:
-    from .seqconv import short_conv_run
-
-    return short_conv_run(x, initial_states, weight, bias, silu, seq_idx)
+    return IMPLEMENTATION["forward"](x, initial_states, weight, bias, silu, seq_idx)
 
 
 short_conv = torch.library.custom_op("fastconv::short_conv", _forward, mutates_args=())
@@ -40,9 +49,8 @@ def _backward_op(dy: Tensor, x: Tensor, initial_states: Tensor | None, weight: T
                  seq_idx: Tensor | None) -> list[Tensor]:
     """``[dx, d weight]``, then ``d bias`` where there is a bias, ``d initial_states`` where
     ``init_grad``."""
-    from .seqconv import short_conv_grads
-
-    return short_conv_grads(dy, x, initial_states, weight, bias, silu, init_grad, seq_idx)
+    return IMPLEMENTATION["gradients"](dy, x, initial_states, weight, bias, silu, init_grad,
+                                       seq_idx)
 
 
 short_conv_backward = torch.library.custom_op("fastconv::short_conv_backward", _backward_op,

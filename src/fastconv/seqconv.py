@@ -494,3 +494,6 @@ class _WideFunction(torch.autograd.Function):
             _kernel_failed("wide", exc)
             grads = _torch_grads(ctx.saved_tensors, needs, dy, None, ctx.silu)
         return (*[g if need else None for g, need in zip(grads, needs)], None)
+
+
+seq_ops.implement(short_conv_run, short_conv_grads)
