@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def _fastconv(*args: str, tmp_path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -41,16 +42,36 @@ def test_check_passes_end_to_end_on_the_cpu(tmp_path):
 
 def test_importing_fastconv_imports_no_kernel_module():
     """Kernels are decorated (compiled or interpreted, decided then) when first used, never
-    at ``import fastconv``: a command or a user can still choose the interpreter after it."""
+    at ``import fastconv``: a command or a user can still choose the interpreter after it.
+    Neither Triton's language (its own jit functions) nor torch._dynamo, which imports it,
+    is imported either."""
     code = ("import sys, fastconv; "
-            "print(sorted(m for m in sys.modules if m.startswith('fastconv.backends.triton.')))")
+            "print(sorted(m for m in sys.modules if m.startswith('fastconv.backends.triton.'))); "
+            "print(sorted(m for m in sys.modules if m.startswith(('triton.language', "
+            "'torch._dynamo'))))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "['fastconv.backends.triton.backend', " \
+    kernels, language = done.stdout.strip().splitlines()
+    assert kernels == "['fastconv.backends.triton.backend', " \
         "'fastconv.backends.triton.binds', 'fastconv.backends.triton.configs', " \
-        "'fastconv.backends.triton.launchargs', 'fastconv.backends.triton.weights']", \
-        done.stdout
+        "'fastconv.backends.triton.launchargs', 'fastconv.backends.triton.weights']", kernels
+    assert language == "[]", language
+
+
+def test_the_constant_mark_is_torch_compilers():
+    """seqargs.kernels_run_on carries the mark torch.compiler.assume_constant_result sets
+    (set by hand there, so that import fastconv imports no torch._dynamo)."""
+    from fastconv.seqargs import kernels_run_on
+
+    def probe():
+        return None
+    marked = torch.compiler.assume_constant_result(probe)
+    assert marked is probe
+    added = {k: v for k, v in vars(probe).items()}
+    assert added == {"_dynamo_marked_constant": True}
+    assert all(getattr(kernels_run_on, k, None) == v for k, v in added.items())
 
 
 @pytest.mark.parametrize("args", [

@@ -112,8 +112,15 @@ def kernel_device() -> str | None:
     return "cpu" if INTERPRETED else "cuda"
 
 
-@torch.compiler.assume_constant_result
 def kernels_run_on(device_type: str) -> bool:
     """Whether Triton's kernels run on tensors of this device type here (:func:`kernel_device`);
     a constant to torch.compile's tracing, which calls it once instead of tracing it."""
     return kernel_device() == device_type
+
+
+# torch.compiler.assume_constant_result's mark, set without calling it: it imports
+# torch._dynamo, which imports Triton's language, whose own jit functions are then decorated
+# compiled, at ``import fastconv`` and before a command can choose the interpreter (every
+# interpreted kernel then failed: "Cannot call @triton.jit'd outside of the scope of a
+# kernel"). tests/test_cli.py checks that the mark is the one the API sets.
+kernels_run_on._dynamo_marked_constant = True
