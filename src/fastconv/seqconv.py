@@ -196,24 +196,30 @@ def _packed_final_states(x, seq_idx, initial_states, pad: int) -> torch.Tensor:
 def _packed_torch(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
                   act: str):
     """:func:`_packed` in torch operations, one masked multiply-add pass per tap."""
-    batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    pad = width - 1
-    start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
-    full = torch.cat([start, x], dim=-1)
-    ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)
+    full, same = _windows(x, initial_states, seq_idx, width - 1)
     acc_type = accumulate_dtype(x.dtype)
-    acc = torch.zeros(batch, dim, seqlen, device=x.device, dtype=acc_type)
+    acc = torch.zeros(x.shape, device=x.device, dtype=acc_type)
     for k in range(width):
-        same = (ids[:, k:k + seqlen] == seq_idx).unsqueeze(1)
-        acc = acc + torch.where(same, full[..., k:k + seqlen], 0).to(acc_type) \
+        acc = acc + torch.where(same(k), full[..., k:k + x.shape[2]], 0).to(acc_type) \
             * weight[:, k:k + 1].to(acc_type)
     if bias is not None:
         acc = acc + bias.to(acc_type).unsqueeze(-1)
     out = (F.silu(acc) if act == "silu" else acc).to(x.dtype)
     if not return_final_states:
         return out
-    return out, _packed_final_states(x, seq_idx, initial_states, pad)
+    return out, _packed_final_states(x, seq_idx, initial_states, width - 1)
+
+
+def _windows(x, initial_states, seq_idx, pad: int) -> tuple:
+    """(``full``: x with the initial states, zeros without them, in the ``pad`` positions
+    before 0; ``same(k)``: (batch, 1, seqlen), where tap k of each position reads
+    ``full[..., k + t]`` of its own sequence, positions before 0 having position 0's)."""
+    batch, dim, seqlen = x.shape
+    start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
+    full = torch.cat([start, x], dim=-1)
+    ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)
+    return full, lambda k: (ids[:, k:k + seqlen] == seq_idx).unsqueeze(1)
 
 
 #: kernel family ("packed": packed.py's, "short": shortconv.py's, "wide": toeplitz.py's) ->
@@ -298,16 +304,15 @@ def _traced_short(x, weight, bias, seq_idx, initial_states, silu: bool):
 
 
 def short_conv_run(x, initial_states, weight, bias, silu: bool, seq_idx) -> torch.Tensor:
-    """``seq_ops.short_conv``'s implementation: shortconv.py's forward, or where its family
-    failed in this process (or fails now: said once, as :func:`_by_family` does) the torch
+    """``seq_ops.short_conv``'s implementation: shortconv.py's forward, or where it does not
+    run (:func:`_by_family`: its family failed in this process, or fails now) the torch
     route's output (:func:`_packed_torch`), in the layout the op promises (x's)."""
-    if "short" not in _KERNEL_FAILED:
-        from .backends.triton import shortconv
+    from .backends.triton import shortconv
 
-        try:
-            return shortconv.short_forward(x, initial_states, weight, bias, silu, seq_idx)
-        except Exception as exc:  # (not a user error: the arguments were checked)
-            _kernel_failed("short", exc)
+    out = _by_family("short", x, lambda: shortconv.short_forward(
+        x, initial_states, weight, bias, silu, seq_idx))
+    if out is not None:
+        return out
     out = _packed_torch(x, weight, bias, _one_sequence(x) if seq_idx is None else seq_idx,
                         initial_states, False, "silu" if silu else "none")
     return torch.empty_like(x).copy_(out)
@@ -319,22 +324,17 @@ def short_conv_grads(dy, x, initial_states, weight, bias, silu: bool, init_grad:
     where there is a bias and ``d initial_states`` where ``init_grad``, by shortconv.py's
     backward, or the torch route's (as :func:`short_conv_run`); each contiguous, dx in
     x's layout, as the op promises."""
-    grads = None
-    if "short" not in _KERNEL_FAILED:
-        from .backends.triton.shortconv import short_backward
+    from .backends.triton import shortconv
 
-        try:
-            dx, dh, dw, db = short_backward(dy, x, initial_states, weight, bias, silu,
-                                            init_grad, seq_idx)
-        except Exception as exc:  # (not a user error: the arguments were checked)
-            _kernel_failed("short", exc)
-        else:
-            grads = [dx, dw, db, dh]
-    if grads is None:
-        grads = _torch_grads((x, weight, bias, initial_states),
-                             (True, True, bias is not None, init_grad), dy, seq_idx, silu)
-        grads[0] = torch.empty_like(x).copy_(grads[0])
-    dx, dw, db, dh = grads
+    found = _by_family("short", x, lambda: shortconv.short_backward(
+        dy, x, initial_states, weight, bias, silu, init_grad, seq_idx))
+    if found is not None:
+        dx, dh, dw, db = found
+    else:
+        dx, dw, db, dh = _torch_grads((x, weight, bias, initial_states),
+                                      (True, True, bias is not None, init_grad), dy, seq_idx,
+                                      silu)
+        dx = torch.empty_like(x).copy_(dx)
     return [dx, dw.contiguous()] + ([db.contiguous()] if bias is not None else []) \
         + ([dh.contiguous()] if init_grad else [])
 
@@ -430,36 +430,28 @@ def _torch_grads(saved, needs, dy, seq_idx, silu: bool) -> list:
     failed. One masked pass per tap for the pre-activation (where SiLU was applied), one
     for the gradients."""
     x, weight, bias, initial_states = saved
-    batch, dim, seqlen = x.shape
-    width = weight.shape[1]
-    pad = width - 1
+    seqlen, width = x.shape[2], weight.shape[1]
     acc_type = accumulate_dtype(x.dtype)
-    if seq_idx is None:  # (no packing: one sequence per row)
-        seq_idx = _one_sequence(x)
-    start = x.new_zeros(batch, dim, pad) if initial_states is None else initial_states
-    full = torch.cat([start, x], dim=-1).to(acc_type)
-    ids = torch.cat([seq_idx[:, :1].expand(batch, pad), seq_idx], dim=-1)
+    full, same = _windows(x, initial_states, _one_sequence(x) if seq_idx is None else seq_idx,
+                          width - 1)
+    full = full.to(acc_type)
     w = weight.to(acc_type)
-
-    def tap(k):  # (the inputs tap k reads, zero where in another sequence)
-        return torch.where((ids[:, k:k + seqlen] == seq_idx).unsqueeze(1),
-                           full[..., k:k + seqlen], 0)
     g = dy.to(acc_type)
     if silu:
         z = torch.zeros_like(g) if bias is None else bias.to(acc_type).unsqueeze(-1)
         for k in range(width):
-            z = z + tap(k) * w[:, k:k + 1]
+            z = z + torch.where(same(k), full[..., k:k + seqlen], 0) * w[:, k:k + 1]
         sig = torch.sigmoid(z)
         g = g * sig * (1 + z * (1 - sig))
     dfull = torch.zeros_like(full)
-    dw = full.new_empty(dim, width)
+    dw = full.new_empty(weight.shape)
     for k in range(width):
-        same = (ids[:, k:k + seqlen] == seq_idx).unsqueeze(1)
-        dfull[..., k:k + seqlen] += torch.where(same, g * w[:, k:k + 1], 0)
-        dw[:, k] = (tap(k) * g).sum((0, 2))
-    grads = [dfull[..., pad:].to(x.dtype), dw.to(weight.dtype),
+        g_k = torch.where(same(k), g, 0)  # (a tap into another sequence gets nothing)
+        dfull[..., k:k + seqlen] += g_k * w[:, k:k + 1]
+        dw[:, k] = (full[..., k:k + seqlen] * g_k).sum((0, 2))
+    grads = [dfull[..., width - 1:].to(x.dtype), dw.to(weight.dtype),
              g.sum((0, 2)).to(bias.dtype) if bias is not None else None,
-             dfull[..., :pad].to(x.dtype) if initial_states is not None else None]
+             dfull[..., :width - 1].to(x.dtype) if initial_states is not None else None]
     return [t if need else None for t, need in zip(grads, needs)]
 
 
