@@ -427,7 +427,9 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
         monkeypatch.setattr(shortconv, "SHIFT_MIN_CHUNKS", 4)
         for layout_ in ("seqlen", "dim"):
             forward, _ = shortconv.TILES[layout_, 2]
-            monkeypatch.setitem(shortconv.TILES, (layout_, 2), (forward, (2, 4, 1)))
+            # (dim-contiguous: the gathers along the chunks on column loads)
+            monkeypatch.setitem(shortconv.TILES, (layout_, 2),
+                                (forward, (2, 4, 1, layout_ == "seqlen")))
         assert shortconv.owned(2, 4) == 2
 
     def refused(*args, **kwargs):

@@ -72,11 +72,11 @@ def registers(kernel, capability: int = 90) -> tuple[int | None, int | None]:
     return int(re.search(r"Used (\d+) registers", text).group(1)), int(spill.group(1))
 
 
-#: the candidate tiles (BLOCK_D, CHUNKS, warps) per layout and direction
-TILES = {"seqlen": {"forward": [(1, 128, 2), (1, 64, 2)],
-                    "backward": [(1, 64, 1), (1, 32, 1)]},
-         "dim": {"forward": [(128, 2, 4), (64, 2, 4)],
-                 "backward": [(32, 8, 4), (32, 4, 4)]}}
+#: the candidate tiles (BLOCK_D, CHUNKS, warps, split loads) per layout and direction
+TILES = {"seqlen": {"forward": [(1, 128, 2, True), (1, 64, 2, True)],
+                    "backward": [(1, 64, 1, True), (1, 32, 1, True)]},
+         "dim": {"forward": [(128, 4, 4, False), (32, 4, 1, False)],
+                 "backward": [(16, 8, 2, False), (16, 32, 4, True)]}}
 
 
 def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
@@ -98,13 +98,14 @@ def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
         for i, (direction, (fn, const)) in enumerate(kernels.items()):
             tried = [shortconv.tiles(layout, width, ids)[i]] if used \
                 else TILES[layout][direction]
-            for block_d, chunks, warps in tried:
+            for block_d, chunks, warps, split in tried:
                 # (the backward's OWN: the chunks a window writes)
                 own = {"OWN": shortconv.owned(look, chunks)} if direction == "backward" else {}
-                kernel = compile_kernel(fn, dict(const, BLOCK_D=block_d, CHUNKS=chunks, **own),
+                kernel = compile_kernel(fn, dict(const, BLOCK_D=block_d, CHUNKS=chunks,
+                                                 SPLIT=split, **own),
                                         {"part_ptr": "*fp32", "ids_ptr": "*i32"}, unit,
                                         num_warps=warps)
-                yield (width, direction, (block_d, chunks, warps), *registers(kernel))
+                yield (width, direction, (block_d, chunks, warps, split), *registers(kernel))
 
 
 def main(argv=None) -> None:

@@ -14,7 +14,10 @@ tap reaches back, 1 or 2). No shift
 moves data between threads, so taps cost multiply-adds only (packed.py's kernels load each
 tap's window at its own, unaligned, offset: 2-byte loads). x dim-contiguous (a (batch,
 seqlen, dim) tensor transposed, as Mamba's blocks pass it) takes the same kernels with
-windows of many channels (the loads' vectors run along the channels).
+windows of many channels, each column loaded on its own (the loads' vectors run along the
+channels, so a column is already in the registers that use it). SiLU's sigmoid is four
+approximate PTX instructions in compiled kernels (:func:`_sigmoid`): the backward is bound
+by the instructions it issues, not by memory.
 
 Forward: the chunk and the LOOK before → bias, SiLU → the output. Backward: x at
 −8·LOOK … +8·LOOK and dy at 0 … +8·LOOK → the pre-activation of this chunk and the LOOK
@@ -35,7 +38,24 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import cdiv, launch
+from .launch import INTERPRETED, cdiv, launch
+
+#: σ by approximate PTX instructions (:func:`_sigmoid`): compiled kernels only
+FAST_SIGMOID = tl.constexpr(not INTERPRETED)
+
+
+@triton.jit
+def _sigmoid(v):
+    """σ(v) in float32: 1 / (1 + 2^(−v·log2 e)) by PTX's approximate ex2 and rcp, flushing
+    subnormals (four instructions; tl.sigmoid's exp is the same ex2 behind a range check,
+    its division ~5 instructions more), in compiled kernels; tl.sigmoid in the interpreter,
+    which runs no PTX."""
+    if FAST_SIGMOID:
+        return tl.inline_asm_elementwise(
+            "{ .reg .f32 t; mul.f32 t, $1, 0fBFB8AA3B; ex2.approx.ftz.f32 t, t; "
+            "add.f32 t, t, 0f3F800000; rcp.approx.ftz.f32 $0, t; }",
+            "=f,f", [v], dtype=tl.float32, is_pure=True, pack=1)
+    return tl.sigmoid(v)
 
 
 @triton.jit
@@ -62,19 +82,68 @@ def _window(c, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr):
 
 
 @triton.jit
-def _load(ptr, init_ptr, rows, b, d, dmask, p, seqlen, s_t, sh_b, sh_d, sh_k,
-          WIDTH: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr,
-          CHUNKS: tl.constexpr):
-    """The columns of a tensor at positions ``p`` ([1, CHUNKS, 8]) of channels ``d``, in
+def _at(ptr, init_ptr, rows, b, dd, dm, p, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH: tl.constexpr,
+        HAS_INIT: tl.constexpr):
+    """A tensor at positions ``p`` of the rows ``rows`` (channels ``dd``, where ``dm``), in
     float32 (``initial_states`` before 0 where given, zero elsewhere outside)."""
     inside = (p >= 0) & (p < seqlen)
-    v = tl.load(ptr + rows + p.to(tl.int64) * s_t, mask=dmask[:, None, None] & inside,
-                other=0.0).to(tl.float32)
+    v = tl.load(ptr + rows + p.to(tl.int64) * s_t, mask=dm & inside, other=0.0).to(tl.float32)
     if HAS_INIT:
         before = (p < 0) & (p >= 1 - WIDTH)
-        v += tl.load(init_ptr + b * sh_b + d[:, None, None] * sh_d + (WIDTH - 1 + p) * sh_k,
-                     mask=dmask[:, None, None] & before, other=0.0).to(tl.float32)
-    return _columns(v, BLOCK_D, CHUNKS)
+        v += tl.load(init_ptr + b * sh_b + dd * sh_d + (WIDTH - 1 + p) * sh_k,
+                     mask=dm & before, other=0.0).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _load(ptr, init_ptr, rows, b, d, dmask, p, seqlen, s_t, sh_b, sh_d, sh_k,
+          WIDTH: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr,
+          CHUNKS: tl.constexpr, SPLIT: tl.constexpr):
+    """The eight columns of a tensor at the chunks starting at positions ``p`` ([1, CHUNKS])
+    of channels ``d`` (``rows``: [BLOCK_D, 1]), in float32 (see :func:`_at`): one
+    [BLOCK_D, CHUNKS, 8] load split in registers where SPLIT (x seqlen-contiguous: 16-byte
+    vectors along the positions), else a load per column (the vectors run along the
+    channels, and no column moves between threads)."""
+    if SPLIT:
+        v = _at(ptr, init_ptr, rows[:, :, None], b, d[:, None, None], dmask[:, None, None],
+                p[:, :, None] + tl.arange(0, 8)[None, None, :], seqlen, s_t, sh_b, sh_d, sh_k,
+                WIDTH, HAS_INIT)
+        return _columns(v, BLOCK_D, CHUNKS)
+    dd, dm = d[:, None], dmask[:, None]
+    return (_at(ptr, init_ptr, rows, b, dd, dm, p, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT),
+            _at(ptr, init_ptr, rows, b, dd, dm, p + 1, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT),
+            _at(ptr, init_ptr, rows, b, dd, dm, p + 2, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT),
+            _at(ptr, init_ptr, rows, b, dd, dm, p + 3, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT),
+            _at(ptr, init_ptr, rows, b, dd, dm, p + 4, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT),
+            _at(ptr, init_ptr, rows, b, dd, dm, p + 5, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT),
+            _at(ptr, init_ptr, rows, b, dd, dm, p + 6, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT),
+            _at(ptr, init_ptr, rows, b, dd, dm, p + 7, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH,
+                HAS_INIT))
+
+
+@triton.jit
+def _store(ptr, cols, rows, dmask, p, s_t, lo, hi, keep, BLOCK_D: tl.constexpr,
+           CHUNKS: tl.constexpr, SPLIT: tl.constexpr):
+    """Stores eight columns at the chunks starting at ``p`` ([1, CHUNKS]) of the rows
+    ``rows`` ([BLOCK_D, 1]), at the positions in [lo, hi) of the chunks where ``keep``
+    ([1, CHUNKS]); as one [BLOCK_D, CHUNKS, 8] store where SPLIT, else a store per column
+    (see :func:`_load`)."""
+    if SPLIT:
+        q = p[:, :, None] + tl.arange(0, 8)[None, None, :]
+        tl.store(ptr + rows[:, :, None] + q.to(tl.int64) * s_t,
+                 _window(cols, BLOCK_D, CHUNKS).to(ptr.dtype.element_ty),
+                 mask=dmask[:, None, None] & keep[:, :, None] & (q >= lo) & (q < hi))
+    else:
+        for e in tl.static_range(8):
+            tl.store(ptr + rows + (p + e).to(tl.int64) * s_t, cols[e].to(ptr.dtype.element_ty),
+                     mask=dmask[:, None] & keep & (p + e >= lo) & (p + e < hi))
 
 
 @triton.jit
@@ -90,13 +159,29 @@ def _back(cur, prev, prev2, C: tl.constexpr):
 
 
 @triton.jit
-def _load_ids(ids_ptr, b, p, seqlen, si_b, si_t, first, CHUNKS: tl.constexpr):
-    """The columns ([1, CHUNKS] each) of the row's ``seq_idx`` at positions ``p``; positions
-    before 0 have position 0's (``first``), those past the end any (nothing there counts:
-    x and dy are zero)."""
+def _ids_at(ids_ptr, b, p, seqlen, si_b, si_t, first):
     v = tl.load(ids_ptr + b * si_b + p.to(tl.int64) * si_t, mask=(p >= 0) & (p < seqlen),
                 other=0)
-    return _columns(tl.where(p < 0, first, v), 1, CHUNKS)
+    return tl.where(p < 0, first, v)
+
+
+@triton.jit
+def _load_ids(ids_ptr, b, p, seqlen, si_b, si_t, first, CHUNKS: tl.constexpr,
+              SPLIT: tl.constexpr):
+    """The columns ([1, CHUNKS] each) of the row's ``seq_idx`` at the chunks starting at
+    ``p``; positions before 0 have position 0's (``first``), those past the end any (nothing
+    there counts: x and dy are zero)."""
+    if SPLIT:
+        return _columns(_ids_at(ids_ptr, b, p[:, :, None] + tl.arange(0, 8)[None, None, :],
+                                seqlen, si_b, si_t, first), 1, CHUNKS)
+    return (_ids_at(ids_ptr, b, p, seqlen, si_b, si_t, first),
+            _ids_at(ids_ptr, b, p + 1, seqlen, si_b, si_t, first),
+            _ids_at(ids_ptr, b, p + 2, seqlen, si_b, si_t, first),
+            _ids_at(ids_ptr, b, p + 3, seqlen, si_b, si_t, first),
+            _ids_at(ids_ptr, b, p + 4, seqlen, si_b, si_t, first),
+            _ids_at(ids_ptr, b, p + 5, seqlen, si_b, si_t, first),
+            _ids_at(ids_ptr, b, p + 6, seqlen, si_b, si_t, first),
+            _ids_at(ids_ptr, b, p + 7, seqlen, si_b, si_t, first))
 
 
 @triton.jit
@@ -156,11 +241,10 @@ def _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH: tl.constexpr, HAS_BIAS: tl.
 @triton.jit
 def _positions(FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
                OWN: tl.constexpr):
-    """(positions [1, CHUNKS, 8] of this program's window, channels, row); windows start
-    ``8·OWN`` positions apart (OWN < CHUNKS: they overlap by the last CHUNKS − OWN)."""
-    q = tl.arange(0, CHUNKS)[None, :, None]
-    e = tl.arange(0, 8)[None, None, :]
-    p = tl.program_id(0) * (8 * OWN) + FIRST + 8 * q + e
+    """(the first positions [1, CHUNKS] of this program's window's chunks, channels, row);
+    windows start ``8·OWN`` positions apart (OWN < CHUNKS: they overlap by the last
+    CHUNKS − OWN)."""
+    p = tl.program_id(0) * (8 * OWN) + FIRST + 8 * tl.arange(0, CHUNKS)[None, :]
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     return p, d, tl.program_id(2).to(tl.int64)
 
@@ -170,7 +254,7 @@ def _out(cur, prev, prev2, ic, ip, ip2, w, bias, E: tl.constexpr, WIDTH: tl.cons
          SILU: tl.constexpr, HAS_IDS: tl.constexpr):
     v = _pre(cur, prev, prev2, ic, ip, ip2, w, bias, E, WIDTH, HAS_IDS)
     if SILU:
-        v = v * tl.sigmoid(v)
+        v = v * _sigmoid(v)
     return v
 
 
@@ -179,27 +263,27 @@ def _forward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen
                     sx_d, sx_t, si_b, si_t, sh_b, sh_d, sh_k, sw_d, sw_k, so_b, so_d, so_t,
                     WIDTH: tl.constexpr, LOOK: tl.constexpr, BLOCK_D: tl.constexpr,
                     CHUNKS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    SILU: tl.constexpr, HAS_IDS: tl.constexpr):
+                    SILU: tl.constexpr, HAS_IDS: tl.constexpr, SPLIT: tl.constexpr):
     p, d, b = _positions(0, BLOCK_D, CHUNKS, CHUNKS)
     dmask = d < dim
-    rows = b * sx_b + d[:, None, None].to(tl.int64) * sx_d
+    rows = b * sx_b + d[:, None].to(tl.int64) * sx_d
     cur = _load(x_ptr, init_ptr, rows, b, d, dmask, p, seqlen, sx_t, sh_b, sh_d, sh_k, WIDTH,
-                HAS_INIT, BLOCK_D, CHUNKS)
+                HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
     prev = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 8, seqlen, sx_t, sh_b, sh_d, sh_k,
-                 WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+                 WIDTH, HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
     prev2 = prev  # (read only where LOOK is 2)
     if LOOK == 2:
         prev2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 16, seqlen, sx_t, sh_b, sh_d,
-                      sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+                      sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
     w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
     ic, ip, ip2 = cur, prev, prev2  # (the ids: read only with seq_idx)
     if HAS_IDS:
         first = tl.load(ids_ptr + b * si_b)
-        ic = _load_ids(ids_ptr, b, p, seqlen, si_b, si_t, first, CHUNKS)
-        ip = _load_ids(ids_ptr, b, p - 8, seqlen, si_b, si_t, first, CHUNKS)
+        ic = _load_ids(ids_ptr, b, p, seqlen, si_b, si_t, first, CHUNKS, SPLIT)
+        ip = _load_ids(ids_ptr, b, p - 8, seqlen, si_b, si_t, first, CHUNKS, SPLIT)
         ip2 = ip
         if LOOK == 2:
-            ip2 = _load_ids(ids_ptr, b, p - 16, seqlen, si_b, si_t, first, CHUNKS)
+            ip2 = _load_ids(ids_ptr, b, p - 16, seqlen, si_b, si_t, first, CHUNKS, SPLIT)
     y = (_out(cur, prev, prev2, ic, ip, ip2, w, bias, 0, WIDTH, SILU, HAS_IDS),
          _out(cur, prev, prev2, ic, ip, ip2, w, bias, 1, WIDTH, SILU, HAS_IDS),
          _out(cur, prev, prev2, ic, ip, ip2, w, bias, 2, WIDTH, SILU, HAS_IDS),
@@ -208,9 +292,8 @@ def _forward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen
          _out(cur, prev, prev2, ic, ip, ip2, w, bias, 5, WIDTH, SILU, HAS_IDS),
          _out(cur, prev, prev2, ic, ip, ip2, w, bias, 6, WIDTH, SILU, HAS_IDS),
          _out(cur, prev, prev2, ic, ip, ip2, w, bias, 7, WIDTH, SILU, HAS_IDS))
-    tl.store(out_ptr + b * so_b + d[:, None, None].to(tl.int64) * so_d + p.to(tl.int64) * so_t,
-             _window(y, BLOCK_D, CHUNKS).to(out_ptr.dtype.element_ty),
-             mask=dmask[:, None, None] & (p < seqlen))
+    _store(out_ptr, y, b * so_b + d[:, None].to(tl.int64) * so_d, dmask, p, so_t, 0, seqlen,
+           p >= 0, BLOCK_D, CHUNKS, SPLIT)
 
 
 @triton.jit
@@ -220,7 +303,7 @@ def _grad(dy, cur, prev, prev2, ic, ip, ip2, w, bias, E: tl.constexpr, WIDTH: tl
     g = dy[E]
     if SILU:
         pre = _pre(cur, prev, prev2, ic, ip, ip2, w, bias, E, WIDTH, HAS_IDS)
-        sig = tl.sigmoid(pre)
+        sig = _sigmoid(pre)
         g = g * sig * (1 + pre * (1 - sig))
     return g
 
@@ -282,7 +365,8 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
                      WIDTH: tl.constexpr, LOOK: tl.constexpr, TAPS: tl.constexpr,
                      FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
                      OWN: tl.constexpr, HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SILU: tl.constexpr, INIT_GRAD: tl.constexpr, HAS_IDS: tl.constexpr):
+                     SILU: tl.constexpr, INIT_GRAD: tl.constexpr, HAS_IDS: tl.constexpr,
+                     SPLIT: tl.constexpr):
     # FIRST: the first position of the first window (−8·LOOK with the initial states'
     # gradient: dx of the positions before 0, else 0). OWN: the chunks a window writes.
     # OWN == CHUNKS: g of the LOOK chunks after each chunk is recomputed from x and dy
@@ -292,42 +376,42 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
     SHIFT: tl.constexpr = OWN < CHUNKS
     p, d, b = _positions(FIRST, BLOCK_D, CHUNKS, OWN)
     dmask = d < dim
-    rows = b * sx_b + d[:, None, None].to(tl.int64) * sx_d
+    rows = b * sx_b + d[:, None].to(tl.int64) * sx_d
     prev = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 8, seqlen, sx_t, sh_b, sh_d, sh_k,
-                 WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+                 WIDTH, HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
     cur = _load(x_ptr, init_ptr, rows, b, d, dmask, p, seqlen, sx_t, sh_b, sh_d, sh_k, WIDTH,
-                HAS_INIT, BLOCK_D, CHUNKS)
-    dy_rows = b * sy_b + d[:, None, None].to(tl.int64) * sy_d
+                HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
+    dy_rows = b * sy_b + d[:, None].to(tl.int64) * sy_d
     dy = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p, seqlen, sy_t, sh_b, sh_d, sh_k,
-               WIDTH, False, BLOCK_D, CHUNKS)
+               WIDTH, False, BLOCK_D, CHUNKS, SPLIT)
     nxt, dy_next = cur, dy  # (the chunk at +8: loaded without SHIFT only)
     if not SHIFT:
         nxt = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 8, seqlen, sx_t, sh_b, sh_d,
-                    sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+                    sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
         dy_next = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 8, seqlen, sy_t, sh_b,
-                        sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS)
+                        sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS, SPLIT)
     w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
     # the ids of the chunks at −8, 0, +8 (and −16, +16 where LOOK is 2): read only with
     # seq_idx (stand-ins otherwise, never read)
     ip, ic, in1 = prev, cur, nxt
     if HAS_IDS:
         first = tl.load(ids_ptr + b * si_b)
-        ip = _load_ids(ids_ptr, b, p - 8, seqlen, si_b, si_t, first, CHUNKS)
-        ic = _load_ids(ids_ptr, b, p, seqlen, si_b, si_t, first, CHUNKS)
-        in1 = _load_ids(ids_ptr, b, p + 8, seqlen, si_b, si_t, first, CHUNKS)
+        ip = _load_ids(ids_ptr, b, p - 8, seqlen, si_b, si_t, first, CHUNKS, SPLIT)
+        ic = _load_ids(ids_ptr, b, p, seqlen, si_b, si_t, first, CHUNKS, SPLIT)
+        in1 = _load_ids(ids_ptr, b, p + 8, seqlen, si_b, si_t, first, CHUNKS, SPLIT)
     prev2, ip2, in2 = prev, ip, in1  # (the chunks at −16 and +16: read where LOOK is 2)
     g_next2 = dy
     if LOOK == 2:
         prev2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 16, seqlen, sx_t, sh_b, sh_d,
-                      sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+                      sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
         if HAS_IDS:
-            ip2 = _load_ids(ids_ptr, b, p - 16, seqlen, si_b, si_t, first, CHUNKS)
-            in2 = _load_ids(ids_ptr, b, p + 16, seqlen, si_b, si_t, first, CHUNKS)
+            ip2 = _load_ids(ids_ptr, b, p - 16, seqlen, si_b, si_t, first, CHUNKS, SPLIT)
+            in2 = _load_ids(ids_ptr, b, p + 16, seqlen, si_b, si_t, first, CHUNKS, SPLIT)
         if not SHIFT:
             nxt2 = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 16, seqlen, sx_t, sh_b,
-                         sh_d, sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS)
+                         sh_d, sh_k, WIDTH, HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
             dy_next2 = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 16, seqlen, sy_t,
-                             sh_b, sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS)
+                             sh_b, sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS, SPLIT)
             g_next2 = _grads(dy_next2, nxt2, nxt, cur, in2, in1, ic, w, bias, WIDTH, SILU,
                              HAS_IDS)
     g = _grads(dy, cur, prev, prev2, ic, ip, ip2, w, bias, WIDTH, SILU, HAS_IDS)
@@ -345,15 +429,12 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
           _dx(g, g_next, g_next2, ic, in1, in2, w, 5, WIDTH, HAS_IDS),
           _dx(g, g_next, g_next2, ic, in1, in2, w, 6, WIDTH, HAS_IDS),
           _dx(g, g_next, g_next2, ic, in1, in2, w, 7, WIDTH, HAS_IDS))
-    dx = _window(dx, BLOCK_D, CHUNKS)
     own = tl.arange(0, CHUNKS)[None, :] < OWN  # the chunks this window writes
-    tl.store(dx_ptr + b * sdx_b + d[:, None, None].to(tl.int64) * sdx_d
-             + p.to(tl.int64) * sdx_t, dx.to(dx_ptr.dtype.element_ty),
-             mask=dmask[:, None, None] & own[:, :, None] & (p >= 0) & (p < seqlen))
+    _store(dx_ptr, dx, b * sdx_b + d[:, None].to(tl.int64) * sdx_d, dmask, p, sdx_t, 0,
+           seqlen, own, BLOCK_D, CHUNKS, SPLIT)
     if INIT_GRAD:
-        tl.store(dh_ptr + b * sdh_b + d[:, None, None] * sdh_d + (WIDTH - 1 + p) * sdh_k,
-                 dx.to(dh_ptr.dtype.element_ty),
-                 mask=dmask[:, None, None] & own[:, :, None] & (p < 0) & (p >= 1 - WIDTH))
+        _store(dh_ptr, dx, b * sdh_b + d[:, None] * sdh_d + (WIDTH - 1) * sdh_k, dmask, p,
+               sdh_k, 1 - WIDTH, 0, own, BLOCK_D, CHUNKS, SPLIT)
     if SHIFT:  # each position's share counted by the one window that writes it
         g = _owned(g, own)
     # this window's share of dw[k] = Σ_t g[t]·x[t − (WIDTH − 1 − k)] and db = Σ_t g[t]
@@ -376,27 +457,29 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
     tl.store(out + taps[None, :], part, mask=dmask[:, None] & (taps <= WIDTH)[None, :])
 
 
-#: (BLOCK_D, CHUNKS, warps) of the forward and the backward, for x seqlen-contiguous and
-#: otherwise, by how many chunks a tap reaches back (widths 2-9: 1, 10-17: 2): a window of
-#: BLOCK_D channels × 8·CHUNKS positions; the best candidates of device probes (H100, bf16,
-#: b8 d4096 L2048 and b1 d8192 L16384). Reaching back one chunk: the best of 14 (6 for the
-#: other layout) on 4 (2) training shapes, widths 2-9 (results/seqconv/2026-11-28/
-#: probe-short-H100-*.log): seqlen-contiguous, forward 93-97 % of the byte floor at widths
-#: 2-4 (91 % at 9), backward 76-82 % (54 %). Two chunks, widths 16/17, the best of 4-6 per
-#: kind (results/seqconv/2026-11-28-look2/probe-look2-H100-465a4d8.log): seqlen-contiguous
-#: forward 81-84 %, backward 29-32 % (packed.py's, the route before: 15-16 % and 5-6 %);
-#: x dim-contiguous 50 % and 17 %. With seq_idx the id columns come beside the data's:
-#: the backward's window is smaller where a tap reaches back two chunks (``IDS_BACKWARD``;
-#: w16 seqlen-contiguous: half the window, 1.29 ms against 1.72; at w4 halving was 9-18 %
-#: slower in both layouts; H200, results/seqconv/2026-11-28-look2/probe-ids-H200-84dff78.log).
-#: Since g is computed once per chunk (:func:`owned`), x dim-contiguous at widths 10-17
-#: takes windows of 32 chunks: w16 0.587 ms against 0.739 for (16, 4, 2); with seq_idx
-#: (16, 4, 2): 1.70 ms against 3.26 for (16, 2, 2), and fewer registers than (16, 16, 4)'s
-#: 1.66 ms (which spills 660-808 bytes on Triton 3.8) (H200, results/seqconv/2026-11-28-shift/).
-TILES = {("seqlen", 1): ((1, 128, 2), (1, 64, 1)), ("dim", 1): ((128, 2, 4), (32, 8, 4)),
-         ("seqlen", 2): ((1, 128, 2), (1, 64, 1)), ("dim", 2): ((64, 4, 4), (16, 32, 4))}
+#: (BLOCK_D, CHUNKS, warps, split) of the forward and the backward, for x seqlen-contiguous
+#: and otherwise, by how many chunks a tap reaches back (widths 2-9: 1, 10-17: 2): a window
+#: of BLOCK_D channels × 8·CHUNKS positions, loaded as one [BLOCK_D, CHUNKS, 8] tensor split
+#: in registers (split) or a column at a time (:func:`_load`). The best candidates of device
+#: probes (bf16, b8 d4096 L2048 and b1 d8192 L16384; % of the byte floor at the copy
+#: bandwidth). Seqlen-contiguous (H100, results/seqconv/2026-11-28/probe-short-H100-*.log,
+#: 2026-11-28-look2/; H200 with the PTX sigmoid, 2026-11-29-sigmoid/): forward 100 % at
+#: widths 4 and 8 (74 % at 16), backward 71-74 % at 4 (48-50 % at 8, 30 % at 16).
+#: Dim-contiguous (H200, 2026-11-29-sigmoid/): the column loads' vectors run along the
+#: channels, where the split ones moved every column between threads: forward 93-97 % at
+#: width 4 (55 % split), 78 % at 8, 46 % at 16; backward 47-50 % at 4 (31 % split), 31 % at 8;
+#: at widths 10-17 the backward computes g once per chunk (:func:`owned`), whose gathers
+#: along the chunks are faster on split loads (0.58 ms against 0.66). With seq_idx the id
+#: columns come beside the data's: the backward's window is smaller where a tap reaches
+#: back two chunks (``IDS_BACKWARD``; w16 seqlen-contiguous: half the window, 1.29 ms
+#: against 1.72 (H200, 2026-11-28-look2/probe-ids-H200-84dff78.log); dim-contiguous
+#: (8, 4, 1) column loads 1.41 ms against 1.58 for (16, 4, 2) split).
+TILES = {("seqlen", 1): ((1, 128, 2, True), (1, 64, 1, True)),
+         ("dim", 1): ((128, 4, 4, False), (16, 8, 2, False)),
+         ("seqlen", 2): ((1, 128, 2, True), (1, 64, 1, True)),
+         ("dim", 2): ((32, 4, 1, False), (16, 32, 4, True))}
 #: the backward's tile with seq_idx where a tap reaches two chunks back (see ``TILES``)
-IDS_BACKWARD = {"seqlen": (1, 32, 1), "dim": (16, 4, 2)}
+IDS_BACKWARD = {"seqlen": (1, 32, 1, True), "dim": (8, 4, 1, False)}
 
 
 def _look(width: int) -> int:
@@ -440,7 +523,7 @@ def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias, s
     output position's id (positions before 0 have position 0's)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    block_d, chunks, warps = tiles(_layout(x), width, seq_idx is not None)[0]
+    block_d, chunks, warps, split = tiles(_layout(x), width, seq_idx is not None)[0]
     out = torch.empty_like(x)
     init = initial_states if initial_states is not None else x
     ids, si_b, si_t = _ids(seq_idx, x)
@@ -449,7 +532,7 @@ def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias, s
            si_b, si_t, *init.stride(), *weight.stride(), *out.stride(),
            WIDTH=width, LOOK=_look(width), BLOCK_D=block_d, CHUNKS=chunks,
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
-           HAS_IDS=seq_idx is not None, num_warps=warps)
+           HAS_IDS=seq_idx is not None, SPLIT=split, num_warps=warps)
     return out
 
 
@@ -460,7 +543,7 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     bias's gradients added in a fixed order (float32)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    block_d, chunks, warps = tiles(_layout(x), width, seq_idx is not None)[1]
+    block_d, chunks, warps, split = tiles(_layout(x), width, seq_idx is not None)[1]
     look = _look(width)
     first = -8 * look if init_grad else 0
     own = owned(look, chunks)
@@ -479,7 +562,8 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
            WIDTH=width, LOOK=look, TAPS=taps, FIRST=first, BLOCK_D=block_d,
            CHUNKS=chunks, OWN=own,
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
-           INIT_GRAD=init_grad, HAS_IDS=seq_idx is not None, num_warps=warps)
+           INIT_GRAD=init_grad, HAS_IDS=seq_idx is not None, SPLIT=split,
+           num_warps=warps)
     sums = part[..., :width + 1].sum((0, 1))
     return (dx, dh if init_grad else None, sums[:, :width].to(weight.dtype),
             sums[:, width].to(bias.dtype) if bias is not None else None)
