@@ -457,6 +457,27 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
     tl.store(out + taps[None, :], part, mask=dmask[:, None] & (taps <= WIDTH)[None, :])
 
 
+@triton.jit
+def _sums_kernel(part_ptr, dw_ptr, db_ptr, rows, dim, WIDTH: tl.constexpr, TAPS: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr):
+    # the weight's and bias's gradients of BLOCK_D channels: the backward's per-window sums
+    # (part: [rows, dim, TAPS] float32) added in a fixed order, in the weight's dtype
+    d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)[:, None]
+    taps = tl.arange(0, TAPS)[None, :]
+    mask = (d < dim) & (taps <= WIDTH)
+    acc = tl.zeros([BLOCK_D, TAPS], tl.float32)
+    for r in range(rows):
+        acc += tl.load(part_ptr + (r * dim + d.to(tl.int64)) * TAPS + taps, mask=mask, other=0.0)
+    tl.store(dw_ptr + d * WIDTH + taps, acc.to(dw_ptr.dtype.element_ty),
+             mask=(d < dim) & (taps < WIDTH))
+    if HAS_BIAS:
+        tl.store(db_ptr + d + 0 * taps, acc.to(db_ptr.dtype.element_ty),
+                 mask=(d < dim) & (taps == WIDTH))
+
+
+#: channels per program of the sums (:func:`_sums_kernel`)
+SUMS_BLOCK_D = 128
+
 #: (BLOCK_D, CHUNKS, warps, split) of the forward and the backward, for x seqlen-contiguous
 #: and otherwise, by how many chunks a tap reaches back (widths 2-9: 1, 10-17: 2): a window
 #: of BLOCK_D channels × 8·CHUNKS positions, loaded as one [BLOCK_D, CHUNKS, 8] tensor split
@@ -564,6 +585,8 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
            HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
            INIT_GRAD=init_grad, HAS_IDS=seq_idx is not None, SPLIT=split,
            num_warps=warps)
-    sums = part[..., :width + 1].sum((0, 1))
-    return (dx, dh if init_grad else None, sums[:, :width].to(weight.dtype),
-            sums[:, width].to(bias.dtype) if bias is not None else None)
+    dw = torch.empty((dim, width), device=x.device, dtype=weight.dtype)
+    db = torch.empty(dim, device=x.device, dtype=bias.dtype) if bias is not None else dw
+    launch(_sums_kernel, (cdiv(dim, SUMS_BLOCK_D),), part, dw, db, batch * windows, dim,
+           WIDTH=width, TAPS=taps, HAS_BIAS=bias is not None, BLOCK_D=SUMS_BLOCK_D)
+    return dx, dh if init_grad else None, dw, db if bias is not None else None
