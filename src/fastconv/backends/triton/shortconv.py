@@ -459,15 +459,20 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
 
 @triton.jit
 def _sums_kernel(part_ptr, dw_ptr, db_ptr, rows, dim, WIDTH: tl.constexpr, TAPS: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     # the weight's and bias's gradients of BLOCK_D channels: the backward's per-window sums
-    # (part: [rows, dim, TAPS] float32) added in a fixed order, in the weight's dtype
-    d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)[:, None]
-    taps = tl.arange(0, TAPS)[None, :]
+    # (part: [rows, dim, TAPS] float32), ROWS at a time, added in a fixed order, written in
+    # the weight's dtype
+    r = tl.arange(0, ROWS)[:, None, None]
+    d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :, None]
+    taps = tl.arange(0, TAPS)[None, None, :]
     mask = (d < dim) & (taps <= WIDTH)
     acc = tl.zeros([BLOCK_D, TAPS], tl.float32)
-    for r in range(rows):
-        acc += tl.load(part_ptr + (r * dim + d.to(tl.int64)) * TAPS + taps, mask=mask, other=0.0)
+    for r0 in range(0, rows, ROWS):
+        acc += tl.sum(tl.load(part_ptr + ((r0 + r) * dim + d.to(tl.int64)) * TAPS + taps,
+                              mask=mask & (r0 + r < rows), other=0.0), axis=0)
+    d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)[:, None]
+    taps = tl.arange(0, TAPS)[None, :]
     tl.store(dw_ptr + d * WIDTH + taps, acc.to(dw_ptr.dtype.element_ty),
              mask=(d < dim) & (taps < WIDTH))
     if HAS_BIAS:
@@ -475,8 +480,8 @@ def _sums_kernel(part_ptr, dw_ptr, db_ptr, rows, dim, WIDTH: tl.constexpr, TAPS:
                  mask=(d < dim) & (taps == WIDTH))
 
 
-#: channels per program of the sums (:func:`_sums_kernel`)
-SUMS_BLOCK_D = 128
+#: (channels, rows) per program and step of the sums (:func:`_sums_kernel`)
+SUMS_TILE = (16, 8)
 
 #: (BLOCK_D, CHUNKS, warps, split) of the forward and the backward, for x seqlen-contiguous
 #: and otherwise, by how many chunks a tap reaches back (widths 2-9: 1, 10-17: 2): a window
@@ -587,6 +592,7 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
            num_warps=warps)
     dw = torch.empty((dim, width), device=x.device, dtype=weight.dtype)
     db = torch.empty(dim, device=x.device, dtype=bias.dtype) if bias is not None else dw
-    launch(_sums_kernel, (cdiv(dim, SUMS_BLOCK_D),), part, dw, db, batch * windows, dim,
-           WIDTH=width, TAPS=taps, HAS_BIAS=bias is not None, BLOCK_D=SUMS_BLOCK_D)
+    launch(_sums_kernel, (cdiv(dim, SUMS_TILE[0]),), part, dw, db, batch * windows, dim,
+           WIDTH=width, TAPS=taps, HAS_BIAS=bias is not None, BLOCK_D=SUMS_TILE[0],
+           ROWS=SUMS_TILE[1])
     return dx, dh if init_grad else None, dw, db if bias is not None else None
