@@ -480,8 +480,10 @@ def _sums_kernel(part_ptr, dw_ptr, db_ptr, rows, dim, WIDTH: tl.constexpr, TAPS:
                  mask=(d < dim) & (taps == WIDTH))
 
 
-#: (channels, rows) per program and step of the sums (:func:`_sums_kernel`)
-SUMS_TILE = (16, 8)
+#: (channels, rows) per program and step of the sums (:func:`_sums_kernel`): 2.3-6.1 µs a
+#: call in CUDA graphs at 16-32 rows of 1,024-8,192 channels and widths 4-16, against 6.7-9.0
+#: for torch's sum and casts (H200, results/seqconv/2026-11-29-sigmoid/probe-sums-*.log)
+SUMS_TILE = (16, 4)
 
 #: (BLOCK_D, CHUNKS, warps, split) of the forward and the backward, for x seqlen-contiguous
 #: and otherwise, by how many chunks a tap reaches back (widths 2-9: 1, 10-17: 2): a window
