@@ -77,11 +77,16 @@ TILES = {"seqlen": {"forward": [(1, 128, 2, True), (1, 64, 2, True)],
                     "backward": [(1, 64, 1, True), (1, 32, 1, True)]},
          "dim": {"forward": [(128, 4, 4, False), (32, 4, 1, False)],
                  "backward": [(16, 8, 2, False), (16, 32, 4, True)]}}
+#: the candidate tiles of the backward over 16-position chunks (widths up to 9, no seq_idx)
+PAIRS = {"seqlen": [(1, 32, 1, True), (1, 16, 1, True)],
+         "dim": [(16, 4, 2, False), (32, 4, 4, False)]}
 
 
 def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
     """(width, direction, tile, registers, spill bytes) of shortconv.py's kernels, bf16, on
-    each candidate tile (``used``: the tile the kernels run, ``shortconv.tiles``)."""
+    each candidate tile (``used``: the tile the kernels run, ``shortconv.tiles`` and
+    ``shortconv.PAIRS``); "backward16" is the backward over 16-position chunks, which runs
+    in place of the other where taps reach one chunk back without seq_idx."""
     from ..backends.triton import shortconv
 
     # the layout's unit strides (x, out, dy, dx) and seq_idx's
@@ -95,12 +100,18 @@ def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
                    "backward": (shortconv._backward_kernel,
                                 dict(common, TAPS=triton.next_power_of_2(width + 1),
                                      FIRST=-8 * look, INIT_GRAD=True))}
-        for i, (direction, (fn, const)) in enumerate(kernels.items()):
-            tried = [shortconv.tiles(layout, width, ids)[i]] if used \
-                else TILES[layout][direction]
-            for block_d, chunks, warps, split in tried:
+        tried = {direction: [shortconv.tiles(layout, width, ids)[i]] if used
+                 else TILES[layout][direction] for i, direction in enumerate(kernels)}
+        if look == 1 and not ids:
+            kernels["backward16"] = (shortconv._backward_pairs_kernel,
+                                     {k: v for k, v in kernels["backward"][1].items()
+                                      if k not in ("LOOK", "HAS_IDS")})
+            tried["backward16"] = [shortconv.PAIRS[layout]] if used else PAIRS[layout]
+        for direction, (fn, const) in kernels.items():
+            for block_d, chunks, warps, split in tried[direction]:
                 # (the backward's OWN: the chunks a window writes)
-                own = {"OWN": shortconv.owned(look, chunks)} if direction == "backward" else {}
+                own = {"OWN": shortconv.owned(look, chunks)} \
+                    if direction == "backward" else {}
                 kernel = compile_kernel(fn, dict(const, BLOCK_D=block_d, CHUNKS=chunks,
                                                  SPLIT=split, **own),
                                         {"part_ptr": "*fp32", "ids_ptr": "*i32"}, unit,
@@ -122,7 +133,7 @@ def main(argv=None) -> None:
           f"{', seq_idx' if args.ids else ''}", flush=True)
     for width, direction, tile, regs, spill in shortconv_rows(
             args.layout, map(int, args.widths.split(",")), args.ids, args.used):
-        print(f"width {width:2d} {direction:8} tile {tile}: {regs} registers, spill stores "
+        print(f"width {width:2d} {direction:10} tile {tile}: {regs} registers, spill stores "
               f"{spill} bytes", flush=True)
 
 

@@ -241,11 +241,11 @@ def _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH: tl.constexpr, HAS_BIAS: tl.
 
 @triton.jit
 def _positions(FIRST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
-               OWN: tl.constexpr):
-    """(the first positions [1, CHUNKS] of this program's window's chunks, channels, row);
-    windows start ``8·OWN`` positions apart (OWN < CHUNKS: they overlap by the last
-    CHUNKS − OWN)."""
-    p = tl.program_id(0) * (8 * OWN) + FIRST + 8 * tl.arange(0, CHUNKS)[None, :]
+               OWN: tl.constexpr, SPAN: tl.constexpr):
+    """(the first positions [1, CHUNKS] of this program's window's chunks of SPAN positions,
+    channels, row); windows start ``SPAN·OWN`` positions apart (OWN < CHUNKS: they overlap
+    by the last CHUNKS − OWN)."""
+    p = tl.program_id(0) * (SPAN * OWN) + FIRST + SPAN * tl.arange(0, CHUNKS)[None, :]
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     return p, d, tl.program_id(2).to(tl.int64)
 
@@ -265,7 +265,7 @@ def _forward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen
                     WIDTH: tl.constexpr, LOOK: tl.constexpr, BLOCK_D: tl.constexpr,
                     CHUNKS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr,
                     SILU: tl.constexpr, HAS_IDS: tl.constexpr, SPLIT: tl.constexpr):
-    p, d, b = _positions(0, BLOCK_D, CHUNKS, CHUNKS)
+    p, d, b = _positions(0, BLOCK_D, CHUNKS, CHUNKS, 8)
     dmask = d < dim
     rows = b * sx_b + d[:, None].to(tl.int64) * sx_d
     cur = _load(x_ptr, init_ptr, rows, b, d, dmask, p, seqlen, sx_t, sh_b, sh_d, sh_k, WIDTH,
@@ -340,6 +340,40 @@ def _dx(g, g_next, g_next2, ic, in1, in2, w, E: tl.constexpr, WIDTH: tl.constexp
 
 
 @triton.jit
+def _dx8(g, g_next, g_next2, ic, in1, in2, w, WIDTH: tl.constexpr, HAS_IDS: tl.constexpr):
+    """:func:`_dx` of the eight columns of a chunk."""
+    return (_dx(g, g_next, g_next2, ic, in1, in2, w, 0, WIDTH, HAS_IDS),
+            _dx(g, g_next, g_next2, ic, in1, in2, w, 1, WIDTH, HAS_IDS),
+            _dx(g, g_next, g_next2, ic, in1, in2, w, 2, WIDTH, HAS_IDS),
+            _dx(g, g_next, g_next2, ic, in1, in2, w, 3, WIDTH, HAS_IDS),
+            _dx(g, g_next, g_next2, ic, in1, in2, w, 4, WIDTH, HAS_IDS),
+            _dx(g, g_next, g_next2, ic, in1, in2, w, 5, WIDTH, HAS_IDS),
+            _dx(g, g_next, g_next2, ic, in1, in2, w, 6, WIDTH, HAS_IDS),
+            _dx(g, g_next, g_next2, ic, in1, in2, w, 7, WIDTH, HAS_IDS))
+
+
+@triton.jit
+def _tap_products(g, cur, prev, prev2, ic, ip, ip2, K: tl.constexpr, WIDTH: tl.constexpr,
+                  HAS_IDS: tl.constexpr):
+    """Σ_e g[8q + e]·x[8q + e − (WIDTH − 1 − K)] over a chunk's eight columns, per chunk
+    ([BLOCK_D, CHUNKS]): tap K's share of the weight's gradient."""
+    acc = tl.zeros(cur[0].shape, tl.float32)
+    for e in tl.static_range(8):
+        acc += g[e] * _masked(_back(cur, prev, prev2, e - (WIDTH - 1 - K)), ic, ip, ip2,
+                              e - (WIDTH - 1 - K), e, HAS_IDS)
+    return acc
+
+
+@triton.jit
+def _column_sum(g):
+    """Σ_e g[8q + e] per chunk: the bias's share."""
+    acc = tl.zeros(g[0].shape, tl.float32)
+    for e in tl.static_range(8):
+        acc += g[e]
+    return acc
+
+
+@triton.jit
 def _ahead(g, BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr, BY: tl.constexpr):
     """The eight columns of ``g`` (:func:`_grads`) ``BY`` chunks later, within the window:
     one gather per column (the last BY chunks repeat the window's last: not owned, never
@@ -375,7 +409,7 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
     # once per chunk, the LOOK after read from the window's own g (gathers along the
     # chunks): the last LOOK chunks of a window are computed, not written.
     SHIFT: tl.constexpr = OWN < CHUNKS
-    p, d, b = _positions(FIRST, BLOCK_D, CHUNKS, OWN)
+    p, d, b = _positions(FIRST, BLOCK_D, CHUNKS, OWN, 8)
     dmask = d < dim
     rows = b * sx_b + d[:, None].to(tl.int64) * sx_d
     prev = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 8, seqlen, sx_t, sh_b, sh_d, sh_k,
@@ -422,14 +456,7 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
             g_next2 = _ahead(g, BLOCK_D, CHUNKS, 2)
     else:
         g_next = _grads(dy_next, nxt, cur, prev, in1, ic, ip, w, bias, WIDTH, SILU, HAS_IDS)
-    dx = (_dx(g, g_next, g_next2, ic, in1, in2, w, 0, WIDTH, HAS_IDS),
-          _dx(g, g_next, g_next2, ic, in1, in2, w, 1, WIDTH, HAS_IDS),
-          _dx(g, g_next, g_next2, ic, in1, in2, w, 2, WIDTH, HAS_IDS),
-          _dx(g, g_next, g_next2, ic, in1, in2, w, 3, WIDTH, HAS_IDS),
-          _dx(g, g_next, g_next2, ic, in1, in2, w, 4, WIDTH, HAS_IDS),
-          _dx(g, g_next, g_next2, ic, in1, in2, w, 5, WIDTH, HAS_IDS),
-          _dx(g, g_next, g_next2, ic, in1, in2, w, 6, WIDTH, HAS_IDS),
-          _dx(g, g_next, g_next2, ic, in1, in2, w, 7, WIDTH, HAS_IDS))
+    dx = _dx8(g, g_next, g_next2, ic, in1, in2, w, WIDTH, HAS_IDS)
     own = tl.arange(0, CHUNKS)[None, :] < OWN  # the chunks this window writes
     _store(dx_ptr, dx, b * sdx_b + d[:, None].to(tl.int64) * sdx_d, dmask, p, sdx_t, 0,
            seqlen, own, BLOCK_D, CHUNKS, SPLIT)
@@ -440,22 +467,81 @@ def _backward_kernel(x_ptr, ids_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_
         g = _owned(g, own)
     # this window's share of dw[k] = Σ_t g[t]·x[t − (WIDTH − 1 − k)] and db = Σ_t g[t]
     # (g is zero outside [0, seqlen): dy is; one reduction across the window per tap)
-    taps = tl.arange(0, TAPS)
+    taps = tl.arange(0, TAPS)[None, :]
     part = tl.zeros([BLOCK_D, TAPS], tl.float32)
     for k in tl.static_range(WIDTH):
-        acc = tl.zeros(cur[0].shape, tl.float32)
-        for e in tl.static_range(8):
-            acc += g[e] * _masked(_back(cur, prev, prev2, e - (WIDTH - 1 - k)), ic, ip, ip2,
-                                  e - (WIDTH - 1 - k), e, HAS_IDS)
-        part += tl.where(taps[None, :] == k, tl.sum(acc, axis=1)[:, None], 0.0)
+        acc = _tap_products(g, cur, prev, prev2, ic, ip, ip2, k, WIDTH, HAS_IDS)
+        part += tl.where(taps == k, tl.sum(acc, axis=1)[:, None], 0.0)
     if HAS_BIAS:
-        acc = tl.zeros(cur[0].shape, tl.float32)
-        for e in tl.static_range(8):
-            acc += g[e]
-        part += tl.where(taps[None, :] == WIDTH, tl.sum(acc, axis=1)[:, None], 0.0)
+        part += tl.where(taps == WIDTH, tl.sum(_column_sum(g), axis=1)[:, None], 0.0)
+    _store_part(part_ptr, part, b, d, dmask, dim, WIDTH, TAPS)
+
+
+@triton.jit
+def _store_part(part_ptr, part, b, d, dmask, dim, WIDTH: tl.constexpr, TAPS: tl.constexpr):
+    """Stores a backward window's sums of the weight's and bias's gradients ([BLOCK_D, TAPS]:
+    taps 0 … WIDTH − 1, then the bias) at its row of ``part`` ([batch, windows, dim, TAPS])."""
+    taps = tl.arange(0, TAPS)[None, :]
     out = part_ptr + ((b * tl.num_programs(0) + tl.program_id(0)) * dim
                       + d[:, None].to(tl.int64)) * TAPS
-    tl.store(out + taps[None, :], part, mask=dmask[:, None] & (taps <= WIDTH)[None, :])
+    tl.store(out + taps, part, mask=dmask[:, None] & (taps <= WIDTH))
+
+
+@triton.jit
+def _backward_pairs_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr, part_ptr,
+                           dim, seqlen, sx_b, sx_d, sx_t, sh_b, sh_d, sh_k, sw_d, sw_k,
+                           sy_b, sy_d, sy_t, sdx_b, sdx_d, sdx_t, sdh_b, sdh_d, sdh_k,
+                           WIDTH: tl.constexpr, TAPS: tl.constexpr, FIRST: tl.constexpr,
+                           BLOCK_D: tl.constexpr, CHUNKS: tl.constexpr,
+                           HAS_INIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           SILU: tl.constexpr, INIT_GRAD: tl.constexpr, SPLIT: tl.constexpr):
+    # _backward_kernel without seq_idx for widths up to 9 (taps reach one 8-position chunk
+    # back), over chunks of 16 positions held as two sets of eight columns, a (positions
+    # 16q … 16q + 7) and b (16q + 8 … 16q + 15): g of the WIDTH − 1 positions after a chunk
+    # is recomputed once per 16 positions, not per 8. FIRST as there.
+    p, d, b = _positions(FIRST, BLOCK_D, CHUNKS, CHUNKS, 16)
+    dmask = d < dim
+    rows = b * sx_b + d[:, None].to(tl.int64) * sx_d
+    prev = _load(x_ptr, init_ptr, rows, b, d, dmask, p - 8, seqlen, sx_t, sh_b, sh_d, sh_k,
+                 WIDTH, HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
+    xa = _load(x_ptr, init_ptr, rows, b, d, dmask, p, seqlen, sx_t, sh_b, sh_d, sh_k, WIDTH,
+               HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
+    xb = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 8, seqlen, sx_t, sh_b, sh_d, sh_k,
+               WIDTH, HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
+    nxt = _load(x_ptr, init_ptr, rows, b, d, dmask, p + 16, seqlen, sx_t, sh_b, sh_d, sh_k,
+                WIDTH, HAS_INIT, BLOCK_D, CHUNKS, SPLIT)
+    dy_rows = b * sy_b + d[:, None].to(tl.int64) * sy_d
+    dya = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p, seqlen, sy_t, sh_b, sh_d, sh_k,
+                WIDTH, False, BLOCK_D, CHUNKS, SPLIT)
+    dyb = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 8, seqlen, sy_t, sh_b, sh_d, sh_k,
+                WIDTH, False, BLOCK_D, CHUNKS, SPLIT)
+    dy_next = _load(dy_ptr, init_ptr, dy_rows, b, d, dmask, p + 16, seqlen, sy_t, sh_b,
+                    sh_d, sh_k, WIDTH, False, BLOCK_D, CHUNKS, SPLIT)
+    w, bias = _taps(w_ptr, b_ptr, d, dmask, sw_d, sw_k, WIDTH, HAS_BIAS)
+    # (without ids, the helpers' id and third-chunk arguments are stand-ins, never read)
+    ga = _grads(dya, xa, prev, prev, xa, xa, xa, w, bias, WIDTH, SILU, False)
+    gb = _grads(dyb, xb, xa, xa, xa, xa, xa, w, bias, WIDTH, SILU, False)
+    g_next = _grads(dy_next, nxt, xb, xb, xa, xa, xa, w, bias, WIDTH, SILU, False)
+    dxa = _dx8(ga, gb, ga, xa, xa, xa, w, WIDTH, False)
+    dxb = _dx8(gb, g_next, gb, xa, xa, xa, w, WIDTH, False)
+    every = p >= FIRST
+    dx_rows = b * sdx_b + d[:, None].to(tl.int64) * sdx_d
+    _store(dx_ptr, dxa, dx_rows, dmask, p, sdx_t, 0, seqlen, every, BLOCK_D, CHUNKS, SPLIT)
+    _store(dx_ptr, dxb, dx_rows, dmask, p + 8, sdx_t, 0, seqlen, every, BLOCK_D, CHUNKS,
+           SPLIT)
+    if INIT_GRAD:  # (positions before 0 are in set a of the first chunk only: FIRST is −8)
+        _store(dh_ptr, dxa, b * sdh_b + d[:, None] * sdh_d + (WIDTH - 1) * sdh_k, dmask, p,
+               sdh_k, 1 - WIDTH, 0, every, BLOCK_D, CHUNKS, SPLIT)
+    taps = tl.arange(0, TAPS)[None, :]
+    part = tl.zeros([BLOCK_D, TAPS], tl.float32)
+    for k in tl.static_range(WIDTH):
+        acc = (_tap_products(ga, xa, prev, prev, xa, xa, xa, k, WIDTH, False)
+               + _tap_products(gb, xb, xa, xa, xa, xa, xa, k, WIDTH, False))
+        part += tl.where(taps == k, tl.sum(acc, axis=1)[:, None], 0.0)
+    if HAS_BIAS:
+        part += tl.where(taps == WIDTH,
+                         tl.sum(_column_sum(ga) + _column_sum(gb), axis=1)[:, None], 0.0)
+    _store_part(part_ptr, part, b, d, dmask, dim, WIDTH, TAPS)
 
 
 @triton.jit
@@ -507,6 +593,10 @@ TILES = {("seqlen", 1): ((1, 128, 2, True), (1, 64, 1, True)),
          ("dim", 1): ((128, 4, 4, False), (16, 8, 2, False)),
          ("seqlen", 2): ((1, 128, 2, True), (1, 64, 1, True)),
          ("dim", 2): ((32, 4, 1, False), (16, 32, 4, True))}
+#: (BLOCK_D, CHUNKS, warps, split) of the backward over 16-position chunks
+#: (:func:`_backward_pairs_kernel`: widths up to 9, no seq_idx), by layout; the windows are
+#: as long as ``TILES``' backward ones
+PAIRS = {"seqlen": (1, 32, 1, True), "dim": (16, 4, 2, False)}
 #: the backward's tile with seq_idx where a tap reaches two chunks back (see ``TILES``)
 IDS_BACKWARD = {"seqlen": (1, 32, 1, True), "dim": (8, 4, 1, False)}
 
@@ -572,27 +662,34 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     bias's gradients added in a fixed order (float32)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    block_d, chunks, warps, split = tiles(_layout(x), width, seq_idx is not None)[1]
     look = _look(width)
     first = -8 * look if init_grad else 0
+    pairs = look == 1 and seq_idx is None and _layout(x) in PAIRS
+    block_d, chunks, warps, split = PAIRS[_layout(x)] if pairs else \
+        tiles(_layout(x), width, seq_idx is not None)[1]
     own = owned(look, chunks)
-    windows = cdiv(seqlen - first, 8 * own)
+    windows = cdiv(seqlen - first, 16 * chunks) if pairs else cdiv(seqlen - first, 8 * own)
     dx = torch.empty_like(x)
     dh = torch.empty((batch, dim, width - 1), device=x.device, dtype=x.dtype) \
         if init_grad else dx
     taps = triton.next_power_of_2(width + 1)
     part = torch.empty((batch, windows, dim, taps), device=x.device, dtype=torch.float32)
     init = initial_states if initial_states is not None else x
-    ids, si_b, si_t = _ids(seq_idx, x)
-    launch(_backward_kernel, (windows, cdiv(dim, block_d), batch),
-           x, ids, init, weight, x if bias is None else bias, dy, dx, dh, part, dim, seqlen,
-           *x.stride(), si_b, si_t, *init.stride(), *weight.stride(), *dy.stride(),
-           *dx.stride(), *dh.stride(),
-           WIDTH=width, LOOK=look, TAPS=taps, FIRST=first, BLOCK_D=block_d,
-           CHUNKS=chunks, OWN=own,
-           HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
-           INIT_GRAD=init_grad, HAS_IDS=seq_idx is not None, SPLIT=split,
-           num_warps=warps)
+    flags = dict(WIDTH=width, TAPS=taps, FIRST=first, BLOCK_D=block_d, CHUNKS=chunks,
+                 HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
+                 INIT_GRAD=init_grad, SPLIT=split, num_warps=warps)
+    if pairs:
+        launch(_backward_pairs_kernel, (windows, cdiv(dim, block_d), batch),
+               x, init, weight, x if bias is None else bias, dy, dx, dh, part, dim, seqlen,
+               *x.stride(), *init.stride(), *weight.stride(), *dy.stride(), *dx.stride(),
+               *dh.stride(), **flags)
+    else:
+        ids, si_b, si_t = _ids(seq_idx, x)
+        launch(_backward_kernel, (windows, cdiv(dim, block_d), batch),
+               x, ids, init, weight, x if bias is None else bias, dy, dx, dh, part, dim,
+               seqlen, *x.stride(), si_b, si_t, *init.stride(), *weight.stride(),
+               *dy.stride(), *dx.stride(), *dh.stride(), LOOK=look, OWN=own,
+               HAS_IDS=seq_idx is not None, **flags)
     dw = torch.empty((dim, width), device=x.device, dtype=weight.dtype)
     db = torch.empty(dim, device=x.device, dtype=bias.dtype) if bias is not None else dw
     launch(_sums_kernel, (cdiv(dim, SUMS_TILE[0]),), part, dw, db, batch * windows, dim,
