@@ -433,8 +433,9 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
             monkeypatch.setitem(shortconv.TILES, (layout_, 2),
                                 (forward, (2, 4, 1, layout_ == "seqlen")))
         assert shortconv.owned(2, 4) == 2
-        monkeypatch.setattr(shortconv, "PAIRS", {"seqlen": (1, 2, 1, True),
-                                                 "dim": (2, 2, 1, False)})
+        monkeypatch.setattr(shortconv, "PAIRS", {
+            (layout_, widest): (1, 2, 1, True) if layout_ == "seqlen" else (2, 2, 1, False)
+            for layout_ in ("seqlen", "dim") for widest in (5, 9)})
 
     def refused(*args, **kwargs):
         raise AssertionError("another route ran")
@@ -1122,12 +1123,12 @@ def test_short_kernels_compile_for_an_h100(layout):
     out = ""
     for ids in ([], ["--ids"]):
         run = subprocess.run([sys.executable, "-m", "fastconv.tools.offline", "--layout",
-                              layout, "--widths", "4,17", "--used", *ids],
+                              layout, "--widths", "8,17", "--used", *ids],
                              capture_output=True,
                              text=True, env=env, timeout=600)
         assert run.returncode == 0, run.stderr[-2000:]
         out += run.stdout
-    # every kernel compiled (width 4 without seq_idx: the backward over 16-position chunks too)
+    # every kernel compiled (width 8 without seq_idx: the backward over 16-position chunks too)
     assert out.count("registers") == 9, out
     # (registers read where the ptxas Triton ships takes the PTX alone: not Triton 3.9's)
     rows = re.findall(r"(\d+) registers, spill stores (\d+) bytes", out)

@@ -78,8 +78,8 @@ TILES = {"seqlen": {"forward": [(1, 128, 2, True), (1, 64, 2, True)],
          "dim": {"forward": [(128, 4, 4, False), (32, 4, 1, False)],
                  "backward": [(16, 8, 2, False), (16, 32, 4, True)]}}
 #: the candidate tiles of the backward over 16-position chunks (widths up to 9, no seq_idx)
-PAIRS = {"seqlen": [(1, 32, 1, True), (1, 16, 1, True)],
-         "dim": [(16, 4, 2, False), (32, 4, 4, False)]}
+PAIRS = {"seqlen": [(1, 64, 1, True), (1, 32, 1, True)],
+         "dim": [(32, 8, 4, False), (16, 8, 2, False)]}
 
 
 def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
@@ -102,11 +102,12 @@ def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
                                      FIRST=-8 * look, INIT_GRAD=True))}
         tried = {direction: [shortconv.tiles(layout, width, ids)[i]] if used
                  else TILES[layout][direction] for i, direction in enumerate(kernels)}
-        if look == 1 and not ids:
+        pair = shortconv.pairs_tile(layout, width) if look == 1 and not ids else None
+        if look == 1 and not ids and (pair is not None or not used):
             kernels["backward16"] = (shortconv._backward_pairs_kernel,
                                      {k: v for k, v in kernels["backward"][1].items()
                                       if k not in ("LOOK", "HAS_IDS")})
-            tried["backward16"] = [shortconv.PAIRS[layout]] if used else PAIRS[layout]
+            tried["backward16"] = [pair] if used else PAIRS[layout]
         for direction, (fn, const) in kernels.items():
             for block_d, chunks, warps, split in tried[direction]:
                 # (the backward's OWN: the chunks a window writes)

@@ -27,7 +27,10 @@ columns of this chunk or the LOOK after; at widths 10-17 in windows of 16 chunks
 x at −16 … 0 and dy at 0 only → g once per chunk, the two after read from the window's
 own g, windows overlapping by two chunks: :func:`owned`) → the weight's and bias's sums
 over the window, added in a fixed order after the pass; the initial states' gradient is
-dx of the positions before 0 (a first window starting 8·LOOK positions early). x and dy
+dx of the positions before 0 (a first window starting 8·LOOK positions early). At widths
+up to 9 without ``seq_idx``, where ``PAIRS`` has a tile, the backward holds chunks of 16
+positions as two sets of eight columns (:func:`_backward_pairs_kernel`), so g of the
+positions after a chunk is recomputed once per 16 positions. x and dy
 are read once from memory, dx written once. With ``seq_idx`` the ids are held as columns
 too, and a tap counts only where both positions have the same id (positions before 0 have
 position 0's: the initial states belong to the first sequence).
@@ -594,11 +597,22 @@ TILES = {("seqlen", 1): ((1, 128, 2, True), (1, 64, 1, True)),
          ("seqlen", 2): ((1, 128, 2, True), (1, 64, 1, True)),
          ("dim", 2): ((32, 4, 1, False), (16, 32, 4, True))}
 #: (BLOCK_D, CHUNKS, warps, split) of the backward over 16-position chunks
-#: (:func:`_backward_pairs_kernel`: widths up to 9, no seq_idx), by layout; the windows are
-#: as long as ``TILES``' backward ones
-PAIRS = {"seqlen": (1, 32, 1, True), "dim": (16, 4, 2, False)}
+#: (:func:`_backward_pairs_kernel`: widths up to 9, no seq_idx), by layout and the widest
+#: width a tile serves (:func:`pairs_tile`); None: the 8-position backward runs there. The
+#: best of a probe on an H100 (bf16, b8 d4096 L2048 at widths 2, 4 and 8 and b1 d8192
+#: L16384 at 4, both kernels timed interleaved; results/seqconv/2026-12-07-pairs/):
+#: seqlen-contiguous at width 8 1.19x the 8-position kernel, at width 4 0.94-1.03x by tile
+#: (kept on the 8-position one); dim-contiguous 1.17x at width 2, 1.03-1.04x at 4 and 8.
+PAIRS = {("seqlen", 5): None, ("seqlen", 9): (1, 64, 1, True),
+         ("dim", 5): (32, 8, 4, False), ("dim", 9): (16, 8, 2, False)}
 #: the backward's tile with seq_idx where a tap reaches two chunks back (see ``TILES``)
 IDS_BACKWARD = {"seqlen": (1, 32, 1, True), "dim": (8, 4, 1, False)}
+
+
+def pairs_tile(layout: str, width: int) -> tuple | None:
+    """The tile of the backward over 16-position chunks for a layout and a width up to 9
+    without seq_idx (``PAIRS``), or None where the 8-position backward runs."""
+    return PAIRS[layout, 5 if width <= 5 else 9]
 
 
 def _look(width: int) -> int:
@@ -664,8 +678,9 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     width = weight.shape[1]
     look = _look(width)
     first = -8 * look if init_grad else 0
-    pairs = look == 1 and seq_idx is None and _layout(x) in PAIRS
-    block_d, chunks, warps, split = PAIRS[_layout(x)] if pairs else \
+    pair = pairs_tile(_layout(x), width) if look == 1 and seq_idx is None else None
+    pairs = pair is not None
+    block_d, chunks, warps, split = pair if pairs else \
         tiles(_layout(x), width, seq_idx is not None)[1]
     own = owned(look, chunks)
     windows = cdiv(seqlen - first, 16 * chunks) if pairs else cdiv(seqlen - first, 8 * own)
