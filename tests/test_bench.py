@@ -407,6 +407,27 @@ def test_seqconv_suite_rows_check_both_providers_against_float64(mode):
             assert by[p]["min_bytes"] > 0 and by[p]["timing"].startswith("not measured")
 
 
+@pytest.mark.parametrize("mode", ["fwd", "train"])
+def test_seqconv_channel_last_rows_take_dim_contiguous_operands(mode, monkeypatch):
+    """``…_cl`` causal cases hand the call x as a dim-contiguous view, and their rows still
+    match float64."""
+    import fastconv
+    from fastconv.precision import Precision
+    from fastconv.tools.bench import seqconv
+
+    case = seqconv.shrink(next(c for c in seqconv.CASES if c.channel_last))
+    assert case.name.endswith("_cl") and case.kind == "causal"
+    seen, real = [], fastconv.causal_conv1d
+
+    def spy(x, *args, **kwargs):
+        seen.append(x.stride())
+        return real(x, *args, **kwargs)
+    monkeypatch.setattr(fastconv, "causal_conv1d", spy)
+    rows = seqconv.run_case(case, ["fastconv", "torch"], Precision.IEEE, mode, device="cpu")
+    assert all(r["rel_err"] < 1e-5 for r in rows), rows
+    assert seen and all(s[1] == 1 and s[2] == case.dim for s in seen), seen
+
+
 def test_seqconv_decode_rows_are_timed_in_a_graph_over_sets_larger_than_l2():
     """A decode row's graph time cycles through DECODE_SETS states of its own per provider
     (the same state each replay would sit in L2 and read faster than a model's layers);

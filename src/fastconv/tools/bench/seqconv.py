@@ -7,7 +7,10 @@ backward); decode steps (``causal_conv1d_update`` against the same step written 
 concatenate, convolve, shift the state) at batch 1 to 256, mode ``fwd``; long convolutions
 (``long_conv1d`` against a torch.fft implementation padded to a power of two) at 1K-64K;
 packed sequences (``causal_conv1d`` with ``seq_idx``, sequences of 37-300 positions, against
-the same masked sum written in torch, one pass per tap).
+the same masked sum written in torch, one pass per tap). Causal cases named ``…_cl`` hold x
+(and the output's gradient) channel-last, dim-contiguous: a (batch, seqlen, dim) tensor seen
+as (batch, dim, seqlen), as a Mamba block's in-projection leaves it; both providers take that
+view as it is.
 Providers: ``fastconv`` and ``torch``. ``min_bytes`` is what a pass must read and write
 (inputs, outputs, weights; in ``train`` also the output's gradient, x read again and its
 gradient: five passes of x's size), so ``hbm_pct`` is the floor's
@@ -38,11 +41,15 @@ class SeqCase:
     dim: int
     seqlen: int  # decode: tokens per step
     width: int  # the filter's length (long: K)
+    channel_last: bool = False  # x dim-contiguous (causal cases only)
 
 
 CASES = [SeqCase(f"causal_b{b}_d{d}_l{n}_w{w}", "causal", b, d, n, w)
          for b, d, n in ((1, 8192, 16384), (8, 4096, 2048), (16, 1024, 256))
          for w in (2, 3, 4, 8, 16, 64, 256)]
+CASES += [SeqCase(f"causal_b{b}_d{d}_l{n}_w{w}_cl", "causal", b, d, n, w, True)
+          for b, d, n, widths in ((1, 8192, 16384, (4,)), (8, 4096, 2048, (2, 4, 8, 16, 64, 256)))
+          for w in widths]
 CASES += [SeqCase(f"decode_b{b}_d4096_w4", "decode", b, 4096, 1, 4) for b in (1, 16, 256)]
 CASES += [SeqCase(f"long_b4_d768_l{n}", "long", 4, 768, n, n) for n in (1024, 2048, 4096,
                                                                       16384, 65536)]
@@ -99,6 +106,15 @@ def _torch_fft(x, w, b):
     return (out + b.float().unsqueeze(-1)).to(x.dtype)
 
 
+def _drawn(shape: tuple, generator, device, dtype, channel_last: bool) -> torch.Tensor:
+    """A standard normal (batch, dim, seqlen) tensor, dim-contiguous where ``channel_last``
+    (a (batch, seqlen, dim) tensor transposed)."""
+    if not channel_last:
+        return torch.randn(shape, generator=generator).to(device, dtype)
+    batch, dim, seqlen = shape
+    return torch.randn(batch, seqlen, dim, generator=generator).to(device, dtype).transpose(1, 2)
+
+
 def _calls(case: SeqCase, dtype, device, train: bool, seed: int = 0, reference: bool = True):
     """({provider: call}, float64 reference output (None without ``reference``), bytes a
     pass must move), on operands drawn from ``seed``."""
@@ -106,7 +122,7 @@ def _calls(case: SeqCase, dtype, device, train: bool, seed: int = 0, reference: 
 
     g = torch.Generator(device="cpu").manual_seed(seed)
     shape = (case.batch, case.dim, case.seqlen if case.kind != "decode" else 1)
-    x = torch.randn(shape, generator=g).to(device, dtype)
+    x = _drawn(shape, g, device, dtype, case.channel_last)
     scale = case.width ** -0.5
     w = (torch.randn(case.dim, case.width, generator=g) * scale).to(device, dtype)
     b = torch.randn(case.dim, generator=g).to(device, dtype)
@@ -144,7 +160,7 @@ def _calls(case: SeqCase, dtype, device, train: bool, seed: int = 0, reference: 
     if not train:
         return {p: (lambda f=f: f(x, w, b)) for p, f in fns.items()}, ref, moved
     xg, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
-    grad = torch.randn(x.shape, generator=g).to(device, dtype)
+    grad = _drawn(shape, g, device, dtype, case.channel_last)
 
     def step(f):
         def call():
