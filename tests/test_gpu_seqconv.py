@@ -187,11 +187,13 @@ def test_packed_sequence_gradients_bf16_within_the_contract(width):
 
 
 @pytest.mark.parametrize("width", [33, 64, 256])
-def test_wide_filter_gradients_bf16_within_the_contract(width):
-    """The tensor-core kernels' backward on a GPU (widths from 32, seqlen-contiguous): bf16
-    output and gradients of x, weight, bias and the initial states against float64 (which
-    runs fastconv.conv1d's route: another computation)."""
-    x, w, b = _inputs(width, "seqlen", seqlen=2100)
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+def test_wide_filter_gradients_bf16_within_the_contract(width, layout):
+    """The tensor-core kernels' backward on a GPU (widths from 32; x dim-contiguous through
+    a seqlen-contiguous copy, the output dim-contiguous): bf16 output and gradients of x,
+    weight, bias and the initial states against float64 (which runs fastconv.conv1d's
+    route: another computation)."""
+    x, w, b = _inputs(width, layout, seqlen=2100)
     s = torch.randn(x.shape[0], x.shape[1], width - 1, device="cuda")
     g = torch.randn_like(x)
     results = {}
@@ -199,6 +201,7 @@ def test_wide_filter_gradients_bf16_within_the_contract(width):
         args = [t.to(dtype).requires_grad_() for t in (x, w, b, s)]
         out = fastconv.causal_conv1d(*args[:3], None, args[3], activation="silu")
         results[dtype] = (out, *torch.autograd.grad(out, args, g.to(dtype)))
+    assert results[torch.bfloat16][0].stride(2 if layout == "seqlen" else 1) == 1
     for got, want in zip(results[torch.bfloat16], results[torch.float64]):
         assert got.dtype == torch.bfloat16 and got.isfinite().all()
         assert relative_error(got, want) <= TOLERANCE[Precision.BF16]

@@ -9,8 +9,8 @@ forward kernel of ``backends/triton/shortconv.py`` where no gradient is wanted; 
 is and the problem is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and
 backward (widths up to 17, either layout) or ``backends/triton/packed.py``'s (up to
 ``_TRAIN_KERNELS_MAX_WIDTH``); from width
-``_WIDE_MIN_WIDTH`` (16-bit, seqlen-contiguous) the tensor-core kernels of
-``backends/triton/toeplitz.py``; everything else, and wherever those kernels do not run,
+``_WIDE_MIN_WIDTH`` (16-bit; x dim-contiguous through a seqlen-contiguous copy) the
+tensor-core kernels of ``backends/triton/toeplitz.py``; everything else, and wherever those kernels do not run,
 :func:`fastconv.conv1d` (dispatch picks the Triton depthwise kernel or torch's; initial
 states are prepended to the input). With ``seq_idx`` each tap is masked where it would reach
 into another sequence (on a GPU shortconv.py's kernels for widths up to 17 in 16-bit or
@@ -341,18 +341,24 @@ def short_conv_grads(dy, x, initial_states, weight, bias, silu: bool, init_grad:
 
 def _wide_kernel(x, weight, bias, initial_states, silu: bool):
     """The output by backends/triton/toeplitz.py's kernels (with autograd: their backward),
-    or None where they do not run: data other than 16-bit floats on a GPU, x not
-    seqlen-contiguous, more than 65,535 channels or rows, and as :func:`_by_family` says."""
-    if x.stride(2) != 1 or max(x.shape[:2]) > 65535 \
+    or None where they do not run: data other than 16-bit floats on a GPU, more than 65,535
+    channels or rows, and as :func:`_by_family` says. They read x seqlen-contiguous: x in
+    another layout (a Mamba projection's, dim-contiguous) is copied to it, and the output
+    copied back to dim-contiguous: four passes of x's size more, where torch's own call
+    takes ~29x the byte floor at width 64 (H100, results/seqconv/2026-12-07-host/)."""
+    if max(x.shape[:2]) > 65535 \
             or (x.dtype not in (torch.float16, torch.bfloat16) and x.device.type != "cpu"):
         return None
 
     def run():
+        seq = x if x.stride(2) == 1 else x.contiguous()
         if _requires_grad(x, weight, bias, initial_states):
-            return _WideFunction.apply(x, weight, bias, initial_states, silu)
-        from .backends.triton.toeplitz import toeplitz_forward
+            out = _WideFunction.apply(seq, weight, bias, initial_states, silu)
+        else:
+            from .backends.triton.toeplitz import toeplitz_forward
 
-        return toeplitz_forward(x, weight, bias, initial_states, silu)
+            out = toeplitz_forward(seq, weight, bias, initial_states, silu)
+        return out if seq is x else out.transpose(1, 2).contiguous().transpose(1, 2)
     return _by_family("wide", x, run)
 
 
