@@ -8,12 +8,11 @@ Routes without ``seq_idx``: widths up to 17 (16-bit or float32, either layout) r
 forward kernel of ``backends/triton/shortconv.py`` where no gradient is wanted; where one
 is and the problem is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and
 backward (widths up to 17, either layout) or ``backends/triton/packed.py``'s (up to
-``_TRAIN_KERNELS_MAX_WIDTH``); from width
-``_WIDE_MIN_WIDTH`` (16-bit; x dim-contiguous through a seqlen-contiguous copy) the
-tensor-core kernels of ``backends/triton/toeplitz.py``; everything else, and wherever those kernels do not run,
-:func:`fastconv.conv1d` (dispatch picks the Triton depthwise kernel or torch's; initial
-states are prepended to the input). With ``seq_idx`` each tap is masked where it would reach
-into another sequence (on a GPU shortconv.py's kernels for widths up to 17 in 16-bit or
+``_TRAIN_KERNELS_MAX_WIDTH``); from width ``_WIDE_MIN_WIDTH`` (16-bit; x dim-contiguous
+through a seqlen-contiguous copy) the tensor-core kernels of ``backends/triton/toeplitz.py``;
+everything else, and wherever those kernels do not run, :func:`fastconv.conv1d` (dispatch
+picks the Triton depthwise kernel or torch's; initial states are prepended to the input).
+With ``seq_idx`` each tap is masked where it would reach into another sequence (on a GPU shortconv.py's kernels for widths up to 17 in 16-bit or
 float32, packed.py's otherwise; torch operations, one pass per tap, under torch.compile's
 tracing and where Triton does not run). Everything has autograd, with a
 deterministic backward (weight gradients summed in a fixed order), and captures in a CUDA
