@@ -12,12 +12,13 @@ backward (widths up to 17, either layout) or ``backends/triton/packed.py``'s (up
 through a seqlen-contiguous copy) the tensor-core kernels of ``backends/triton/toeplitz.py``;
 everything else, and wherever those kernels do not run, :func:`fastconv.conv1d` (dispatch
 picks the Triton depthwise kernel or torch's; initial states are prepended to the input).
-With ``seq_idx`` each tap is masked where it would reach into another sequence (on a GPU shortconv.py's kernels for widths up to 17 in 16-bit or
-float32, packed.py's otherwise; torch operations, one pass per tap, under torch.compile's
-tracing and where Triton does not run). Everything has autograd, with a
-deterministic backward (weight gradients summed in a fixed order), and captures in a CUDA
-graph. While torch.compile traces, shortconv.py's kernels run as custom ops (``seq_ops.py``)
-wherever eager calls run them; the other routes trace as torch's operations.
+With ``seq_idx`` each tap is masked where it would reach into another sequence (on a GPU
+shortconv.py's kernels for widths up to 17 in 16-bit or float32, packed.py's otherwise;
+torch operations, one pass per tap, under torch.compile's tracing and where Triton does not
+run). Everything has autograd, with a deterministic backward (weight gradients summed in a
+fixed order), and captures in a CUDA graph. While torch.compile traces, shortconv.py's
+kernels run as custom ops (``seq_ops.py``) wherever eager calls run them; the other routes
+trace as torch's operations.
 """
 
 from __future__ import annotations
