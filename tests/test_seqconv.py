@@ -1178,3 +1178,20 @@ def test_long_conv1d_compiles_whole_whichever_route_was_measured(route, monkeypa
     finally:
         torch._dynamo.reset()
     assert not called and _rel(got, _long_reference(x, w, b)) < 1e-5
+
+
+@pytest.mark.parametrize("to_seqlen", [True, False])
+def test_relayout_copies_every_element_into_the_layout_asked(to_seqlen):
+    """backends/triton/relayout.py (interpreted): odd sizes past one tile, from either
+    layout and from a strided view (a projection's half), the values x's, the layout the one
+    asked for; an empty tensor launches nothing."""
+    from fastconv.backends.triton.relayout import relayout
+
+    base = torch.randn(2, 70, 2 * 67)
+    sources = [base[..., :67], base.transpose(1, 2)[:, :67].transpose(1, 2)[..., :70],
+               torch.randn(2, 67, 130)[:, :, ::2]]
+    for x in sources:
+        out = relayout(x, to_seqlen)
+        assert torch.equal(out, x) and out.stride(2 if to_seqlen else 1) == 1
+        assert out.is_contiguous() == to_seqlen
+    assert relayout(torch.empty(2, 0, 5), to_seqlen).shape == (2, 0, 5)

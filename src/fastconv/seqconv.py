@@ -343,23 +343,33 @@ def _wide_kernel(x, weight, bias, initial_states, silu: bool):
     """The output by backends/triton/toeplitz.py's kernels (with autograd: their backward),
     or None where they do not run: data other than 16-bit floats on a GPU, more than 65,535
     channels or rows, and as :func:`_by_family` says. They read x seqlen-contiguous: x in
-    another layout (a Mamba projection's, dim-contiguous) is copied to it, and the output
-    copied back to dim-contiguous: four passes of x's size more, where torch's own call
-    takes ~29x the byte floor at width 64 (H100, results/seqconv/2026-12-07-host/)."""
+    another layout (a Mamba projection's, dim-contiguous) is copied to it and the output
+    copied back to dim-contiguous (:func:`_seqlen_major`)."""
     if max(x.shape[:2]) > 65535 \
             or (x.dtype not in (torch.float16, torch.bfloat16) and x.device.type != "cpu"):
         return None
 
     def run():
-        seq = x if x.stride(2) == 1 else x.contiguous()
         if _requires_grad(x, weight, bias, initial_states):
-            out = _WideFunction.apply(seq, weight, bias, initial_states, silu)
-        else:
-            from .backends.triton.toeplitz import toeplitz_forward
+            return _WideFunction.apply(x, weight, bias, initial_states, silu)
+        from .backends.triton.relayout import relayout
+        from .backends.triton.toeplitz import toeplitz_forward
 
-            out = toeplitz_forward(seq, weight, bias, initial_states, silu)
-        return out if seq is x else out.transpose(1, 2).contiguous().transpose(1, 2)
+        seq = _seqlen_major(x)
+        out = toeplitz_forward(seq, weight, bias, initial_states, silu)
+        return out if seq is x else relayout(out, False)
     return _by_family("wide", x, run)
+
+
+def _seqlen_major(t: torch.Tensor) -> torch.Tensor:
+    """t where it is seqlen-contiguous, else a seqlen-contiguous copy by one Triton pass
+    (backends/triton/relayout.py: torch's copy of a transposed view takes 5.5x a plain
+    copy's time; H100, results/seqconv/2026-12-07-host/)."""
+    if t.stride(2) == 1:
+        return t
+    from .backends.triton.relayout import relayout
+
+    return relayout(t, True)
 
 
 def _kernel_failed(family: str, exc: Exception, stacklevel: int = 4) -> None:
@@ -468,11 +478,14 @@ class _WideFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, initial_states, silu):
+        from .backends.triton.relayout import relayout
         from .backends.triton.toeplitz import toeplitz_forward
 
-        ctx.save_for_backward(x, weight, bias, initial_states)
+        seq = _seqlen_major(x)  # (the kernels' layout; the output returned in x's)
+        ctx.save_for_backward(seq, weight, bias, initial_states)
         ctx.silu = silu
-        return toeplitz_forward(x, weight, bias, initial_states, silu)
+        out = toeplitz_forward(seq, weight, bias, initial_states, silu)
+        return out if seq is x else relayout(out, False)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -482,6 +495,7 @@ class _WideFunction(torch.autograd.Function):
         x, weight, bias, initial_states = ctx.saved_tensors
         needs = ctx.needs_input_grad
         try:
+            dy = _seqlen_major(dy)  # (dx comes seqlen-contiguous whatever x's layout)
             g = silu_grad(dy, x, weight, bias, initial_states) if ctx.silu else dy.to(x.dtype)
             dx, dw, dh = toeplitz_backward(g, x, weight, initial_states,
                                            (needs[0], needs[1], needs[3]))

@@ -1,12 +1,14 @@
 """Where the channel-last wide forward's time goes (w64 and w256, b8 d4096 L2048, bf16, SiLU,
 bias): x's copy to seqlen-contiguous, the Toeplitz forward on it, the output's copy back to
-dim-contiguous, and the whole public call; CUDA events over 10 calls, median of 5 batches,
-as % of one copy's byte floor at the measured copy bandwidth."""
+dim-contiguous (torch's copies), the same two by relayout.py, and the whole public call;
+CUDA events over 10 calls, median of 5 batches. (Its first run, f4a1fea, printed the copy
+bandwidth in TB/s labelled GB/s.)"""
 import statistics
 
 import torch
 
 import fastconv
+from fastconv.backends.triton.relayout import relayout
 from fastconv.backends.triton.toeplitz import toeplitz_forward
 
 
@@ -25,9 +27,8 @@ seq = x.contiguous()
 dst = torch.empty_like(seq)
 plain = lambda: dst.copy_(seq)  # noqa: E731
 copy_ms = statistics.median(per_call_ms(plain) for _ in range(5))
-floor_ms = 2 * seq.numel() * 2 / (copy_ms * 1e9) * 1e3
 print(f"{torch.cuda.get_device_name()}: contiguous copy {copy_ms:.4f} ms "
-      f"({2 * seq.numel() * 2 / copy_ms / 1e9:.0f} GB/s)", flush=True)
+      f"({2 * seq.numel() * 2 / copy_ms / 1e6:.0f} GB/s)", flush=True)
 for width in (64, 256):
     w = (torch.randn(4096, width, device="cuda") * width ** -0.5).bfloat16()
     b = torch.randn(4096, device="cuda").bfloat16()
@@ -35,6 +36,8 @@ for width in (64, 256):
     steps = {"x to seqlen-contiguous": lambda: x.contiguous(),
              "toeplitz_forward": lambda: toeplitz_forward(seq, w, b, None, True),
              "output to dim-contiguous": lambda: out.transpose(1, 2).contiguous(),
+             "relayout x": lambda: relayout(x, True),
+             "relayout output": lambda: relayout(out, False),
              "causal_conv1d (all)": lambda: fastconv.causal_conv1d(x, w, b, activation="silu")}
     for step in steps.values():
         step()
