@@ -186,11 +186,12 @@ def test_packed_sequence_gradients_bf16_within_the_contract(width):
         assert relative_error(got, want) <= TOLERANCE[Precision.BF16]
 
 
-@pytest.mark.parametrize("width", [33, 64, 256])
+@pytest.mark.parametrize("width", [20, 33, 64, 256])
 @pytest.mark.parametrize("layout", ["seqlen", "dim"])
 def test_wide_filter_gradients_bf16_within_the_contract(width, layout):
-    """The tensor-core kernels' backward on a GPU (widths from 32; x dim-contiguous through
-    a seqlen-contiguous copy, the output dim-contiguous): bf16 output and gradients of x,
+    """The tensor-core kernels' backward on a GPU (widths from 32, and from 18 with x
+    dim-contiguous, through a seqlen-contiguous copy, the output dim-contiguous; seqlen-
+    contiguous width 20 takes fastconv.conv1d's route): bf16 output and gradients of x,
     weight, bias and the initial states against float64 (which runs fastconv.conv1d's
     route: another computation)."""
     x, w, b = _inputs(width, layout, seqlen=2100)

@@ -507,21 +507,25 @@ def test_wide_filters_run_the_tensor_core_kernel(width, seqlen, states, monkeypa
     assert _rel(out, want) < 1e-12 and torch.equal(final, full[..., -(width - 1):])
 
 
+@pytest.mark.parametrize("width", [18, 33])
 @pytest.mark.parametrize("grad", [False, True])
-def test_wide_filters_take_dim_contiguous_x_through_a_copy(grad, monkeypatch):
-    """x dim-contiguous (a Mamba projection's layout) at a width from 32 runs the Toeplitz
-    kernels on a seqlen-contiguous copy (fastconv.conv1d refused; interpreted, float64): the
-    output dim-contiguous and as the definition's, and the gradients of x, weight, bias and
-    the initial states as the definition's."""
+def test_wide_filters_take_dim_contiguous_x_through_a_copy(width, grad, monkeypatch):
+    """x dim-contiguous (a Mamba projection's layout) at a width past shortconv.py's runs
+    the Toeplitz kernels on a seqlen-contiguous copy (fastconv.conv1d refused; interpreted,
+    float64): the output dim-contiguous and as the definition's, and the gradients of x,
+    weight, bias and the initial states as the definition's."""
     from fastconv import seqconv
 
     monkeypatch.setattr(seqconv, "conv1d", None)  # (the conv1d route would fail)
-    x, w, b, s = _inputs(2, 3, 37, 33, dtype=torch.float64, seed=5)
+    x, w, b, s = _inputs(2, 3, 37, width, dtype=torch.float64, seed=5)
     x = x.transpose(1, 2).contiguous().transpose(1, 2)
     g = torch.randn(2, 3, 37, dtype=torch.float64)
     args = [t.clone().requires_grad_(grad) for t in (x, w, b, s)]
     want = F.silu(F.conv1d(torch.cat([args[3], args[0]], -1), args[1].unsqueeze(1), args[2],
                            groups=3))
+    if width < 32:  # (seqlen-contiguous, this width takes the conv1d route)
+        with pytest.raises(TypeError):
+            fastconv.causal_conv1d(x.contiguous(), w, b, initial_states=s)
     with torch.set_grad_enabled(grad):
         ours = [t.clone().requires_grad_(grad) for t in (x, w, b, s)]
         out = fastconv.causal_conv1d(*ours[:3], initial_states=ours[3], activation="silu")

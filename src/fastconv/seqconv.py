@@ -8,7 +8,7 @@ Routes without ``seq_idx``: widths up to 17 (16-bit or float32, either layout) r
 forward kernel of ``backends/triton/shortconv.py`` where no gradient is wanted; where one
 is and the problem is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and
 backward (widths up to 17, either layout) or ``backends/triton/packed.py``'s (up to
-``_TRAIN_KERNELS_MAX_WIDTH``); from width ``_WIDE_MIN_WIDTH`` (16-bit; x dim-contiguous
+``_TRAIN_KERNELS_MAX_WIDTH``); from ``_WIDE_MIN_WIDTH``'s width (16-bit; x dim-contiguous
 through a seqlen-contiguous copy) the tensor-core kernels of ``backends/triton/toeplitz.py``;
 everything else, and wherever those kernels do not run, :func:`fastconv.conv1d` (dispatch
 picks the Triton depthwise kernel or torch's; initial states are prepended to the input).
@@ -33,6 +33,7 @@ from .devices import elsewhere
 from .functional import _autocast, conv1d
 from .precision import parse
 from .seqargs import (
+    SHORT_MAX_WIDTH,
     accumulate_dtype,
     activation_name,
     check_bias,
@@ -55,8 +56,14 @@ from .seqargs import (
 #: fixed ~0.5 ms per step losing below 2^24
 _TRAIN_KERNELS_MIN_NUMEL, _TRAIN_KERNELS_MAX_WIDTH = 1 << 24, 32
 #: from this width, a causal conv1d without seq_idx runs the tensor-core (Toeplitz) kernels
-#: (forward, and backward where it will be differentiated)
-_WIDE_MIN_WIDTH = 32
+#: (forward, and backward where it will be differentiated): x seqlen-contiguous, then
+#: x dim-contiguous. Seqlen-contiguous, the direct depthwise kernel beats them below 32
+#: (they were 0.63x it at width 16, 1.1-2.2x at 32; H200). Dim-contiguous, the widths past
+#: shortconv.py's ran aten (1.03x torch at 64: the direct kernels' build took over 10 s),
+#: while the Toeplitz kernels' time barely moves with the width (flat from 4 to 64 on an
+#: H200; 0.14 ms at 64 on 8×4096×2048 bf16 on an H100, plus 0.19 ms for relayout.py's two
+#: passes, against torch's 1.65 ms at width 16 and 2.65 at 64)
+_WIDE_MIN_WIDTH = {"seqlen": 32, "dim": SHORT_MAX_WIDTH + 1}
 
 
 def _in_dtypes(x, weight, bias, initial_states) -> tuple:
@@ -136,7 +143,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     least = _TRAIN_KERNELS_MIN_NUMEL << (0 if short_eligible(x, width) else 1)
     if grad and x.numel() >= least and width <= _TRAIN_KERNELS_MAX_WIDTH:
         out = _packed_kernel(x, weight, bias, None, initial_states, act == "silu")
-    elif width >= _WIDE_MIN_WIDTH:
+    elif width >= _WIDE_MIN_WIDTH["seqlen" if x.stride(2) == 1 else "dim"]:
         out = _wide_kernel(x, weight, bias, initial_states, act == "silu")
     elif not grad:
         out = _short_kernel(x, weight, bias, initial_states, act == "silu")
