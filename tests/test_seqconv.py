@@ -536,6 +536,31 @@ def test_wide_filters_take_dim_contiguous_x_through_a_copy(width, grad, monkeypa
             assert _rel(a, c) < 1e-12
 
 
+@pytest.mark.parametrize("layout", ["seqlen", "dim"])
+def test_large_training_past_width_17_runs_the_tensor_core_kernels(layout, monkeypatch):
+    """Where it will be differentiated and is large (the size rule lowered to any size
+    here), a width between 18 and 31 trains through the Toeplitz kernels in either layout,
+    not packed.py's or fastconv.conv1d's routes (both made to fail; interpreted, float64):
+    output and gradients as the definition's."""
+    from fastconv import seqconv
+
+    def refused(*args, **kwargs):
+        raise AssertionError("another route ran")
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    monkeypatch.setattr(seqconv, "conv1d", refused)
+    monkeypatch.setattr(seqconv, "_packed_kernel", refused)
+    x, w, b, _ = _inputs(2, 3, 41, 20, layout, dtype=torch.float64, seed=9)
+    g = torch.randn(2, 3, 41, dtype=torch.float64)
+    args = [t.clone().requires_grad_() for t in (x, w, b)]
+    want = F.silu(F.conv1d(F.pad(args[0], (19, 0)), args[1].unsqueeze(1), args[2], groups=3))
+    want_grads = torch.autograd.grad((want * g).sum(), args)
+    ours = [t.clone().requires_grad_() for t in (x, w, b)]
+    out = fastconv.causal_conv1d(*ours, activation="silu")
+    assert _rel(out, want) < 1e-12
+    assert all(_rel(a, c) < 1e-12 for a, c in zip(torch.autograd.grad((out * g).sum(), ours),
+                                                   want_grads))
+
+
 @pytest.mark.parametrize("route", ["conv1d", "training kernels", "wide", "packed"])
 def test_every_route_gives_x_s_dtype_or_autocast_s(route, monkeypatch):
     """float32 weight and bias with bfloat16 x give a bfloat16 output, and float32 operands
