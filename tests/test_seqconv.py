@@ -561,6 +561,32 @@ def test_large_training_past_width_17_runs_the_tensor_core_kernels(layout, monke
                                                    want_grads))
 
 
+def test_large_training_past_width_17_falls_back_to_the_packed_kernels(monkeypatch):
+    """Where the Toeplitz kernels do not run (float32 on a GPU; here made to answer None),
+    a large training step at widths 18-32 takes packed.py's kernels, as before they took
+    these widths, not fastconv.conv1d's route."""
+    from fastconv import seqconv
+
+    ran = []
+    real = seqconv._packed_kernel
+
+    def spy(*args):
+        ran.append(args[3])  # (seq_idx: None)
+        return real(*args)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("fastconv.conv1d ran")
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    monkeypatch.setattr(seqconv, "_wide_kernel", lambda *args: None)
+    monkeypatch.setattr(seqconv, "_packed_kernel", spy)
+    monkeypatch.setattr(seqconv, "conv1d", refused)
+    x, w, b, _ = _inputs(2, 3, 29, 32, dtype=torch.float64, seed=4)
+    args = [t.clone().requires_grad_() for t in (x, w, b)]
+    out = fastconv.causal_conv1d(*args, activation="silu")
+    want = F.silu(F.conv1d(F.pad(x, (31, 0)), w.unsqueeze(1), b, groups=3))
+    assert ran == [None] and _rel(out, want) < 1e-12
+
+
 @pytest.mark.parametrize("route", ["conv1d", "training kernels", "wide", "packed"])
 def test_every_route_gives_x_s_dtype_or_autocast_s(route, monkeypatch):
     """float32 weight and bias with bfloat16 x give a bfloat16 output, and float32 operands

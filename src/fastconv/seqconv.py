@@ -7,8 +7,9 @@ convolutions of Hyena ``longconv.py``'s.
 Routes without ``seq_idx``: widths up to 17 (16-bit or float32, either layout) run the
 forward kernel of ``backends/triton/shortconv.py`` where no gradient is wanted; where one
 is and the problem is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and
-backward (widths up to 17, either layout; ``backends/triton/packed.py``'s for float64), and
-past width 17 the tensor-core kernels of ``backends/triton/toeplitz.py``; these also from
+backward (widths up to 17, either layout), past width 17 the tensor-core kernels of
+``backends/triton/toeplitz.py`` (``backends/triton/packed.py``'s up to
+``_TRAIN_KERNELS_MAX_WIDTH`` where those do not run: float64, float32 on a GPU); these also from
 ``_WIDE_MIN_WIDTH``'s width (16-bit; x dim-contiguous through a seqlen-contiguous copy);
 everything else, and wherever those kernels do not run, :func:`fastconv.conv1d` (dispatch
 picks the Triton depthwise kernel or torch's; initial states are prepended to the input).
@@ -48,8 +49,9 @@ from .seqargs import (
 
 #: where a causal conv1d without seq_idx that will be differentiated runs the training
 #: kernels (not fastconv.conv1d): from this many elements for shortconv.py's widths (2-17),
-#: twice as many for the others (packed.py's for float64; past width 17 the Toeplitz
-#: ones). Measured on an H200 in bf16 (benchmarks/NOTES.md, "Sequence convolutions"):
+#: twice as many for the others (past width 17 the Toeplitz ones, and packed.py's to
+#: _TRAIN_KERNELS_MAX_WIDTH where those do not run: float64, float32 on a GPU). Measured on
+#: an H200 in bf16 (benchmarks/NOTES.md, "Sequence convolutions"):
 #: shortconv's eager forward + backward
 #: 1.23-1.44x the conv1d route at 2^24 elements and 1.46-2.19x at 1.5·2^24, width 4, either
 #: layout; below, eager steps are the host's (0.82-0.90x at 2^18-2^23, seqlen-contiguous).
@@ -58,7 +60,7 @@ from .seqargs import (
 #: kernels train from 2^25 elements: packed.py's step was 1.21-1.70x torch at widths
 #: 20-31, theirs 4.3-7.8x (H100, bf16, 8×4096×2048, both layouts;
 #: results/seqconv/2026-12-07-host/probe-train-mid-32497b2.log)
-_TRAIN_KERNELS_MIN_NUMEL, _TRAIN_KERNELS_MAX_WIDTH = 1 << 24, SHORT_MAX_WIDTH
+_TRAIN_KERNELS_MIN_NUMEL, _TRAIN_KERNELS_MAX_WIDTH = 1 << 24, 32
 #: from this width, a causal conv1d without seq_idx runs the tensor-core (Toeplitz) kernels
 #: (forward, and backward where it will be differentiated): x seqlen-contiguous, then
 #: x dim-contiguous. Seqlen-contiguous, the direct depthwise kernel beats them below 32
@@ -146,14 +148,13 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     grad = _requires_grad(x, weight, bias, initial_states)
     least = _TRAIN_KERNELS_MIN_NUMEL << (0 if short_eligible(x, width) else 1)
     large = grad and x.numel() >= least
-    if large and width <= _TRAIN_KERNELS_MAX_WIDTH:
+    wide = width >= _WIDE_MIN_WIDTH["seqlen" if x.stride(2) == 1 else "dim"] \
+        or (large and width > SHORT_MAX_WIDTH)
+    out = _wide_kernel(x, weight, bias, initial_states, act == "silu") if wide else None
+    if out is None and large and width <= _TRAIN_KERNELS_MAX_WIDTH:
         out = _packed_kernel(x, weight, bias, None, initial_states, act == "silu")
-    elif large or width >= _WIDE_MIN_WIDTH["seqlen" if x.stride(2) == 1 else "dim"]:
-        out = _wide_kernel(x, weight, bias, initial_states, act == "silu")
-    elif not grad:
+    elif out is None and not grad and not wide:
         out = _short_kernel(x, weight, bias, initial_states, act == "silu")
-    else:
-        out = None
     if out is not None:
         return (out, _final_states(x, initial_states, width - 1)) if return_final_states \
             else out
