@@ -365,13 +365,19 @@ def _wide_kernel(x, weight, bias, initial_states, silu: bool):
     def run():
         if _requires_grad(x, weight, bias, initial_states):
             return _WideFunction.apply(x, weight, bias, initial_states, silu)
-        from .backends.triton.relayout import relayout
-        from .backends.triton.toeplitz import toeplitz_forward
-
-        seq = _seqlen_major(x)
-        out = toeplitz_forward(seq, weight, bias, initial_states, silu)
-        return out if seq is x else relayout(out, False)
+        return _toeplitz_forward(x, weight, bias, initial_states, silu)[1]
     return _by_family("wide", x, run)
+
+
+def _toeplitz_forward(x, weight, bias, initial_states, silu: bool) -> tuple:
+    """(x seqlen-contiguous: itself or a copy, the output in x's layout: seqlen-contiguous or
+    dim-contiguous) by toeplitz.py's forward kernel."""
+    from .backends.triton.relayout import relayout
+    from .backends.triton.toeplitz import toeplitz_forward
+
+    seq = _seqlen_major(x)
+    out = toeplitz_forward(seq, weight, bias, initial_states, silu)
+    return seq, out if seq is x else relayout(out, False)
 
 
 def _seqlen_major(t: torch.Tensor) -> torch.Tensor:
@@ -491,14 +497,10 @@ class _WideFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, initial_states, silu):
-        from .backends.triton.relayout import relayout
-        from .backends.triton.toeplitz import toeplitz_forward
-
-        seq = _seqlen_major(x)  # (the kernels' layout; the output returned in x's)
+        seq, out = _toeplitz_forward(x, weight, bias, initial_states, silu)
         ctx.save_for_backward(seq, weight, bias, initial_states)
         ctx.silu = silu
-        out = toeplitz_forward(seq, weight, bias, initial_states, silu)
-        return out if seq is x else relayout(out, False)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
