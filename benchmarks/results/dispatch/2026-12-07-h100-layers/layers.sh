@@ -9,8 +9,8 @@ R=$OUT/r; mkdir -p $R; start=$SECONDS
 if [ -n "${PROBE:-}" ]; then
   timeout 120 python3 benchmarks/results/seqconv/2026-12-07-host/probe_train_mid.py > $R/probe-train-mid.log 2>&1; echo "rc $?" >> $R/probe-train-mid.log
 fi
-if [ -n "${TESTS:-}" ]; then
-  OUT=$R JOBS=8 TEST_FILES=$TESTS TESTS_TIMEOUT=${TESTS_TIMEOUT:-170} bash benchmarks/run_gpu.sh ptests > $R/ptests.out 2>&1
+if [ -n "${TEST_FILES:-}" ]; then
+  OUT=$R JOBS=8 TESTS_TIMEOUT=${TESTS_TIMEOUT:-170} bash benchmarks/run_gpu.sh ptests > $R/ptests.out 2>&1
 fi
 for mode in ${MODES:-eval}; do for c in ${CASES:-}; do
   [ $((SECONDS - start)) -gt ${DEADLINE:-480} ] && { echo "skipped $mode $c: deadline" >> $R/layers.log; continue; }
