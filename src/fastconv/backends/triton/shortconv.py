@@ -649,6 +649,16 @@ def _ids(seq_idx, x: torch.Tensor) -> tuple:
     return (seq_idx, *seq_idx.stride()) if seq_idx is not None else (x, 0, 0)
 
 
+def _rows_tile(x: torch.Tensor, width: int, seq_idx, direction: int) -> tuple | None:
+    """The tile of shortrows.py's kernel (0: forward, 1: backward) where it runs in place of
+    this module's: x dim-contiguous, no seq_idx, and a tile for the width
+    (``shortrows.TILES``); else None. (shortrows.py imports this module: imported here.)"""
+    if seq_idx is not None or _layout(x) != "dim":
+        return None
+    from .shortrows import tiles as rows_tiles
+    return rows_tiles(width)[direction]
+
+
 def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias, silu: bool,
                   seq_idx=None) -> torch.Tensor:
     """causal_conv1d's output (x's shape, layout and dtype; see the module docstring); with
@@ -656,6 +666,10 @@ def short_forward(x: torch.Tensor, initial_states, weight: torch.Tensor, bias, s
     output position's id (positions before 0 have position 0's)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
+    rows = _rows_tile(x, width, seq_idx, 0)
+    if rows is not None:
+        from .shortrows import rows_forward
+        return rows_forward(x, initial_states, weight, bias, silu, rows)
     block_d, chunks, warps, split = tiles(_layout(x), width, seq_idx is not None)[0]
     out = torch.empty_like(x)
     init = initial_states if initial_states is not None else x
@@ -676,6 +690,10 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
     bias's gradients added in a fixed order (float32)."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
+    rows = _rows_tile(x, width, seq_idx, 1)
+    if rows is not None:
+        from .shortrows import rows_backward
+        return rows_backward(dy, x, initial_states, weight, bias, silu, init_grad, rows)
     look = _look(width)
     first = -8 * look if init_grad else 0
     pair = pairs_tile(_layout(x), width) if look == 1 and seq_idx is None else None
