@@ -478,6 +478,58 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
     assert torch.equal(final.double(), torch.cat([start, want_args[0]], -1)[..., 1 - width:])
 
 
+@pytest.mark.parametrize("width,seqlen,states,bias", [
+    (2, 37, True, True), (4, 70, False, True), (4, 3, True, False), (9, 25, True, True),
+    (16, 41, True, False), (17, 13, False, True)])
+def test_dim_contiguous_short_filters_train_a_position_at_a_time(width, seqlen, states,
+                                                                 bias, monkeypatch):
+    """causal_conv1d's training route on a dim-contiguous float32 x where shortrows.py has
+    tiles (interpreted; shortconv.py's own kernels and the other routes made to fail, every
+    buffer poisoned): output and every gradient as F.conv1d's in float64, deterministic.
+    Spans of 8 (forward) and 6 (backward) positions loaded 4 and 3 at a time, so rows
+    shorter than a span, spans past the row's end and the initial states' span; 4 channels
+    a program over 6 (the second program's half masked)."""
+    from fastconv import seqconv
+    from fastconv.backends.triton import packed, shortconv, shortrows
+
+    def refused(*args, **kwargs):
+        raise AssertionError("another route ran")
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    monkeypatch.setattr(seqconv, "conv1d", refused)
+    for name in ("packed_forward", "packed_backward", "silu_grad"):
+        monkeypatch.setattr(packed, name, refused)
+    for name in ("_forward_kernel", "_backward_kernel", "_backward_pairs_kernel"):
+        monkeypatch.setattr(shortconv, name, None)  # (launching one would fail)
+    monkeypatch.setattr(shortrows, "TILES", {k: ((4, 8, 4, 1), (4, 6, 3, 1))
+                                             for k in shortrows.TILES})
+    empty_like, empty = torch.empty_like, torch.empty  # (shortrows.torch is the same)
+    monkeypatch.setattr(shortrows.torch, "empty_like",
+                        lambda t, *a, **k: empty_like(t, *a, **k).fill_(float("nan")))
+    monkeypatch.setattr(shortrows.torch, "empty",
+                        lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    x, w, b, s = _inputs(2, 6, seqlen, width, "dim", seed=width + seqlen)
+    g = torch.randn(2, seqlen, 6, dtype=torch.float64).transpose(1, 2)
+    used = (True, True, bias, states)
+    want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
+    start = want_args[3] if states else torch.zeros(2, 6, width - 1, dtype=torch.float64)
+    want = F.silu(F.conv1d(torch.cat([start, want_args[0]], -1), want_args[1].unsqueeze(1),
+                           want_args[2] if bias else None, groups=6))
+    want_grads = torch.autograd.grad(want, [t for t, u in zip(want_args, used) if u], g)
+    runs = []
+    for _ in range(2):
+        args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+        out = fastconv.causal_conv1d(args[0], args[1], args[2] if bias else None,
+                                     initial_states=args[3] if states else None,
+                                     activation="silu")
+        grads = torch.autograd.grad(out, [t for t, u in zip(args, used) if u], g.float())
+        assert _rel(out, want) < 1e-6 and out.stride() == x.stride()
+        assert grads[0].stride() == x.stride()
+        runs.append(grads)
+    for got, ref in zip(runs[0], want_grads):
+        assert _rel(got, ref) < 1e-6
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+
+
 @pytest.mark.parametrize("width,seqlen,states", [(32, 7, True), (64, 4100, True),
                                                   (65, 300, False), (256, 129, True),
                                                   (128, 4200, True)])
