@@ -85,8 +85,9 @@ PAIRS = {"seqlen": [(1, 64, 1, True), (1, 32, 1, True)],
 def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
     """(width, direction, tile, registers, spill bytes) of shortconv.py's kernels, bf16, on
     each candidate tile (``used``: the tile the kernels run, ``shortconv.tiles`` and
-    ``shortconv.PAIRS``); "backward16" is the backward over 16-position chunks, which runs
-    in place of the other where taps reach one chunk back without seq_idx."""
+    ``shortconv.PAIRS``, and shortrows.py's kernels in their place where they run: "forward
+    rows", "backward rows"); "backward16" is the backward over 16-position chunks, which
+    runs in place of the other where taps reach one chunk back without seq_idx."""
     from ..backends.triton import shortconv
 
     # the layout's unit strides (x, out, dy, dx) and seq_idx's
@@ -108,6 +109,8 @@ def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
                                      {k: v for k, v in kernels["backward"][1].items()
                                       if k not in ("LOOK", "HAS_IDS")})
             tried["backward16"] = [pair] if used else PAIRS[layout]
+        if used and layout == "dim" and not ids:  # shortrows.py's kernels where they run
+            yield from _rows_kernels(width, kernels, unit)
         for direction, (fn, const) in kernels.items():
             for block_d, chunks, warps, split in tried[direction]:
                 # (the backward's OWN: the chunks a window writes)
@@ -118,6 +121,29 @@ def shortconv_rows(layout: str, widths, ids: bool, used: bool = False):
                                         {"part_ptr": "*fp32", "ids_ptr": "*i32"}, unit,
                                         num_warps=warps)
                 yield (width, direction, (block_d, chunks, warps, split), *registers(kernel))
+
+
+def _rows_kernels(width: int, kernels: dict, unit: tuple):
+    """shortrows.py's kernels at the width's tiles, compiled as :func:`shortconv_rows`'
+    rows ("forward rows", "backward rows"); shortconv.py's kernels they replace are taken
+    out of ``kernels``."""
+    from ..backends.triton import shortrows
+
+    forward, backward = shortrows.tiles(width)
+    common = dict(WIDTH=width, HAS_INIT=True, HAS_BIAS=True, SILU=True)
+    for direction, tile, fn, more in (
+            ("forward", forward, shortrows._forward_rows_kernel, {}),
+            ("backward", backward, shortrows._backward_rows_kernel,
+             dict(TAPS=triton.next_power_of_2(width + 1), FIRST=1 - width, INIT_GRAD=True))):
+        if tile is None:
+            continue
+        for name in ((direction, "backward16") if direction == "backward" else (direction,)):
+            kernels.pop(name, None)
+        block_d, span, unroll, warps = tile
+        kernel = compile_kernel(fn, dict(common, BLOCK_D=block_d, SPAN=span, UNROLL=unroll,
+                                         **more), {"part_ptr": "*fp32"}, unit,
+                                num_warps=warps)
+        yield (width, f"{direction} rows", tile, *registers(kernel))
 
 
 def main(argv=None) -> None:
