@@ -208,8 +208,14 @@ def _backward_rows_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr,
 
 
 #: (BLOCK_D, SPAN, UNROLL, warps) of the forward and the backward by the widest width a
-#: tile serves (:func:`tiles`); None: shortconv.py's kernel runs there
-TILES = {5: (None, None), 9: (None, None), 17: (None, None)}
+#: tile serves (:func:`tiles`); None: shortconv.py's kernel runs there. The best of a probe
+#: on an H100 (bf16, SiLU, bias, b8 d4096 L2048; each class by its width 4, 8 or 16, the
+#: kernels interleaved; results/seqconv/2026-12-07-rows/): the backward 1.25x / 1.12x /
+#: 1.14x shortconv.py's at widths 4 / 8 / 16 (1.04x at 2, 1.41x at b1 d8192 L16384 w4;
+#: 75.7 % of its byte floor at width 4 against 60.6 %); the forward only at width 16
+#: (1.04x), shortconv.py's column loads being 5-13 % faster at widths 2-8.
+TILES = {5: (None, (64, 128, 4, 1)), 9: (None, (64, 128, 4, 1)),
+         17: ((64, 64, 8, 1), (32, 128, 4, 1))}
 
 
 def tiles(width: int) -> tuple:
