@@ -399,6 +399,34 @@ def test_packed_sequences_run_the_short_filter_kernels(width, seqlen, layout, mo
     assert all(_rel(a, c) < 1e-6 for a, c in zip(got, want))
 
 
+def _trains_as_defined(x, w, b, s, g, bias: bool, states: bool):
+    """Two training passes of causal_conv1d (SiLU; the bias and the initial states where
+    asked) on float32 x (6 channels) against F.conv1d's in float64 given the output's
+    gradient ``g``: the output and every gradient within 1e-6, the output and dx in x's
+    layout, the two passes' gradients the same bits. Returns (the float64 output, the
+    positions before 0 in float64)."""
+    used = (True, True, bias, states)
+    want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
+    start = want_args[3] if states else torch.zeros(2, 6, w.shape[1] - 1, dtype=torch.float64)
+    want = F.silu(F.conv1d(torch.cat([start, want_args[0]], -1), want_args[1].unsqueeze(1),
+                           want_args[2] if bias else None, groups=6))
+    want_grads = torch.autograd.grad(want, [t for t, u in zip(want_args, used) if u], g)
+    runs = []
+    for _ in range(2):
+        args = [t.clone().requires_grad_() for t in (x, w, b, s)]
+        out = fastconv.causal_conv1d(args[0], args[1], args[2] if bias else None,
+                                     initial_states=args[3] if states else None,
+                                     activation="silu")
+        grads = torch.autograd.grad(out, [t for t, u in zip(args, used) if u], g.float())
+        assert _rel(out, want) < 1e-6 and out.stride() == x.stride()
+        assert grads[0].stride() == x.stride()
+        runs.append(grads)
+    for got, ref in zip(runs[0], want_grads):
+        assert _rel(got, ref) < 1e-6
+    assert all(torch.equal(a, c) for a, c in zip(*runs))
+    return want.detach(), start.detach()
+
+
 @pytest.mark.parametrize("width,seqlen,states,bias,layout,overlap", [
     (4, 300, True, True, "seqlen", False), (2, 37, False, False, "seqlen", False),
     (9, 513, True, False, "seqlen", False), (3, 5, True, True, "seqlen", False),
@@ -449,25 +477,8 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
     monkeypatch.setattr(shortconv.torch, "empty",
                         lambda *a, **k: empty(*a, **k).fill_(float("nan")))
     x, w, b, s = _inputs(2, 6, seqlen, width, layout, seed=width + seqlen)
-    g = torch.randn(2, 6, seqlen, dtype=torch.float64)
-    used = (True, True, bias, states)
-    want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
-    start = want_args[3] if states else torch.zeros(2, 6, width - 1, dtype=torch.float64)
-    want = F.silu(F.conv1d(torch.cat([start, want_args[0]], -1), want_args[1].unsqueeze(1),
-                           want_args[2] if bias else None, groups=6))
-    want_grads = torch.autograd.grad(want, [t for t, u in zip(want_args, used) if u], g)
-    runs = []
-    for _ in range(2):
-        args = [t.clone().requires_grad_() for t in (x, w, b, s)]
-        out = fastconv.causal_conv1d(args[0], args[1], args[2] if bias else None,
-                                     initial_states=args[3] if states else None,
-                                     activation="silu")
-        runs.append(torch.autograd.grad(out, [t for t, u in zip(args, used) if u],
-                                        g.float()))
-        assert _rel(out, want) < 1e-6
-    for got, ref in zip(runs[0], want_grads):
-        assert _rel(got, ref) < 1e-6
-    assert all(torch.equal(a, c) for a, c in zip(*runs))
+    want, start = _trains_as_defined(x, w, b, s, torch.randn(2, 6, seqlen, dtype=torch.float64),
+                                     bias, states)
     if layout == "dim":  # (without autograd this layout takes fastconv.conv1d's route)
         return
     with torch.no_grad():  # the forward kernel alone (any size), and the final states
@@ -475,7 +486,7 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
                                             initial_states=s if states else None,
                                             return_final_states=True, activation="silu")
     assert _rel(out, want) < 1e-6 and out.stride() == x.stride()
-    assert torch.equal(final.double(), torch.cat([start, want_args[0]], -1)[..., 1 - width:])
+    assert torch.equal(final.double(), torch.cat([start, x.double()], -1)[..., 1 - width:])
 
 
 @pytest.mark.parametrize("width,seqlen,states,bias", [
@@ -508,26 +519,8 @@ def test_dim_contiguous_short_filters_train_a_position_at_a_time(width, seqlen, 
     monkeypatch.setattr(shortrows.torch, "empty",
                         lambda *a, **k: empty(*a, **k).fill_(float("nan")))
     x, w, b, s = _inputs(2, 6, seqlen, width, "dim", seed=width + seqlen)
-    g = torch.randn(2, seqlen, 6, dtype=torch.float64).transpose(1, 2)
-    used = (True, True, bias, states)
-    want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
-    start = want_args[3] if states else torch.zeros(2, 6, width - 1, dtype=torch.float64)
-    want = F.silu(F.conv1d(torch.cat([start, want_args[0]], -1), want_args[1].unsqueeze(1),
-                           want_args[2] if bias else None, groups=6))
-    want_grads = torch.autograd.grad(want, [t for t, u in zip(want_args, used) if u], g)
-    runs = []
-    for _ in range(2):
-        args = [t.clone().requires_grad_() for t in (x, w, b, s)]
-        out = fastconv.causal_conv1d(args[0], args[1], args[2] if bias else None,
-                                     initial_states=args[3] if states else None,
-                                     activation="silu")
-        grads = torch.autograd.grad(out, [t for t, u in zip(args, used) if u], g.float())
-        assert _rel(out, want) < 1e-6 and out.stride() == x.stride()
-        assert grads[0].stride() == x.stride()
-        runs.append(grads)
-    for got, ref in zip(runs[0], want_grads):
-        assert _rel(got, ref) < 1e-6
-    assert all(torch.equal(a, c) for a, c in zip(*runs))
+    _trains_as_defined(x, w, b, s, torch.randn(2, seqlen, 6, dtype=torch.float64).transpose(1, 2),
+                       bias, states)
 
 
 @pytest.mark.parametrize("width,seqlen,states", [(32, 7, True), (64, 4100, True),

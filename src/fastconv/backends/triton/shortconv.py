@@ -702,13 +702,9 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
         tiles(_layout(x), width, seq_idx is not None)[1]
     own = owned(look, chunks)
     windows = cdiv(seqlen - first, 16 * chunks) if pairs else cdiv(seqlen - first, 8 * own)
-    dx = torch.empty_like(x)
-    dh = torch.empty((batch, dim, width - 1), device=x.device, dtype=x.dtype) \
-        if init_grad else dx
-    taps = triton.next_power_of_2(width + 1)
-    part = torch.empty((batch, windows, dim, taps), device=x.device, dtype=torch.float32)
+    dx, dh, part = backward_buffers(x, width, windows, init_grad)
     init = initial_states if initial_states is not None else x
-    flags = dict(WIDTH=width, TAPS=taps, FIRST=first, BLOCK_D=block_d, CHUNKS=chunks,
+    flags = dict(WIDTH=width, TAPS=part.shape[3], FIRST=first, BLOCK_D=block_d, CHUNKS=chunks,
                  HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None, SILU=silu,
                  INIT_GRAD=init_grad, SPLIT=split, num_warps=warps)
     if pairs:
@@ -723,9 +719,30 @@ def short_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: to
                seqlen, *x.stride(), si_b, si_t, *init.stride(), *weight.stride(),
                *dy.stride(), *dx.stride(), *dh.stride(), LOOK=look, OWN=own,
                HAS_IDS=seq_idx is not None, **flags)
-    dw = torch.empty((dim, width), device=x.device, dtype=weight.dtype)
-    db = torch.empty(dim, device=x.device, dtype=bias.dtype) if bias is not None else dw
+    return (dx, dh if init_grad else None, *weight_sums(part, weight, bias))
+
+
+def backward_buffers(x: torch.Tensor, width: int, windows: int, init_grad: bool) -> tuple:
+    """A backward's outputs before its pass: (dx like x, the initial states' gradient
+    (batch, dim, width − 1) or dx where not asked, the per-window sums of the weight's and
+    bias's gradients [batch, windows, dim, TAPS] float32, TAPS ≥ width + 1)."""
+    batch, dim, _ = x.shape
+    dx = torch.empty_like(x)
+    dh = torch.empty((batch, dim, width - 1), device=x.device, dtype=x.dtype) \
+        if init_grad else dx
+    part = torch.empty((batch, windows, dim, triton.next_power_of_2(width + 1)),
+                       device=x.device, dtype=torch.float32)
+    return dx, dh, part
+
+
+def weight_sums(part: torch.Tensor, weight: torch.Tensor, bias) -> tuple:
+    """(d weight, d bias or None) in their own dtypes: the per-window sums ``part``
+    (:func:`backward_buffers`) added in a fixed order (:func:`_sums_kernel`)."""
+    batch, windows, dim, taps = part.shape
+    width = weight.shape[1]
+    dw = torch.empty((dim, width), device=part.device, dtype=weight.dtype)
+    db = torch.empty(dim, device=part.device, dtype=bias.dtype) if bias is not None else dw
     launch(_sums_kernel, (cdiv(dim, SUMS_TILE[0]),), part, dw, db, batch * windows, dim,
            WIDTH=width, TAPS=taps, HAS_BIAS=bias is not None, BLOCK_D=SUMS_TILE[0],
            ROWS=SUMS_TILE[1])
-    return dx, dh if init_grad else None, dw, db if bias is not None else None
+    return dw, db if bias is not None else None

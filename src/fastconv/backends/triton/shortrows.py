@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .launch import cdiv, launch
-from .shortconv import SUMS_TILE, _sigmoid, _store_part, _sums_kernel, _taps
+from .shortconv import _sigmoid, _store_part, _taps, backward_buffers, weight_sums
 
 
 @triton.jit
@@ -250,21 +250,12 @@ def rows_backward(dy: torch.Tensor, x: torch.Tensor, initial_states, weight: tor
     block_d, span, unroll, warps = tile
     first = 1 - width if init_grad else 0
     windows = cdiv(seqlen - first, span)
-    dx = torch.empty_like(x)
-    dh = torch.empty((batch, dim, width - 1), device=x.device, dtype=x.dtype) \
-        if init_grad else dx
-    taps = triton.next_power_of_2(width + 1)
-    part = torch.empty((batch, windows, dim, taps), device=x.device, dtype=torch.float32)
+    dx, dh, part = backward_buffers(x, width, windows, init_grad)
     init = initial_states if initial_states is not None else x
     launch(_backward_rows_kernel, (windows, cdiv(dim, block_d), batch),
            x, init, weight, x if bias is None else bias, dy, dx, dh, part, dim, seqlen,
            *x.stride(), *init.stride(), *weight.stride(), *dy.stride(), *dx.stride(),
-           *dh.stride(), WIDTH=width, TAPS=taps, FIRST=first, BLOCK_D=block_d, SPAN=span,
-           UNROLL=unroll, HAS_INIT=initial_states is not None, HAS_BIAS=bias is not None,
-           SILU=silu, INIT_GRAD=init_grad, num_warps=warps)
-    dw = torch.empty((dim, width), device=x.device, dtype=weight.dtype)
-    db = torch.empty(dim, device=x.device, dtype=bias.dtype) if bias is not None else dw
-    launch(_sums_kernel, (cdiv(dim, SUMS_TILE[0]),), part, dw, db, batch * windows, dim,
-           WIDTH=width, TAPS=taps, HAS_BIAS=bias is not None, BLOCK_D=SUMS_TILE[0],
-           ROWS=SUMS_TILE[1])
-    return dx, dh if init_grad else None, dw, db if bias is not None else None
+           *dh.stride(), WIDTH=width, TAPS=part.shape[3], FIRST=first, BLOCK_D=block_d,
+           SPAN=span, UNROLL=unroll, HAS_INIT=initial_states is not None,
+           HAS_BIAS=bias is not None, SILU=silu, INIT_GRAD=init_grad, num_warps=warps)
+    return (dx, dh if init_grad else None, *weight_sums(part, weight, bias))
