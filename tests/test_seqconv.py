@@ -399,6 +399,25 @@ def test_packed_sequences_run_the_short_filter_kernels(width, seqlen, layout, mo
     assert all(_rel(a, c) < 1e-6 for a, c in zip(got, want))
 
 
+def _short_kernels_only(monkeypatch) -> None:
+    """causal_conv1d's training route on the short-filter kernels at any size: packed.py's
+    kernels and fastconv.conv1d made to fail, every buffer torch.empty(_like) makes (the
+    kernel modules' outputs) poisoned with NaN."""
+    from fastconv import seqconv
+    from fastconv.backends.triton import packed
+
+    def refused(*args, **kwargs):
+        raise AssertionError("another route ran")
+    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
+    monkeypatch.setattr(seqconv, "conv1d", refused)
+    for name in ("packed_forward", "packed_backward", "silu_grad"):
+        monkeypatch.setattr(packed, name, refused)
+    empty_like, empty = torch.empty_like, torch.empty
+    monkeypatch.setattr(torch, "empty_like",
+                        lambda t, *a, **k: empty_like(t, *a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+
+
 def _trains_as_defined(x, w, b, s, g, bias: bool, states: bool):
     """Two training passes of causal_conv1d (SiLU; the bias and the initial states where
     asked) on float32 x (6 channels) against F.conv1d's in float64 given the output's
@@ -450,9 +469,10 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
     computed once per chunk, the 2 after read from the window's own: ``shortconv.owned``),
     and at widths ≤ 9 windows of two 16-position chunks (``shortconv.PAIRS``), so many
     windows, their seams and the initial states' window."""
-    from fastconv import seqconv
-    from fastconv.backends.triton import packed, shortconv
+    from fastconv.backends.triton import shortconv, shortrows
 
+    if layout == "dim":  # (shortconv.py's kernels throughout, not shortrows.py's)
+        monkeypatch.setattr(shortrows, "TILES", {k: (None, None) for k in shortrows.TILES})
     if overlap:
         monkeypatch.setattr(shortconv, "SHIFT_MIN_CHUNKS", 4)
         for layout_ in ("seqlen", "dim"):
@@ -465,17 +485,7 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
             (layout_, widest): (1, 2, 1, True) if layout_ == "seqlen" else (2, 2, 1, False)
             for layout_ in ("seqlen", "dim") for widest in (5, 9)})
 
-    def refused(*args, **kwargs):
-        raise AssertionError("another route ran")
-    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
-    monkeypatch.setattr(seqconv, "conv1d", refused)
-    for name in ("packed_forward", "packed_backward", "silu_grad"):
-        monkeypatch.setattr(packed, name, refused)
-    empty_like, empty = torch.empty_like, torch.empty
-    monkeypatch.setattr(shortconv.torch, "empty_like",
-                        lambda t, *a, **k: empty_like(t, *a, **k).fill_(float("nan")))
-    monkeypatch.setattr(shortconv.torch, "empty",
-                        lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    _short_kernels_only(monkeypatch)
     x, w, b, s = _inputs(2, 6, seqlen, width, layout, seed=width + seqlen)
     want, start = _trains_as_defined(x, w, b, s, torch.randn(2, 6, seqlen, dtype=torch.float64),
                                      bias, states)
@@ -500,24 +510,13 @@ def test_dim_contiguous_short_filters_train_a_position_at_a_time(width, seqlen, 
     Spans of 8 (forward) and 6 (backward) positions loaded 4 and 3 at a time, so rows
     shorter than a span, spans past the row's end and the initial states' span; 4 channels
     a program over 6 (the second program's half masked)."""
-    from fastconv import seqconv
-    from fastconv.backends.triton import packed, shortconv, shortrows
+    from fastconv.backends.triton import shortconv, shortrows
 
-    def refused(*args, **kwargs):
-        raise AssertionError("another route ran")
-    monkeypatch.setattr(seqconv, "_TRAIN_KERNELS_MIN_NUMEL", 0)
-    monkeypatch.setattr(seqconv, "conv1d", refused)
-    for name in ("packed_forward", "packed_backward", "silu_grad"):
-        monkeypatch.setattr(packed, name, refused)
+    _short_kernels_only(monkeypatch)
     for name in ("_forward_kernel", "_backward_kernel", "_backward_pairs_kernel"):
         monkeypatch.setattr(shortconv, name, None)  # (launching one would fail)
     monkeypatch.setattr(shortrows, "TILES", {k: ((4, 8, 4, 1), (4, 6, 3, 1))
                                              for k in shortrows.TILES})
-    empty_like, empty = torch.empty_like, torch.empty  # (shortrows.torch is the same)
-    monkeypatch.setattr(shortrows.torch, "empty_like",
-                        lambda t, *a, **k: empty_like(t, *a, **k).fill_(float("nan")))
-    monkeypatch.setattr(shortrows.torch, "empty",
-                        lambda *a, **k: empty(*a, **k).fill_(float("nan")))
     x, w, b, s = _inputs(2, 6, seqlen, width, "dim", seed=width + seqlen)
     _trains_as_defined(x, w, b, s, torch.randn(2, seqlen, 6, dtype=torch.float64).transpose(1, 2),
                        bias, states)

@@ -603,6 +603,9 @@ TILES = {("seqlen", 1): ((1, 128, 2, True), (1, 64, 1, True)),
 #: L16384 at 4, both kernels timed interleaved; results/seqconv/2026-12-07-pairs/):
 #: seqlen-contiguous at width 8 1.19x the 8-position kernel, at width 4 0.94-1.03x by tile
 #: (kept on the 8-position one); dim-contiguous 1.17x at width 2, 1.03-1.04x at 4 and 8.
+#: Dim-contiguous without seq_idx, shortrows.py's backward runs in place of both kernels
+#: where ``shortrows.TILES`` has a tile (every width since 5f1204a): the dim entries here
+#: and in ``TILES`` serve where it has none.
 PAIRS = {("seqlen", 5): None, ("seqlen", 9): (1, 64, 1, True),
          ("dim", 5): (32, 8, 4, False), ("dim", 9): (16, 8, 2, False)}
 #: the backward's tile with seq_idx where a tap reaches two chunks back (see ``TILES``)
