@@ -7,7 +7,8 @@ convolutions of Hyena ``longconv.py``'s.
 Routes without ``seq_idx``: widths up to 17 (16-bit or float32, either layout) run the
 forward kernel of ``backends/triton/shortconv.py`` where no gradient is wanted; where one
 is and the problem is large (``_TRAIN_KERNELS_MIN_NUMEL``), shortconv.py's forward and
-backward (widths up to 17, either layout), past width 17 the tensor-core kernels of
+backward (widths up to 17, either layout; x dim-contiguous: shortrows.py's backward, and its
+forward at widths 10-17), past width 17 the tensor-core kernels of
 ``backends/triton/toeplitz.py`` (``backends/triton/packed.py``'s up to
 ``_TRAIN_KERNELS_MAX_WIDTH`` where those do not run: float64, float32 on a GPU); these also from
 ``_WIDE_MIN_WIDTH``'s width (16-bit; x dim-contiguous through a seqlen-contiguous copy);

@@ -15,7 +15,9 @@ moves data between threads, so taps cost multiply-adds only (packed.py's kernels
 tap's window at its own, unaligned, offset: 2-byte loads). x dim-contiguous (a (batch,
 seqlen, dim) tensor transposed, as Mamba's blocks pass it) takes the same kernels with
 windows of many channels, each column loaded on its own (the loads' vectors run along the
-channels, so a column is already in the registers that use it). SiLU's sigmoid is four
+channels, so a column is already in the registers that use it); without ``seq_idx`` its
+backward (and its forward at widths 10-17) runs shortrows.py's kernels instead, a position
+at a time (``shortrows.TILES``). SiLU's sigmoid is four
 approximate PTX instructions in compiled kernels (:func:`_sigmoid`): the backward's time
 follows the instructions it issues (at width 4, 0.66 of an H200's issue rate against 71 % of
 its byte floor).
