@@ -14,7 +14,7 @@ Forward: x's row at t → ``act(bias + Σ_k w[k]·x[t − (WIDTH − 1 − k)])`
 SiLU's gradient recomputed): at step t, g[t] = dy[t]·SiLU'(pre[t]), then
 dx[t − (WIDTH − 1)] = Σ_k w[k]·g[t − k] from the last ``WIDTH − 1`` g kept likewise; the
 weight's and bias's sums over the program's positions stay in registers per channel and
-are stored once per program, then added in a fixed order (shortconv.py's ``_sums_kernel``).
+are stored once per program, then added in a fixed order (shortparts.py's ``_sums_kernel``).
 dx of the last ``WIDTH − 1`` positions of a span needs g past it: a program steps
 ``WIDTH − 1`` positions further, without counting them in the sums. The initial states'
 gradient is dx of the positions before 0 (the first span starts ``WIDTH − 1`` early).
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .launch import cdiv, launch
-from .shortconv import _sigmoid, _store_part, _taps, backward_buffers, weight_sums
+from .shortparts import _sigmoid, _store_part, _taps, backward_buffers, weight_sums
 
 
 @triton.jit
