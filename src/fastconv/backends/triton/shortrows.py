@@ -33,6 +33,13 @@ from .shortparts import _sigmoid, _store_part, _taps, backward_buffers, weight_s
 
 
 @triton.jit
+def _masked(dmask, inside):
+    """``dmask`` where the scalar condition ``inside`` holds, else all False. (Not ``dmask &
+    inside``: Triton 3.9's interpreter gives that integers, which its loads refuse as a mask.)"""
+    return tl.where(inside, dmask, False)
+
+
+@triton.jit
 def _shift(rows, new, N: tl.constexpr):
     """``(new, rows[0], …, rows[N − 2])``: the last N rows after a step."""
     out = (new,)
@@ -46,11 +53,11 @@ def _row(ptr, init_ptr, base, b, d, dmask, p, seqlen, s_t, sh_b, sh_d, sh_k,
          WIDTH: tl.constexpr, HAS_INIT: tl.constexpr):
     """The row of channels ``d`` at position ``p`` in float32: ``initial_states`` before 0
     where given, zero elsewhere outside [0, seqlen)."""
-    v = tl.load(ptr + base + tl.cast(p, tl.int64) * s_t, mask=dmask & (p >= 0) & (p < seqlen),
-                other=0.0).to(tl.float32)
+    v = tl.load(ptr + base + tl.cast(p, tl.int64) * s_t,
+                mask=_masked(dmask, (p >= 0) & (p < seqlen)), other=0.0).to(tl.float32)
     if HAS_INIT:
         v += tl.load(init_ptr + b * sh_b + d * sh_d + (WIDTH - 1 + p) * sh_k,
-                     mask=dmask & (p < 0) & (p >= 1 - WIDTH), other=0.0).to(tl.float32)
+                     mask=_masked(dmask, (p < 0) & (p >= 1 - WIDTH)), other=0.0).to(tl.float32)
     return v
 
 
@@ -99,7 +106,7 @@ def _forward_rows_kernel(x_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen, sx
             if SILU:
                 v = v * _sigmoid(v)
             tl.store(out_ptr + obase + tl.cast(t + i, tl.int64) * so_t,
-                     v.to(out_ptr.dtype.element_ty), mask=dmask & (t + i < seqlen))
+                     v.to(out_ptr.dtype.element_ty), mask=_masked(dmask, t + i < seqlen))
             xs = _shift(xs, xn[i], WIDTH - 1)
 
 
@@ -140,10 +147,10 @@ def _store_dx(dx_ptr, dh_ptr, dx, dxbase, b, d, dmask, v, t0, seqlen, sdx_t, sdh
     """dx at position v (from t0 on): dx's row where 0 ≤ v < seqlen, the initial states'
     gradient where v < 0 (with INIT_GRAD)."""
     tl.store(dx_ptr + dxbase + tl.cast(v, tl.int64) * sdx_t, dx.to(dx_ptr.dtype.element_ty),
-             mask=dmask & (v >= t0) & (v >= 0) & (v < seqlen))
+             mask=_masked(dmask, (v >= t0) & (v >= 0) & (v < seqlen)))
     if INIT_GRAD:
         tl.store(dh_ptr + b * sdh_b + d * sdh_d + (WIDTH - 1 + v) * sdh_k,
-                 dx.to(dh_ptr.dtype.element_ty), mask=dmask & (v >= t0) & (v < 0))
+                 dx.to(dh_ptr.dtype.element_ty), mask=_masked(dmask, (v >= t0) & (v < 0)))
 
 
 @triton.jit
