@@ -7,8 +7,11 @@ out written; backward: x and dy read, dx written) at the copy bandwidth measured
 the errors against float64 (‖out − ref‖ / ‖ref‖). ``python probe_rows.py compile`` only
 builds the candidates (a warm-up process: Triton's cache is shared); prints one line per
 candidate and last a BEST line (JSON: per width class and direction the best tile at its
-usual width, 4, 8 or 16, or null where it was not 2 % faster than shortconv.py's)."""
+usual width, 4, 8 or 16, or null where it was not 2 % faster than shortconv.py's).
+PROBE_TILES=file.json: other candidates ({"forward": {"2": [[BLOCK_D, SPAN, UNROLL, warps],
+…], …}, "backward": …}) in place of FORWARD and BACKWARD below."""
 import json
+import os
 import statistics
 import sys
 
@@ -26,6 +29,11 @@ BACKWARD = {2: [(64, 64, 4, 1), (128, 64, 4, 1), (64, 64, 8, 1), (64, 128, 4, 1)
                 (64, 128, 4, 1)],
             8: [(64, 64, 4, 1), (64, 64, 2, 1), (32, 64, 4, 1), (64, 128, 4, 1)],
             16: [(32, 64, 2, 1), (32, 64, 4, 1), (32, 128, 4, 1), (64, 64, 2, 1)]}
+if os.environ.get("PROBE_TILES"):
+    with open(os.environ["PROBE_TILES"]) as f:
+        given = json.load(f)
+    FORWARD, BACKWARD = ({int(w): [tuple(t) for t in ts] for w, ts in given[d].items()}
+                         for d in ("forward", "backward"))
 ROWS = [(8, 4096, 2048, w) for w in (2, 4, 8, 16)] + [(1, 8192, 16384, 4)]
 only = sys.argv[1:] and sys.argv[1] == "compile"
 part = int(sys.argv[2]) if only and len(sys.argv) > 2 else None  # (which worker: 0-3)
