@@ -420,15 +420,17 @@ def _short_kernels_only(monkeypatch) -> None:
 
 def _trains_as_defined(x, w, b, s, g, bias: bool, states: bool):
     """Two training passes of causal_conv1d (SiLU; the bias and the initial states where
-    asked) on float32 x (6 channels) against F.conv1d's in float64 given the output's
+    asked) on float32 x against F.conv1d's in float64 given the output's
     gradient ``g``: the output and every gradient within 1e-6, the output and dx in x's
     layout, the two passes' gradients the same bits. Returns (the float64 output, the
     positions before 0 in float64)."""
     used = (True, True, bias, states)
     want_args = [t.double().requires_grad_() for t in (x, w, b, s)]
-    start = want_args[3] if states else torch.zeros(2, 6, w.shape[1] - 1, dtype=torch.float64)
+    batch, dim, _ = x.shape
+    start = want_args[3] if states else torch.zeros(batch, dim, w.shape[1] - 1,
+                                                    dtype=torch.float64)
     want = F.silu(F.conv1d(torch.cat([start, want_args[0]], -1), want_args[1].unsqueeze(1),
-                           want_args[2] if bias else None, groups=6))
+                           want_args[2] if bias else None, groups=dim))
     want_grads = torch.autograd.grad(want, [t for t, u in zip(want_args, used) if u], g)
     runs = []
     for _ in range(2):
@@ -499,26 +501,28 @@ def test_short_filters_train_through_one_pass_kernels(width, seqlen, states, bia
     assert torch.equal(final.double(), torch.cat([start, x.double()], -1)[..., 1 - width:])
 
 
-@pytest.mark.parametrize("width,seqlen,states,bias", [
-    (2, 37, True, True), (4, 70, False, True), (4, 3, True, False), (9, 25, True, True),
-    (16, 41, True, False), (17, 13, False, True)])
+@pytest.mark.parametrize("width,seqlen,states,bias,dim", [
+    (2, 39, True, True, 6), (4, 70, False, True, 6), (4, 70, True, True, 8),
+    (4, 3, True, False, 6), (9, 25, True, True, 6), (16, 41, True, False, 6),
+    (16, 41, False, True, 8), (17, 13, False, True, 6)])
 def test_dim_contiguous_short_filters_train_a_position_at_a_time(width, seqlen, states,
-                                                                 bias, monkeypatch):
+                                                                 bias, dim, monkeypatch):
     """causal_conv1d's training route on a dim-contiguous float32 x where shortrows.py has
     tiles (interpreted; shortconv.py's own kernels and the other routes made to fail, every
     buffer poisoned): output and every gradient as F.conv1d's in float64, deterministic.
     Spans of 8 (forward) and 6 (backward) positions loaded 4 and 3 at a time, so rows
-    shorter than a span, spans past the row's end and the initial states' span; 4 channels
-    a program over 6 (the second program's half masked)."""
+    shorter than a span, spans inside the row (unmasked), spans past the row's end and the
+    initial states' span; 4 channels a program over 6 (the second program's half masked)
+    or over 8 (no channel masks); the backward's tile with a register cap."""
     from fastconv.backends.triton import shortconv, shortrows
 
     _short_kernels_only(monkeypatch)
     for name in ("_forward_kernel", "_backward_kernel", "_backward_pairs_kernel"):
         monkeypatch.setattr(shortconv, name, None)  # (launching one would fail)
-    monkeypatch.setattr(shortrows, "TILES", {k: ((4, 8, 4, 1), (4, 6, 3, 1))
+    monkeypatch.setattr(shortrows, "TILES", {k: ((4, 8, 4, 1), (4, 6, 3, 1, 128))
                                              for k in shortrows.TILES})
-    x, w, b, s = _inputs(2, 6, seqlen, width, "dim", seed=width + seqlen)
-    _trains_as_defined(x, w, b, s, torch.randn(2, seqlen, 6, dtype=torch.float64).transpose(1, 2),
+    x, w, b, s = _inputs(2, dim, seqlen, width, "dim", seed=width + seqlen)
+    _trains_as_defined(x, w, b, s, torch.randn(2, seqlen, dim, dtype=torch.float64).transpose(1, 2),
                        bias, states)
 
 

@@ -27,8 +27,10 @@ from triton.compiler import ASTSource
 
 
 def compile_kernel(fn, constexprs: dict, pointers: dict, unit: tuple = (), *,
-                   data: str = "*bf16", num_warps: int = 4, capability: int = 90):
-    """``fn`` (a ``triton.jit`` function) compiled for ``sm_<capability>``: the arguments in
+                   data: str = "*bf16", num_warps: int = 4, capability: int = 90,
+                   maxnreg: int | None = None):
+    """``fn`` (a ``triton.jit`` function) compiled for ``sm_<capability>`` (``maxnreg``: a
+    cap on a thread's registers, where given): the arguments in
     ``constexprs`` fixed, pointers of ``data``'s type unless ``pointers`` names another
     (``{"part_ptr": "*fp32"}``), the integer arguments named in ``unit`` the constant 1 (a
     unit stride, as a launch specialises it), the others 32-bit; pointers and integers
@@ -49,8 +51,8 @@ def compile_kernel(fn, constexprs: dict, pointers: dict, unit: tuple = (), *,
             if name not in ("dim", "seqlen"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
 def registers(kernel, capability: int = 90) -> tuple[int | None, int | None]:
@@ -130,19 +132,19 @@ def _rows_kernels(width: int, kernels: dict, unit: tuple):
     from ..backends.triton import shortrows
 
     forward, backward = shortrows.tiles(width)
-    common = dict(WIDTH=width, HAS_INIT=True, HAS_BIAS=True, SILU=True)
+    common = dict(WIDTH=width, HAS_INIT=True, HAS_BIAS=True, SILU=True, EVEN_D=True)
     for direction, tile, fn, more in (
             ("forward", forward, shortrows._forward_rows_kernel, {}),
             ("backward", backward, shortrows._backward_rows_kernel,
-             dict(TAPS=triton.next_power_of_2(width + 1), FIRST=1 - width, INIT_GRAD=True))):
+             dict(TAPS=triton.next_power_of_2(width + 1), INIT_GRAD=True))):
         if tile is None:
             continue
         for name in ((direction, "backward16") if direction == "backward" else (direction,)):
             kernels.pop(name, None)
-        block_d, span, unroll, warps = tile
+        block_d, span, unroll, warps = tile[:4]
         kernel = compile_kernel(fn, dict(common, BLOCK_D=block_d, SPAN=span, UNROLL=unroll,
                                          **more), {"part_ptr": "*fp32"}, unit,
-                                num_warps=warps)
+                                num_warps=warps, maxnreg=tile[4] if len(tile) > 4 else None)
         yield (width, f"{direction} rows", tile, *registers(kernel))
 
 
