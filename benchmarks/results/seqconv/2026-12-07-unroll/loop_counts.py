@@ -49,17 +49,14 @@ def loop_ops(kernel) -> collections.Counter:
             for lo, hi in sorted(loops) if hi - lo >= longest / 3]
 
 
-def constants(fn, const: dict) -> dict:
-    """``const`` with the flags this tree's kernel takes: no initial states' gradient
-    (``FIRST`` 0, before 2026-12-07's spans), dim a multiple of BLOCK_D (``EVEN_D``)."""
-    params = inspect.signature(fn.fn).parameters
-    extra = {"INIT_GRAD": False, "FIRST": 0, "EVEN_D": True}
-    return dict(const, **{k: v for k, v in extra.items() if k in params})
-
-
-def main():
-    given = json.load(open(sys.argv[1] if len(sys.argv) > 1 else "tiles.json"))
-    print(f"triton {triton.__version__}, sm_90a; the main loop's instructions per element")
+def compiled(path: str):
+    """(direction, width, tile, compiled kernel, passes of x's size its floor counts) for
+    every candidate of the tiles file at ``path`` ((BLOCK_D, SPAN, UNROLL, warps[, register
+    cap])), as the probe runs them: bf16, SiLU, bias, no initial states; with the flags
+    this tree's kernel takes (no initial states' gradient: ``FIRST`` 0 before 2026-12-07's
+    spans; dim a multiple of BLOCK_D: ``EVEN_D``)."""
+    with open(path) as f:
+        given = json.load(f)
     for direction in ("forward", "backward"):
         for width, tiles in given[direction].items():
             width = int(width)
@@ -71,16 +68,26 @@ def main():
                 if direction == "backward":
                     fn, passes = shortrows._backward_rows_kernel, 3
                     const["TAPS"] = triton.next_power_of_2(width + 1)
-                kernel = compile_kernel(fn, constants(fn, const), {"part_ptr": "*fp32"}, UNIT,
-                                        num_warps=warps, maxnreg=tile[4] if len(tile) > 4 else None)
-                per = unroll * block_d / (32 * warps)
-                for n, ops in enumerate(loop_ops(kernel)):
-                    total = sum(ops.values()) / per
-                    cap = ISSUE / total / (GBPS * 1e9 / (2 * passes)) * 100
-                    top = ", ".join(f"{o} {c / per:.1f}" for o, c in ops.most_common(5))
-                    print(f"{direction:8} w{width:<2} {tuple(tile)!s:23} "
-                          f"loop {n}: {total:5.1f} an element (issue caps at {cap:4.0f} % of the "
-                          f"floor; {top})", flush=True)
+                params = inspect.signature(fn.fn).parameters
+                const.update({k: v for k, v in (("INIT_GRAD", False), ("FIRST", 0),
+                                                ("EVEN_D", True)) if k in params})
+                kernel = compile_kernel(fn, const, {"part_ptr": "*fp32"}, UNIT,
+                                        num_warps=warps,
+                                        maxnreg=tile[4] if len(tile) > 4 else None)
+                yield direction, width, tuple(tile), kernel, passes
+
+
+def main():
+    print(f"triton {triton.__version__}, sm_90a; the main loop's instructions per element")
+    path = sys.argv[1] if len(sys.argv) > 1 else "tiles.json"
+    for direction, width, tile, kernel, passes in compiled(path):
+        per = tile[2] * tile[0] / (32 * tile[3])
+        for n, ops in enumerate(loop_ops(kernel)):
+            total = sum(ops.values()) / per
+            cap = ISSUE / total / (GBPS * 1e9 / (2 * passes)) * 100
+            top = ", ".join(f"{o} {c / per:.1f}" for o, c in ops.most_common(5))
+            print(f"{direction:8} w{width:<2} {tile!s:23} loop {n}: {total:5.1f} an element "
+                  f"(issue caps at {cap:4.0f} % of the floor; {top})", flush=True)
 
 
 if __name__ == "__main__":
