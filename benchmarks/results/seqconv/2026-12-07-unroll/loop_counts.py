@@ -1,13 +1,13 @@
-"""SASS instructions per element in the main loop of shortrows.py's kernels, without a GPU:
-each candidate of tiles.json compiled for sm_90a by Triton's own compiler (bf16, SiLU, bias,
-no initial states, as the probe runs them), disassembled by the cuobjdump Triton ships; the
-loops are the spans between a backward branch and its target (those at least a third of the
-longest: since 2026-12-07's spans, a masked loop for a row's edge spans and an unmasked
-one, with fewer instructions, for the others); a loop's instructions are divided by the elements a
-thread handles per iteration (UNROLL × BLOCK_D / 32 / warps).
-With the issue rate of an H100 (~33 T thread instructions a second) and the floor's element
-rate at 2.84 TB/s, prints the ceiling that instruction issue alone puts on % of the floor.
-Run with PYTHONPATH at a source tree: python loop_counts.py [tiles.json]"""
+"""SASS instructions per element in the loops of shortrows.py's kernels, without a GPU: each
+candidate of tiles.json compiled for sm_90a by Triton's own compiler (bf16, SiLU, bias, no
+initial states, as the probe runs them), disassembled by the cuobjdump Triton ships
+(:func:`sass`). The loops are the spans between a backward branch and its
+target, those at least a third of the longest: since 2026-12-07's spans, a masked loop for a
+row's edge spans and an unmasked one, with fewer instructions, for the others. A loop's
+instructions are divided by the elements a thread handles per iteration (UNROLL × BLOCK_D /
+32 / warps). With the issue rate of an H100 (~33 T thread instructions a second) and the
+floor's element rate at 2.84 TB/s, prints the ceiling that instruction issue alone puts on
+% of the floor. Run with PYTHONPATH at a source tree: python loop_counts.py [tiles.json]"""
 import collections
 import inspect
 import json
@@ -27,13 +27,22 @@ ISSUE = 132 * 4 * 32 * 1.98e9  # thread instructions a second (H100 SXM)
 GBPS = 2839  # the copy bandwidth of the 2026-12-07 probe
 
 
-def loop_ops(kernel) -> collections.Counter:
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
+def sass(kernel) -> str:
+    """The SASS of a compiled kernel, by the cuobjdump Triton ships."""
+    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                       "cuobjdump")
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
-    text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-    os.unlink(f.name)
+    try:
+        return subprocess.run([exe, "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+def loop_ops(kernel) -> list:
+    """The instructions (by operation) of each of a compiled kernel's loops."""
+    text = sass(kernel)
     code = []  # (address, op, the rest of the line)
     for line in text.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", line)
