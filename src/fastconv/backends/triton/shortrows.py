@@ -77,15 +77,14 @@ def _rows(ptr, init_ptr, base, b, d, dmask, t, seqlen, s_t, sh_b, sh_d, sh_k,
 
 
 @triton.jit
-def _rows_at(ptr, init_ptr, base, b, d, dmask, t, seqlen, s_t, sh_b, sh_d, sh_k,
-             WIDTH: tl.constexpr, HAS_INIT: tl.constexpr, N: tl.constexpr,
-             MASKED: tl.constexpr, EVEN_D: tl.constexpr):
-    """The rows at positions ``t … t + N − 1``: :func:`_rows`, or (not MASKED: positions
-    known to lie in [0, seqlen)) loads masked by the channels alone, or not at all with
-    EVEN_D (dim a multiple of the channels a program holds)."""
+def _rows_at(ptr, base, d, dmask, t, seqlen, s_t, N: tl.constexpr, MASKED: tl.constexpr,
+             EVEN_D: tl.constexpr):
+    """The rows at positions ``t … t + N − 1`` (t ≥ 0): :func:`_rows` without initial
+    states, or (not MASKED: positions known to lie in [0, seqlen)) loads masked by the
+    channels alone, or not at all with EVEN_D (dim a multiple of the channels a program
+    holds)."""
     if MASKED:
-        out = _rows(ptr, init_ptr, base, b, d, dmask, t, seqlen, s_t, sh_b, sh_d, sh_k, WIDTH,
-                    HAS_INIT, N, 1)
+        out = _rows(ptr, ptr, base, 0, d, dmask, t, seqlen, s_t, 0, 0, 0, 1, False, N, 1)
     else:
         at = ptr + base + tl.cast(t, tl.int64) * s_t
         if EVEN_D:
@@ -122,13 +121,12 @@ def _store_row(at, v, dmask, inside, MASKED: tl.constexpr, EVEN_D: tl.constexpr)
 
 
 @triton.jit
-def _forward_steps(x_ptr, out_ptr, base, obase, b, d, dmask, xs, w, bias, t0, seqlen, sx_t,
-                   so_t, WIDTH: tl.constexpr, SPAN: tl.constexpr, UNROLL: tl.constexpr,
+def _forward_steps(x_ptr, out_ptr, base, obase, d, dmask, xs, w, bias, t0, seqlen, sx_t, so_t,
+                   WIDTH: tl.constexpr, SPAN: tl.constexpr, UNROLL: tl.constexpr,
                    SILU: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
     """The outputs of the span [t0, t0 + SPAN) (``xs``: the ``WIDTH − 1`` rows before)."""
     for t in range(t0, t0 + SPAN, UNROLL):
-        xn = _rows_at(x_ptr, x_ptr, base, b, d, dmask, t, seqlen, sx_t, 0, 0, 0, WIDTH, False,
-                      UNROLL, MASKED, EVEN_D)
+        xn = _rows_at(x_ptr, base, d, dmask, t, seqlen, sx_t, UNROLL, MASKED, EVEN_D)
         for i in tl.static_range(UNROLL):
             v = _pre(xs, xn[i], w, bias, WIDTH)
             if SILU:
@@ -154,11 +152,11 @@ def _forward_rows_kernel(x_ptr, init_ptr, w_ptr, b_ptr, out_ptr, dim, seqlen, sx
     xs = _rows(x_ptr, init_ptr, base, b, d, dmask, t0 - 1, seqlen, sx_t, sh_b, sh_d, sh_k,
                WIDTH, HAS_INIT, WIDTH - 1, -1)
     if t0 + SPAN <= seqlen:
-        _forward_steps(x_ptr, out_ptr, base, obase, b, d, dmask, xs, w, bias, t0, seqlen,
-                       sx_t, so_t, WIDTH, SPAN, UNROLL, SILU, False, EVEN_D)
+        _forward_steps(x_ptr, out_ptr, base, obase, d, dmask, xs, w, bias, t0, seqlen, sx_t,
+                       so_t, WIDTH, SPAN, UNROLL, SILU, False, EVEN_D)
     else:
-        _forward_steps(x_ptr, out_ptr, base, obase, b, d, dmask, xs, w, bias, t0, seqlen,
-                       sx_t, so_t, WIDTH, SPAN, UNROLL, SILU, True, EVEN_D)
+        _forward_steps(x_ptr, out_ptr, base, obase, d, dmask, xs, w, bias, t0, seqlen, sx_t,
+                       so_t, WIDTH, SPAN, UNROLL, SILU, True, EVEN_D)
 
 
 @triton.jit
@@ -218,10 +216,8 @@ def _backward_steps(x_ptr, dy_ptr, dx_ptr, dh_ptr, base, ybase, dxbase, b, d, dm
         dw = dw + (zero,)
     db = zero
     for t in range(t0, end, UNROLL):
-        xn = _rows_at(x_ptr, x_ptr, base, b, d, dmask, t, seqlen, sx_t, 0, 0, 0, WIDTH, False,
-                      UNROLL, MASKED, EVEN_D)
-        dyn = _rows_at(dy_ptr, dy_ptr, ybase, b, d, dmask, t, seqlen, sy_t, 0, 0, 0, WIDTH,
-                       False, UNROLL, MASKED, EVEN_D)
+        xn = _rows_at(x_ptr, base, d, dmask, t, seqlen, sx_t, UNROLL, MASKED, EVEN_D)
+        dyn = _rows_at(dy_ptr, ybase, d, dmask, t, seqlen, sy_t, UNROLL, MASKED, EVEN_D)
         for i in tl.static_range(UNROLL):
             g = _g(dyn[i], xs, xn[i], w, bias, WIDTH, SILU)
             dw = _sums(dw, g, xs, xn[i], WIDTH)
