@@ -511,7 +511,7 @@ def test_dim_contiguous_short_filters_train_a_position_at_a_time(width, seqlen, 
     tiles (interpreted; shortconv.py's own kernels and the other routes made to fail, every
     buffer poisoned): output and every gradient as F.conv1d's in float64, deterministic.
     Spans of 8 (forward) and 6 (backward) positions loaded 4 and 3 at a time, so rows
-    shorter than a span, spans inside the row (unmasked), spans past the row's end and the
+    shorter than a span, spans inside the row, spans past the row's end and the
     initial states' span; 4 channels a program over 6 (the second program's half masked)
     or over 8 (no channel masks); the backward's tile with a register cap."""
     from fastconv.backends.triton import shortconv, shortrows

@@ -132,11 +132,11 @@ def _rows_kernels(width: int, kernels: dict, unit: tuple):
     from ..backends.triton import shortrows
 
     forward, backward = shortrows.tiles(width)
-    common = dict(WIDTH=width, HAS_INIT=True, HAS_BIAS=True, SILU=True, EVEN_D=True)
+    common = dict(WIDTH=width, HAS_INIT=True, HAS_BIAS=True, SILU=True)
     for direction, tile, fn, more in (
             ("forward", forward, shortrows._forward_rows_kernel, {}),
             ("backward", backward, shortrows._backward_rows_kernel,
-             dict(TAPS=triton.next_power_of_2(width + 1), INIT_GRAD=True))):
+             dict(TAPS=triton.next_power_of_2(width + 1), FIRST=1 - width, INIT_GRAD=True))):
         if tile is None:
             continue
         for name in ((direction, "backward16") if direction == "backward" else (direction,)):
