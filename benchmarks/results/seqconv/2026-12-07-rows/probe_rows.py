@@ -37,6 +37,10 @@ if os.environ.get("PROBE_TILES"):
 ROWS = [(8, 4096, 2048, w) for w in (2, 4, 8, 16)] + [(1, 8192, 16384, 4)]
 only = sys.argv[1:] and sys.argv[1] == "compile"
 part = int(sys.argv[2]) if only and len(sys.argv) > 2 else None  # (which worker: 0-3)
+# shortconv.py's own kernels as the baseline: since 5f1204a its dim-contiguous backward runs
+# shortrows.py's where TILES has a tile (the 2026-12-07-unroll run's "shortconv" rows were
+# shortrows.py's shipped tile)
+shortrows.TILES = {k: (None, None) for k in shortrows.TILES}
 torch.manual_seed(0)
 
 
