@@ -141,10 +141,10 @@ def _rows_kernels(width: int, kernels: dict, unit: tuple):
             continue
         for name in ((direction, "backward16") if direction == "backward" else (direction,)):
             kernels.pop(name, None)
-        block_d, span, unroll, warps = tile[:4]
+        block_d, span, unroll = tile[:3]
         kernel = compile_kernel(fn, dict(common, BLOCK_D=block_d, SPAN=span, UNROLL=unroll,
                                          **more), {"part_ptr": "*fp32"}, unit,
-                                num_warps=warps, maxnreg=tile[4] if len(tile) > 4 else None)
+                                **shortrows._options(tile))
         yield (width, f"{direction} rows", tile, *registers(kernel))
 
 
