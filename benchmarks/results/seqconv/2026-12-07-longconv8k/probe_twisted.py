@@ -1,0 +1,289 @@
+"""Probe (issue 56, 2026-12-07): long_conv1d's fused FFT past N = 4096 points without
+larger tiles. The shipped kernel (``backends/triton/fftconv.py``) holds an N-point
+spectrum in two-stage tiles, and from N = 8192 those leave the register file (0.31x
+torch.fft, ``../2026-11-29-longconv/``), so ``fftconv.MAX_N`` is 4096 and L = 4K runs
+torch.fft (1.00x).
+
+This kernel splits the 2M-point transform (M = the power of two ≥ seqlen, M ≥ 256) into its
+even and odd bins, each an M-point transform with the shipped kernel's tiles:
+- even bins: the M-point DFT of x. Their product with the filter's even bins, inverted, is
+  the circular convolution mod M: z0[t] = y[t] + y[t + M];
+- odd bins: the M-point DFT of x[n]·ω^n (ω = exp(−2πi / 2M)). Inverted and multiplied by
+  ω^(−t), their product gives the negacyclic convolution u1[t] = y[t] − y[t + M].
+So y[t] = (z0[t] + u1[t]) / 2 for t < M, and seqlen ≤ M. The twist is folded into the
+matrices (n = N2·r + c: F1's column r times ω^(N2·r), the twiddle's column c times ω^c, and
+conjugate ones for the inverse), so the odd half costs what the even half costs: 24 tile
+products a row, against the 12 of an M-point row, in tiles of the M-point kernel.
+
+Variants (``KEEP_H``): the filter's two half spectra computed once per channel and kept
+for its batch rows (two (N1, N2) complex float32 tiles more in registers), or recomputed
+for every row (18 products a half instead of 12). ``HOIST``: the DFT matrices loaded
+before the batch loop, or in it (L2 reads every row).
+
+Checked in the interpreter (float32, M = 256: 3e-8 to 2e-7 against float64 expected, as the
+shipped kernel's). On a GPU: the relative error against float64 and the median ms in CUDA
+graphs of each variant, of the seqconv bench's torch.fft provider and of
+``fastconv.long_conv1d`` (torch.fft at these sizes), interleaved over 5 rounds.
+Run: PYTHONPATH=src python3 probe_twisted.py [cases: B,D,L,K ...]"""
+
+import itertools
+import json
+import math
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from fastconv import long_conv1d
+from fastconv.backends.triton.fftconv import split
+from fastconv.tools.bench.seqconv import _torch_fft as torch_fft  # the bench's provider
+
+
+@triton.jit
+def _ld(p, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """A row-major (ROWS, COLS) matrix, loaded where it is used (L1/L2: no registers held
+    across the row's other products)."""
+    return tl.load(p + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :])
+
+
+@triton.jit
+def _fwd(src, stride, length, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, N1: tl.constexpr,
+         N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """D = ((F1[:, :R] @ A) ∘ T) @ F2 of ``length`` real values at ``src`` (zeros after);
+    F1, F2 stored in DT, T in float32."""
+    pos = tl.arange(0, R)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    a = tl.load(src + pos * stride, mask=pos < length, other=0.0).to(DT)
+    br = tl.dot(_ld(f1r_p, N1, R), a)
+    bi = tl.dot(_ld(f1i_p, N1, R), a)
+    tr = _ld(tr_p, N1, N2)
+    ti = _ld(ti_p, N1, N2)
+    cr = (br * tr - bi * ti).to(DT)
+    ci = (br * ti + bi * tr).to(DT)
+    f2r = _ld(f2r_p, N2, N2)
+    f2i = _ld(f2i_p, N2, N2)
+    return tl.dot(cr, f2r) - tl.dot(ci, f2i), tl.dot(cr, f2i) + tl.dot(ci, f2r)
+
+
+@triton.jit
+def _inv(yr, yi, f2r_p, f2i_p, tr_p, ti_p, g1r_p, g1i_p, inv_n, N1: tl.constexpr,
+         N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """Re(conj(F1)[:R] @ (((Y / M') @ conj(F2)) ∘ conj(T))) (``fftconv._inverse``)."""
+    yr = (yr * inv_n).to(DT)
+    yi = (yi * inv_n).to(DT)
+    f2r = _ld(f2r_p, N2, N2)
+    f2i = _ld(f2i_p, N2, N2)
+    er = tl.dot(yr, f2r) + tl.dot(yi, f2i)
+    ei = tl.dot(yi, f2r) - tl.dot(yr, f2i)
+    tr = _ld(tr_p, N1, N2)
+    ti = _ld(ti_p, N1, N2)
+    gr = (er * tr + ei * ti).to(DT)
+    gi = (ei * tr - er * ti).to(DT)
+    return tl.dot(_ld(g1r_p, R, N1), gr) - tl.dot(_ld(g1i_p, R, N1), gi)
+
+
+@triton.jit
+def _half(x_row, sx_t, seqlen, hr, hi, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, g1r_p, g1i_p,
+          inv_n, N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """One half's contribution (z0 or u1, scaled by 1/2M) to a row's first R·N2 outputs."""
+    dr, di = _fwd(x_row, sx_t, seqlen, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, N1, N2, R, DT)
+    hr = hr.to(tl.float32)
+    hi = hi.to(tl.float32)
+    return _inv(dr * hr - di * hi, dr * hi + di * hr, f2r_p, f2i_p, tr_p, ti_p, g1r_p, g1i_p,
+                inv_n, N1, N2, R, DT)
+
+
+@triton.jit
+def _h(w_row, sw_k, K, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, g1r_p, g1i_p,
+       N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr,
+       HT: tl.constexpr):
+    """The filter's half spectrum (the matrices of one half), kept in HT."""
+    hr, hi = _fwd(w_row, sw_k, K, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, N1, N2, R, DT)
+    return hr.to(HT), hi.to(HT)
+
+
+@triton.jit
+def _twisted_kernel(x_ptr, w_ptr, b_ptr, y_ptr,
+                    e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, e_g1r_ptr, e_g1i_ptr,
+                    o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, o_g1r_ptr, o_g1i_ptr,
+                    f2r_ptr, f2i_ptr,
+                    batch, seqlen, K, sx_b, sx_d, sx_t, sw_d, sw_k, sy_b, sy_d, sy_t, inv_n,
+                    N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, DT: tl.constexpr, KEEP_H: tl.constexpr,
+                    HT: tl.constexpr):
+    """y = (z0 + u1) / 2 + bias (module docstring), one program per channel."""
+    d = tl.program_id(0).to(tl.int64)
+    w_row = w_ptr + d * sw_d
+    if KEEP_H:
+        her, hei = _h(w_row, sw_k, K, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, f2r_ptr,
+                      f2i_ptr, e_g1r_ptr, e_g1i_ptr, N1, N2, R, DT, HT)
+        hor, hoi = _h(w_row, sw_k, K, o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr,
+                      f2i_ptr, o_g1r_ptr, o_g1i_ptr, N1, N2, R, DT, HT)
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + d).to(tl.float32)
+    pos = tl.arange(0, R)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    x_row = x_ptr + d * sx_d
+    y_row = y_ptr + d * sy_d
+    for _ in range(batch):
+        if not KEEP_H:
+            her, hei = _h(w_row, sw_k, K, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, f2r_ptr,
+                          f2i_ptr, e_g1r_ptr, e_g1i_ptr, N1, N2, R, DT, HT)
+        out = _half(x_row, sx_t, seqlen, her, hei, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr,
+                    f2r_ptr, f2i_ptr, e_g1r_ptr, e_g1i_ptr, inv_n, N1, N2, R, DT)
+        if not KEEP_H:
+            hor, hoi = _h(w_row, sw_k, K, o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr,
+                          f2i_ptr, o_g1r_ptr, o_g1i_ptr, N1, N2, R, DT, HT)
+        out += _half(x_row, sx_t, seqlen, hor, hoi, o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr,
+                     f2r_ptr, f2i_ptr, o_g1r_ptr, o_g1i_ptr, inv_n, N1, N2, R, DT)
+        tl.store(y_row + pos * sy_t, (out + bias).to(y_ptr.dtype.element_ty),
+                 mask=pos < seqlen)
+        x_row += sx_b
+        y_row += sy_b
+
+
+def sizes(seqlen: int, k: int) -> tuple[int, int, int, int]:
+    """(M, N1, N2, R): M the power of two ≥ max(256, seqlen); the 2M-point transform holds
+    the linear convolution (2M ≥ seqlen + K − 1 for K ≤ seqlen)."""
+    if k > seqlen:
+        raise ValueError(f"a filter of {k} taps for {seqlen} positions")
+    m = max(256, triton.next_power_of_2(seqlen))
+    n1, n2 = split(m)
+    return m, n1, n2, max(16, triton.next_power_of_2(triton.cdiv(seqlen, n2)))
+
+
+_MATS: dict = {}
+
+
+def matrices(n1: int, n2: int, rows: int, device, dtype) -> list[torch.Tensor]:
+    """The even half's F1[:, :R], T, conj(F1)[:R, :]; the odd half's (twisted by
+    ω^(N2·r) and ω^c); F2 (shared): real and imaginary parts, the twiddles T in float32,
+    the others in ``dtype`` (the products' operand type)."""
+    key = (n1, n2, rows, str(device), dtype)
+    if key not in _MATS:
+        m = n1 * n2
+        k1 = torch.arange(n1, dtype=torch.float64)
+        r = torch.arange(rows, dtype=torch.float64)
+        c = torch.arange(n2, dtype=torch.float64)
+        f1 = torch.exp(-2j * math.pi * torch.outer(k1, r) / n1)
+        tw = torch.exp(-2j * math.pi * torch.outer(k1, c) / m)
+        g1 = torch.exp(2j * math.pi * torch.outer(r, k1) / n1)
+        f2 = torch.exp(-2j * math.pi * torch.outer(c, c) / n2)
+        half = -2j * math.pi / (2 * m)  # ω = exp(half)
+        f1o = f1 * torch.exp(half * n2 * r)[None, :]
+        two = tw * torch.exp(half * c)[None, :]
+        g1o = g1 * torch.exp(-half * n2 * r)[:, None]
+        _MATS[key] = [t.to(device, torch.float32 if i in (1, 4) else dtype).contiguous()
+                      for i, mat in enumerate((f1, tw, g1, f1o, two, g1o, f2))
+                      for t in (mat.real, mat.imag)]
+    return _MATS[key]
+
+
+_DT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+#: the filter's half spectra: kept per channel in float32 or in x's dtype, or recomputed
+#: for every batch row
+H_MODES = ("k32", "k16", "r")
+
+
+def twisted(x, w, bias=None, warps=4, h="k32"):
+    batch, dim, seqlen = x.shape
+    k = w.shape[1]
+    m, n1, n2, rows = sizes(seqlen, k)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _twisted_kernel[(dim,)](
+        x, w, y if bias is None else bias, y, *matrices(n1, n2, rows, x.device, x.dtype), batch,
+        seqlen, k, *x.stride(), *w.stride(), *y.stride(), 1.0 / (2 * m), N1=n1, N2=n2,
+        R=rows, HAS_BIAS=bias is not None, DT=_DT[x.dtype], KEEP_H=h != "r",
+        HT=tl.float32 if h == "k32" else _DT[x.dtype], num_warps=warps, num_stages=1)
+    return y
+
+
+def reference(x, w, b):
+    L = x.shape[-1]
+    return torch.nn.functional.conv1d(torch.nn.functional.pad(x.double(), (w.shape[1] - 1, 0)),
+                                      w.double().flip(-1).unsqueeze(1),
+                                      None if b is None else b.double(),
+                                      groups=x.shape[1])[..., :L]
+
+
+def rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def graph_ms(fn, reps=20):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(reps)]
+    for a, e in ev:
+        a.record()
+        g.replay()
+        e.record()
+    torch.cuda.synchronize()
+    t = sorted(a.elapsed_time(e) for a, e in ev)
+    return t[len(t) // 2]
+
+
+def main(argv):
+    gpu = torch.cuda.is_available()
+    device = "cuda" if gpu else "cpu"
+    if argv:
+        cases = [tuple(int(v) for v in a.split(",")) for a in argv]
+    elif gpu:
+        cases = [(4, 768, 4096, 4096), (4, 768, 3000, 3000), (4, 768, 2048, 2048)]
+    else:  # interpreter: M = 256 (seqlen 129-256) and 512, K up to seqlen, odd sizes
+        cases = [(2, 3, 200, 200), (1, 2, 256, 131), (2, 2, 137, 9), (1, 2, 300, 300)]
+    dt = torch.bfloat16 if gpu else torch.float32
+    if gpu:
+        print("#", torch.cuda.get_device_name(), torch.__version__, triton.__version__,
+              flush=True)
+    for batch, dim, L, K in cases:
+        g = torch.Generator(device="cpu").manual_seed(L * 7 + K)
+        x = torch.randn(batch, dim, L, generator=g).to(device, dt)
+        w = (torch.randn(dim, K, generator=g) / K ** 0.5).to(device, dt)
+        b = torch.randn(dim, generator=g).to(device, dt)
+        ref = reference(x, w, b)
+        row = dict(batch=batch, dim=dim, L=L, K=K, dtype=str(dt).split(".")[-1],
+                   M=sizes(L, K)[0])
+        variants = {}
+        if gpu:
+            variants = {"torch": lambda: torch_fft(x, w, b),
+                        "long_conv1d": lambda: long_conv1d(x, w, b)}
+        for warps, h in itertools.product((4, 8) if gpu else (4,), H_MODES):
+            variants[f"tw{warps}{h}"] = lambda warps=warps, h=h: twisted(x, w, b, warps, h)
+        if not gpu:  # a strided x and no bias, once
+            xt = x.transpose(1, 2).contiguous().transpose(1, 2)
+            row["err_strided_nobias"] = float(f"{rel(twisted(xt, w), reference(x, w, None)):.3g}")
+        fns = {}
+        for name, fn in variants.items():
+            try:
+                row[f"err_{name}"] = float(f"{rel(fn(), ref):.3g}")
+                fns[name] = fn
+            except Exception as exc:
+                row[f"error_{name}"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        if gpu:
+            times = {k: [] for k in fns}
+            for _ in range(5):  # interleaved
+                for k, fn in fns.items():
+                    times[k].append(graph_ms(fn))
+            row.update({f"ms_{k}": round(sorted(v)[2], 4) for k, v in times.items()})
+            best = min((k for k in fns if k.startswith("tw")), key=lambda k: row[f"ms_{k}"],
+                       default=None)
+            if best and "ms_torch" in row:
+                row["best"] = best
+                row["speedup"] = round(row["ms_torch"] / row[f"ms_{best}"], 3)
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
