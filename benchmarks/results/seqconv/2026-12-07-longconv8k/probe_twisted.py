@@ -142,6 +142,100 @@ def _twisted_kernel(x_ptr, w_ptr, b_ptr, y_ptr,
         y_row += sy_b
 
 
+@triton.jit
+def _blk_fwd(a, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, j, BK: tl.constexpr,
+             N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """Rows j·BK … j·BK + BK − 1 of D (``_fwd``) for the real (R, N2) tile ``a`` (in DT)."""
+    k = j * BK + tl.arange(0, BK)
+    f1 = k[:, None] * R + tl.arange(0, R)[None, :]
+    br = tl.dot(tl.load(f1r_p + f1), a)
+    bi = tl.dot(tl.load(f1i_p + f1), a)
+    tw = k[:, None] * N2 + tl.arange(0, N2)[None, :]
+    tr = tl.load(tr_p + tw)
+    ti = tl.load(ti_p + tw)
+    cr = (br * tr - bi * ti).to(DT)
+    ci = (br * ti + bi * tr).to(DT)
+    f2r = _ld(f2r_p, N2, N2)
+    f2i = _ld(f2i_p, N2, N2)
+    return tl.dot(cr, f2r) - tl.dot(ci, f2i), tl.dot(cr, f2i) + tl.dot(ci, f2r)
+
+
+@triton.jit
+def _blk_inv(yr, yi, f2r_p, f2i_p, tr_p, ti_p, g1r_p, g1i_p, j, inv_n, BK: tl.constexpr,
+             N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """The rows' share of the output (``_inv`` over the block's k1 only)."""
+    yr = (yr * inv_n).to(DT)
+    yi = (yi * inv_n).to(DT)
+    f2r = _ld(f2r_p, N2, N2)
+    f2i = _ld(f2i_p, N2, N2)
+    er = tl.dot(yr, f2r) + tl.dot(yi, f2i)
+    ei = tl.dot(yi, f2r) - tl.dot(yr, f2i)
+    k = j * BK + tl.arange(0, BK)
+    tw = k[:, None] * N2 + tl.arange(0, N2)[None, :]
+    tr = tl.load(tr_p + tw)
+    ti = tl.load(ti_p + tw)
+    gr = (er * tr + ei * ti).to(DT)
+    gi = (ei * tr - er * ti).to(DT)
+    g1 = tl.arange(0, R)[:, None] * N1 + k[None, :]
+    return tl.dot(tl.load(g1r_p + g1), gr) - tl.dot(tl.load(g1i_p + g1), gi)
+
+
+@triton.jit
+def _blocked_kernel(x_ptr, w_ptr, b_ptr, y_ptr, h_ptr,
+                    e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, e_g1r_ptr, e_g1i_ptr,
+                    o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, o_g1r_ptr, o_g1i_ptr,
+                    f2r_ptr, f2i_ptr,
+                    batch, seqlen, K, sx_b, sx_d, sx_t, sw_d, sw_k, sy_b, sy_d, sy_t, inv_n,
+                    N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+    """The twisted kernel over blocks of BK spectrum rows (k1): live tiles of (BK, N2)
+    instead of (N1, N2), the row's output accumulated over the blocks. The filter's half
+    spectra are computed once per channel into ``h_ptr`` (float32 scratch, (dim, 4, N1,
+    N2): even re/im, odd re/im) and read back per block (L2)."""
+    d = tl.program_id(0).to(tl.int64)
+    pos = tl.arange(0, R)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    blk = tl.arange(0, BK)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    h_row = h_ptr + d * (4 * N1 * N2)
+    wa = tl.load(w_ptr + d * sw_d + pos * sw_k, mask=pos < K, other=0.0).to(DT)
+    for j in range(N1 // BK):
+        at = h_row + j * BK * N2 + blk
+        hr, hi = _blk_fwd(wa, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, f2r_ptr, f2i_ptr, j,
+                          BK, N1, N2, R, DT)
+        tl.store(at, hr)
+        tl.store(at + N1 * N2, hi)
+        hr, hi = _blk_fwd(wa, o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr, f2i_ptr, j,
+                          BK, N1, N2, R, DT)
+        tl.store(at + 2 * N1 * N2, hr)
+        tl.store(at + 3 * N1 * N2, hi)
+    tl.debug_barrier()  # (the spectra's stores before any thread reads them)
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + d).to(tl.float32)
+    x_row = x_ptr + d * sx_d
+    y_row = y_ptr + d * sy_d
+    for _ in range(batch):
+        a = tl.load(x_row + pos * sx_t, mask=pos < seqlen, other=0.0).to(DT)
+        out = tl.zeros([R, N2], dtype=tl.float32)
+        for j in range(N1 // BK):
+            at = h_row + j * BK * N2 + blk
+            dr, di = _blk_fwd(a, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, f2r_ptr, f2i_ptr,
+                              j, BK, N1, N2, R, DT)
+            hr = tl.load(at)
+            hi = tl.load(at + N1 * N2)
+            out += _blk_inv(dr * hr - di * hi, dr * hi + di * hr, f2r_ptr, f2i_ptr, e_tr_ptr,
+                            e_ti_ptr, e_g1r_ptr, e_g1i_ptr, j, inv_n, BK, N1, N2, R, DT)
+            dr, di = _blk_fwd(a, o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr, f2i_ptr,
+                              j, BK, N1, N2, R, DT)
+            hr = tl.load(at + 2 * N1 * N2)
+            hi = tl.load(at + 3 * N1 * N2)
+            out += _blk_inv(dr * hr - di * hi, dr * hi + di * hr, f2r_ptr, f2i_ptr, o_tr_ptr,
+                            o_ti_ptr, o_g1r_ptr, o_g1i_ptr, j, inv_n, BK, N1, N2, R, DT)
+        tl.store(y_row + pos * sy_t, (out + bias).to(y_ptr.dtype.element_ty),
+                 mask=pos < seqlen)
+        x_row += sx_b
+        y_row += sy_b
+
+
 def sizes(seqlen: int, k: int) -> tuple[int, int, int, int]:
     """(M, N1, N2, R): M the power of two ≥ max(256, seqlen); the 2M-point transform holds
     the linear convolution (2M ≥ seqlen + K − 1 for K ≤ seqlen)."""
@@ -200,6 +294,21 @@ def twisted(x, w, bias=None, warps=4, h="k32"):
     return y
 
 
+def blocked(x, w, bias=None, warps=4, bk=32):
+    batch, dim, seqlen = x.shape
+    k = w.shape[1]
+    m, n1, n2, rows = sizes(seqlen, k)
+    bk = min(bk, n1)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    h = torch.empty(dim, 4, n1, n2, device=x.device, dtype=torch.float32)
+    _blocked_kernel[(dim,)](
+        x, w, y if bias is None else bias, y, h, *matrices(n1, n2, rows, x.device, x.dtype),
+        batch, seqlen, k, *x.stride(), *w.stride(), *y.stride(), 1.0 / (2 * m), N1=n1,
+        N2=n2, R=rows, BK=bk, HAS_BIAS=bias is not None, DT=_DT[x.dtype], num_warps=warps,
+        num_stages=1)
+    return y
+
+
 def reference(x, w, b):
     L = x.shape[-1]
     return torch.nn.functional.conv1d(torch.nn.functional.pad(x.double(), (w.shape[1] - 1, 0)),
@@ -240,7 +349,8 @@ def main(argv):
     if argv:
         cases = [tuple(int(v) for v in a.split(",")) for a in argv]
     elif gpu:
-        cases = [(4, 768, 4096, 4096), (4, 768, 3000, 3000), (4, 768, 2048, 2048)]
+        cases = [(4, 768, 4096, 4096), (4, 768, 3000, 3000), (4, 768, 2048, 2048),
+                 (8, 1024, 4096, 4096)]
     else:  # interpreter: M = 256 (seqlen 129-256) and 512, K up to seqlen, odd sizes
         cases = [(2, 3, 200, 200), (1, 2, 256, 131), (2, 2, 137, 9), (1, 2, 300, 300)]
     dt = torch.bfloat16 if gpu else torch.float32
@@ -259,8 +369,11 @@ def main(argv):
         if gpu:
             variants = {"torch": lambda: torch_fft(x, w, b),
                         "long_conv1d": lambda: long_conv1d(x, w, b)}
-        for warps, h in itertools.product((4, 8) if gpu else (4,), H_MODES):
+        for warps, h in itertools.product((4, 8) if gpu else (4,), H_MODES if not gpu else
+                                          ("k32", "r")):  # (k16 spills more: README)
             variants[f"tw{warps}{h}"] = lambda warps=warps, h=h: twisted(x, w, b, warps, h)
+        for warps, bk in itertools.product((4, 8) if gpu else (4,), (16, 32)):
+            variants[f"twb{warps}_{bk}"] = lambda warps=warps, bk=bk: blocked(x, w, b, warps, bk)
         if not gpu:  # a strided x and no bias, once
             xt = x.transpose(1, 2).contiguous().transpose(1, 2)
             row["err_strided_nobias"] = float(f"{rel(twisted(xt, w), reference(x, w, None)):.3g}")
