@@ -24,7 +24,10 @@ Checked in the interpreter (float32, M = 256: 3e-8 to 2e-7 against float64 expec
 shipped kernel's). On a GPU: the relative error against float64 and the median ms in CUDA
 graphs of each variant, of the seqconv bench's torch.fft provider and of
 ``fastconv.long_conv1d`` (torch.fft at these sizes), interleaved over 5 rounds.
-Run: PYTHONPATH=src python3 probe_twisted.py [cases: B,D,L,K ...]"""
+``train``: forward + backward of the blocked kernels (``_blocked_backward_kernel``: dx and
+dw through the same halves and blocks, dw's spectra summed over the batch in a float32
+scratch) against the torch.fft provider through autograd.
+Run: PYTHONPATH=src python3 probe_twisted.py [train] [cases: B,D,L,K ...]"""
 
 import itertools
 import json
@@ -236,6 +239,92 @@ def _blocked_kernel(x_ptr, w_ptr, b_ptr, y_ptr, h_ptr,
         y_row += sy_b
 
 
+@triton.jit
+def _blk_spectra(src, sk, length, h_row, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr,
+                 o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr, f2i_ptr,
+                 N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+                 DT: tl.constexpr):
+    """Both half spectra of ``length`` values at ``src`` into the float32 scratch row
+    ``h_row`` ((4, N1, N2): even re/im, odd re/im)."""
+    pos = tl.arange(0, R)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    blk = tl.arange(0, BK)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    wa = tl.load(src + pos * sk, mask=pos < length, other=0.0).to(DT)
+    for j in range(N1 // BK):
+        at = h_row + j * BK * N2 + blk
+        hr, hi = _blk_fwd(wa, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, f2r_ptr, f2i_ptr, j,
+                          BK, N1, N2, R, DT)
+        tl.store(at, hr)
+        tl.store(at + N1 * N2, hi)
+        hr, hi = _blk_fwd(wa, o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr, f2i_ptr, j,
+                          BK, N1, N2, R, DT)
+        tl.store(at + 2 * N1 * N2, hr)
+        tl.store(at + 3 * N1 * N2, hi)
+
+
+@triton.jit
+def _blocked_backward_kernel(x_ptr, w_ptr, g_ptr, dx_ptr, dw_ptr, h_ptr, acc_ptr,
+                             e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, e_g1r_ptr, e_g1i_ptr,
+                             o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, o_g1r_ptr, o_g1i_ptr,
+                             f2r_ptr, f2i_ptr, batch, seqlen, K, sx_b, sx_d, sx_t, sw_d, sw_k,
+                             sg_b, sg_d, sg_t, sdx_b, sdx_d, sdx_t, sdw_d, sdw_k, inv_n,
+                             N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr,
+                             BK: tl.constexpr, DT: tl.constexpr):
+    """dx = IDFT(G ∘ conj(W)) row by row and dw = IDFT(Σ_rows G ∘ conj(X))[:K], both
+    through the two halves over blocks of spectrum rows (``_blocked_kernel``); Σ_rows in a
+    float32 scratch (``acc_ptr``, zeroed by the caller), in batch order: deterministic."""
+    d = tl.program_id(0).to(tl.int64)
+    pos = tl.arange(0, R)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    blk = tl.arange(0, BK)[:, None] * N2 + tl.arange(0, N2)[None, :]
+    h_row = h_ptr + d * (4 * N1 * N2)
+    acc_row = acc_ptr + d * (4 * N1 * N2)
+    _blk_spectra(w_ptr + d * sw_d, sw_k, K, h_row, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr,
+                 o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr, f2i_ptr, N1, N2, R, BK,
+                 DT)
+    tl.debug_barrier()
+    x_row = x_ptr + d * sx_d
+    g_row = g_ptr + d * sg_d
+    dx_row = dx_ptr + d * sdx_d
+    for _ in range(batch):
+        ga = tl.load(g_row + pos * sg_t, mask=pos < seqlen, other=0.0).to(DT)
+        xa = tl.load(x_row + pos * sx_t, mask=pos < seqlen, other=0.0).to(DT)
+        out = tl.zeros([R, N2], dtype=tl.float32)
+        for j in range(N1 // BK):
+            at = j * BK * N2 + blk
+            gr, gi = _blk_fwd(ga, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, f2r_ptr, f2i_ptr,
+                              j, BK, N1, N2, R, DT)
+            hr = tl.load(h_row + at)
+            hi = tl.load(h_row + at + N1 * N2)
+            out += _blk_inv(gr * hr + gi * hi, gi * hr - gr * hi, f2r_ptr, f2i_ptr, e_tr_ptr,
+                            e_ti_ptr, e_g1r_ptr, e_g1i_ptr, j, inv_n, BK, N1, N2, R, DT)
+            xr, xi = _blk_fwd(xa, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, f2r_ptr, f2i_ptr,
+                              j, BK, N1, N2, R, DT)
+            tl.store(acc_row + at, tl.load(acc_row + at) + gr * xr + gi * xi)
+            tl.store(acc_row + at + N1 * N2, tl.load(acc_row + at + N1 * N2) + gi * xr - gr * xi)
+            gr, gi = _blk_fwd(ga, o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr, f2i_ptr,
+                              j, BK, N1, N2, R, DT)
+            hr = tl.load(h_row + at + 2 * N1 * N2)
+            hi = tl.load(h_row + at + 3 * N1 * N2)
+            out += _blk_inv(gr * hr + gi * hi, gi * hr - gr * hi, f2r_ptr, f2i_ptr, o_tr_ptr,
+                            o_ti_ptr, o_g1r_ptr, o_g1i_ptr, j, inv_n, BK, N1, N2, R, DT)
+            xr, xi = _blk_fwd(xa, o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr, f2i_ptr,
+                              j, BK, N1, N2, R, DT)
+            at2 = acc_row + at + 2 * N1 * N2
+            tl.store(at2, tl.load(at2) + gr * xr + gi * xi)
+            tl.store(at2 + N1 * N2, tl.load(at2 + N1 * N2) + gi * xr - gr * xi)
+        tl.store(dx_row + pos * sdx_t, out.to(dx_ptr.dtype.element_ty), mask=pos < seqlen)
+        x_row += sx_b
+        g_row += sg_b
+        dx_row += sdx_b
+    dw = tl.zeros([R, N2], dtype=tl.float32)
+    for j in range(N1 // BK):
+        at = acc_row + j * BK * N2 + blk
+        dw += _blk_inv(tl.load(at), tl.load(at + N1 * N2), f2r_ptr, f2i_ptr, e_tr_ptr,
+                       e_ti_ptr, e_g1r_ptr, e_g1i_ptr, j, inv_n, BK, N1, N2, R, DT)
+        dw += _blk_inv(tl.load(at + 2 * N1 * N2), tl.load(at + 3 * N1 * N2), f2r_ptr, f2i_ptr,
+                       o_tr_ptr, o_ti_ptr, o_g1r_ptr, o_g1i_ptr, j, inv_n, BK, N1, N2, R, DT)
+    tl.store(dw_ptr + d * sdw_d + pos * sdw_k, dw.to(dw_ptr.dtype.element_ty), mask=pos < K)
+
+
 def sizes(seqlen: int, k: int) -> tuple[int, int, int, int]:
     """(M, N1, N2, R): M the power of two ≥ max(256, seqlen); the 2M-point transform holds
     the linear convolution (2M ≥ seqlen + K − 1 for K ≤ seqlen)."""
@@ -309,6 +398,73 @@ def blocked(x, w, bias=None, warps=4, bk=32):
     return y
 
 
+def blocked_backward(x, w, g, warps=8, bk=16):
+    """(dx, dw) of ``blocked`` for the output gradient g."""
+    batch, dim, seqlen = x.shape
+    k = w.shape[1]
+    m, n1, n2, rows = sizes(seqlen, k)
+    bk = min(bk, n1)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dw = torch.empty_like(w, memory_format=torch.contiguous_format)
+    h = torch.empty(dim, 4, n1, n2, device=x.device, dtype=torch.float32)
+    acc = torch.zeros(dim, 4, n1, n2, device=x.device, dtype=torch.float32)
+    _blocked_backward_kernel[(dim,)](
+        x, w, g, dx, dw, h, acc, *matrices(n1, n2, rows, x.device, x.dtype), batch, seqlen,
+        k, *x.stride(), *w.stride(), *g.stride(), *dx.stride(), *dw.stride(), 1.0 / (2 * m),
+        N1=n1, N2=n2, R=rows, BK=bk, DT=_DT[x.dtype], num_warps=warps, num_stages=1)
+    return dx, dw
+
+
+class Blocked(torch.autograd.Function):
+    """``blocked`` with its backward (the bias's gradient a sum)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, warps, bk):
+        ctx.save_for_backward(x, w)
+        ctx.meta = warps, bk
+        return blocked(x, w, b, warps, bk)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        dx, dw = blocked_backward(x, w, g, *ctx.meta)
+        return dx, dw, g.sum((0, 2), dtype=torch.float32).to(g.dtype), None, None
+
+
+def train_rows(cases, device, dt, gpu):
+    """Forward + backward (x, w, b) of the blocked kernels against the bench's torch.fft
+    provider through autograd: errors against float64, CUDA-graph medians."""
+    for batch, dim, L, K in cases:
+        g = torch.Generator(device="cpu").manual_seed(L * 7 + K + 1)
+        x = torch.randn(batch, dim, L, generator=g).to(device, dt).requires_grad_()
+        w = (torch.randn(dim, K, generator=g) / K ** 0.5).to(device, dt).requires_grad_()
+        b = torch.randn(dim, generator=g).to(device, dt).requires_grad_()
+        dy = torch.randn(batch, dim, L, generator=g).to(device, dt)
+        refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+        want = torch.autograd.grad(reference(*refs), refs, dy.double())
+        row = dict(mode="train", batch=batch, dim=dim, L=L, K=K, M=sizes(L, K)[0])
+        fns = {"torch": torch_fft} if gpu else {}
+        for warps, bk in ((8, 16), (8, 32)) if gpu else ((4, 16),):
+            fns[f"twb{warps}_{bk}"] = lambda x, w, b, warps=warps, bk=bk: \
+                Blocked.apply(x, w, b, warps, bk)
+        ok = {}
+        for name, f in fns.items():
+            try:
+                got = torch.autograd.grad(f(x, w, b), (x, w, b), dy)
+                row[f"err_{name}"] = [float(f"{rel(a, c):.3g}") for a, c in zip(got, want)]
+                ok[name] = f
+            except Exception as exc:
+                row[f"error_{name}"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        if gpu:
+            times = {k: [] for k in ok}
+            for _ in range(5):
+                for k, f in ok.items():
+                    times[k].append(graph_ms(lambda f=f: torch.autograd.grad(
+                        f(x, w, b), (x, w, b), dy)))
+            row.update({f"ms_{k}": round(sorted(v)[2], 4) for k, v in times.items()})
+        print(json.dumps(row), flush=True)
+
+
 def reference(x, w, b):
     L = x.shape[-1]
     return torch.nn.functional.conv1d(torch.nn.functional.pad(x.double(), (w.shape[1] - 1, 0)),
@@ -346,6 +502,14 @@ def graph_ms(fn, reps=20):
 def main(argv):
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
+    if argv[:1] == ["train"]:
+        cases = [tuple(int(v) for v in a.split(",")) for a in argv[1:]] or (
+            [(4, 768, 4096, 4096), (4, 768, 8192, 8192)] if gpu else
+            [(2, 2, 137, 9), (1, 2, 300, 300), (2, 2, 700, 650)])
+        if gpu:
+            print("#", torch.cuda.get_device_name(), torch.__version__, triton.__version__,
+                  flush=True)
+        return train_rows(cases, device, torch.bfloat16 if gpu else torch.float32, gpu)
     if argv:
         cases = [tuple(int(v) for v in a.split(",")) for a in argv]
     elif gpu:
