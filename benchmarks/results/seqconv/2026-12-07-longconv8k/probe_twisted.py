@@ -145,13 +145,8 @@ def _twisted_kernel(x_ptr, w_ptr, b_ptr, y_ptr,
 
 
 @triton.jit
-def _blk_fwd(a, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, j, BK: tl.constexpr,
-             N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
-    """Rows j·BK … j·BK + BK − 1 of D (``_fwd``) for the real (R, N2) tile ``a`` (in DT)."""
-    k = j * BK + tl.arange(0, BK)
-    f1 = k[:, None] * R + tl.arange(0, R)[None, :]
-    br = tl.dot(tl.load(f1r_p + f1), a)
-    bi = tl.dot(tl.load(f1i_p + f1), a)
+def _blk_twiddle_f2(br, bi, k, tr_p, ti_p, f2r_p, f2i_p, N2: tl.constexpr, DT: tl.constexpr):
+    """(B ∘ T) @ F2 for the spectrum rows ``k`` of B."""
     tw = k[:, None] * N2 + tl.arange(0, N2)[None, :]
     tr = tl.load(tr_p + tw)
     ti = tl.load(ti_p + tw)
@@ -163,21 +158,38 @@ def _blk_fwd(a, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, j, BK: tl.constexpr,
 
 
 @triton.jit
-def _blk_inv(yr, yi, f2r_p, f2i_p, tr_p, ti_p, g1r_p, g1i_p, j, inv_n, BK: tl.constexpr,
-             N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
-    """The rows' share of the output (``_inv`` over the block's k1 only)."""
+def _blk_f2_twiddle(yr, yi, k, inv_n, f2r_p, f2i_p, tr_p, ti_p, N2: tl.constexpr,
+                    DT: tl.constexpr):
+    """((Y / M') @ conj(F2)) ∘ conj(T) for the spectrum rows ``k`` of Y, in DT."""
     yr = (yr * inv_n).to(DT)
     yi = (yi * inv_n).to(DT)
     f2r = _ld(f2r_p, N2, N2)
     f2i = _ld(f2i_p, N2, N2)
     er = tl.dot(yr, f2r) + tl.dot(yi, f2i)
     ei = tl.dot(yi, f2r) - tl.dot(yr, f2i)
-    k = j * BK + tl.arange(0, BK)
     tw = k[:, None] * N2 + tl.arange(0, N2)[None, :]
     tr = tl.load(tr_p + tw)
     ti = tl.load(ti_p + tw)
-    gr = (er * tr + ei * ti).to(DT)
-    gi = (ei * tr - er * ti).to(DT)
+    return (er * tr + ei * ti).to(DT), (ei * tr - er * ti).to(DT)
+
+
+@triton.jit
+def _blk_fwd(a, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, j, BK: tl.constexpr,
+             N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """Rows j·BK … j·BK + BK − 1 of D (``_fwd``) for the real (R, N2) tile ``a`` (in DT)."""
+    k = j * BK + tl.arange(0, BK)
+    f1 = k[:, None] * R + tl.arange(0, R)[None, :]
+    br = tl.dot(tl.load(f1r_p + f1), a)
+    bi = tl.dot(tl.load(f1i_p + f1), a)
+    return _blk_twiddle_f2(br, bi, k, tr_p, ti_p, f2r_p, f2i_p, N2, DT)
+
+
+@triton.jit
+def _blk_inv(yr, yi, f2r_p, f2i_p, tr_p, ti_p, g1r_p, g1i_p, j, inv_n, BK: tl.constexpr,
+             N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
+    """The rows' share of the output (``_inv`` over the block's k1 only)."""
+    k = j * BK + tl.arange(0, BK)
+    gr, gi = _blk_f2_twiddle(yr, yi, k, inv_n, f2r_p, f2i_p, tr_p, ti_p, N2, DT)
     g1 = tl.arange(0, R)[:, None] * N1 + k[None, :]
     return tl.dot(tl.load(g1r_p + g1), gr) - tl.dot(tl.load(g1i_p + g1), gi)
 
@@ -198,17 +210,9 @@ def _blocked_kernel(x_ptr, w_ptr, b_ptr, y_ptr, h_ptr,
     pos = tl.arange(0, R)[:, None] * N2 + tl.arange(0, N2)[None, :]
     blk = tl.arange(0, BK)[:, None] * N2 + tl.arange(0, N2)[None, :]
     h_row = h_ptr + d * (4 * N1 * N2)
-    wa = tl.load(w_ptr + d * sw_d + pos * sw_k, mask=pos < K, other=0.0).to(DT)
-    for j in range(N1 // BK):
-        at = h_row + j * BK * N2 + blk
-        hr, hi = _blk_fwd(wa, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr, f2r_ptr, f2i_ptr, j,
-                          BK, N1, N2, R, DT)
-        tl.store(at, hr)
-        tl.store(at + N1 * N2, hi)
-        hr, hi = _blk_fwd(wa, o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr, f2i_ptr, j,
-                          BK, N1, N2, R, DT)
-        tl.store(at + 2 * N1 * N2, hr)
-        tl.store(at + 3 * N1 * N2, hi)
+    _blk_spectra(w_ptr + d * sw_d, sw_k, K, h_row, e_f1r_ptr, e_f1i_ptr, e_tr_ptr, e_ti_ptr,
+                 o_f1r_ptr, o_f1i_ptr, o_tr_ptr, o_ti_ptr, f2r_ptr, f2i_ptr, N1, N2, R, BK,
+                 DT)
     tl.debug_barrier()  # (the spectra's stores before any thread reads them)
     bias = 0.0
     if HAS_BIAS:
@@ -248,32 +252,15 @@ def _blk_fwd2(ar, ai, f1r_p, f1i_p, tr_p, ti_p, f2r_p, f2i_p, j, BK: tl.constexp
     f1i = tl.load(f1i_p + f1)
     br = tl.dot(f1r, ar) - tl.dot(f1i, ai)
     bi = tl.dot(f1r, ai) + tl.dot(f1i, ar)
-    tw = k[:, None] * N2 + tl.arange(0, N2)[None, :]
-    tr = tl.load(tr_p + tw)
-    ti = tl.load(ti_p + tw)
-    cr = (br * tr - bi * ti).to(DT)
-    ci = (br * ti + bi * tr).to(DT)
-    f2r = _ld(f2r_p, N2, N2)
-    f2i = _ld(f2i_p, N2, N2)
-    return tl.dot(cr, f2r) - tl.dot(ci, f2i), tl.dot(cr, f2i) + tl.dot(ci, f2r)
+    return _blk_twiddle_f2(br, bi, k, tr_p, ti_p, f2r_p, f2i_p, N2, DT)
 
 
 @triton.jit
 def _blk_inv2(yr, yi, f2r_p, f2i_p, tr_p, ti_p, g1r_p, g1i_p, j, inv_n, BK: tl.constexpr,
               N1: tl.constexpr, N2: tl.constexpr, R: tl.constexpr, DT: tl.constexpr):
     """``_blk_inv`` with the complex result (the two rows' shares: real and imaginary)."""
-    yr = (yr * inv_n).to(DT)
-    yi = (yi * inv_n).to(DT)
-    f2r = _ld(f2r_p, N2, N2)
-    f2i = _ld(f2i_p, N2, N2)
-    er = tl.dot(yr, f2r) + tl.dot(yi, f2i)
-    ei = tl.dot(yi, f2r) - tl.dot(yr, f2i)
     k = j * BK + tl.arange(0, BK)
-    tw = k[:, None] * N2 + tl.arange(0, N2)[None, :]
-    tr = tl.load(tr_p + tw)
-    ti = tl.load(ti_p + tw)
-    gr = (er * tr + ei * ti).to(DT)
-    gi = (ei * tr - er * ti).to(DT)
+    gr, gi = _blk_f2_twiddle(yr, yi, k, inv_n, f2r_p, f2i_p, tr_p, ti_p, N2, DT)
     g1 = tl.arange(0, R)[:, None] * N1 + k[None, :]
     g1r = tl.load(g1r_p + g1)
     g1i = tl.load(g1i_p + g1)
@@ -482,34 +469,27 @@ def twisted(x, w, bias=None, warps=4, h="k32"):
     return y
 
 
-def blocked(x, w, bias=None, warps=4, bk=32):
+def _launch_blocked(kernel, x, w, bias, warps, bk):
+    """``kernel`` (the blocked or the paired one) on x, w, bias: y."""
     batch, dim, seqlen = x.shape
     k = w.shape[1]
     m, n1, n2, rows = sizes(seqlen, k)
-    bk = min(bk, n1)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = torch.empty(dim, 4, n1, n2, device=x.device, dtype=torch.float32)
-    _blocked_kernel[(dim,)](
+    kernel[(dim,)](
         x, w, y if bias is None else bias, y, h, *matrices(n1, n2, rows, x.device, x.dtype),
         batch, seqlen, k, *x.stride(), *w.stride(), *y.stride(), 1.0 / (2 * m), N1=n1,
-        N2=n2, R=rows, BK=bk, HAS_BIAS=bias is not None, DT=_DT[x.dtype], num_warps=warps,
-        num_stages=1)
+        N2=n2, R=rows, BK=min(bk, n1), HAS_BIAS=bias is not None, DT=_DT[x.dtype],
+        num_warps=warps, num_stages=1)
     return y
+
+
+def blocked(x, w, bias=None, warps=4, bk=32):
+    return _launch_blocked(_blocked_kernel, x, w, bias, warps, bk)
 
 
 def paired(x, w, bias=None, warps=8, bk=16):
-    batch, dim, seqlen = x.shape
-    k = w.shape[1]
-    m, n1, n2, rows = sizes(seqlen, k)
-    bk = min(bk, n1)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    h = torch.empty(dim, 4, n1, n2, device=x.device, dtype=torch.float32)
-    _paired_kernel[(dim,)](
-        x, w, y if bias is None else bias, y, h, *matrices(n1, n2, rows, x.device, x.dtype),
-        batch, seqlen, k, *x.stride(), *w.stride(), *y.stride(), 1.0 / (2 * m), N1=n1,
-        N2=n2, R=rows, BK=bk, HAS_BIAS=bias is not None, DT=_DT[x.dtype], num_warps=warps,
-        num_stages=1)
-    return y
+    return _launch_blocked(_paired_kernel, x, w, bias, warps, bk)
 
 
 def blocked_backward(x, w, g, warps=8, bk=16):
