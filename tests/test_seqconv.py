@@ -1266,6 +1266,30 @@ def test_short_kernels_compile_for_an_h100(layout):
     assert all(0 < int(r) <= 255 and int(s) <= 64 for r, s in rows), out
 
 
+def test_offline_compile_takes_the_launch_num_stages():
+    """tools.offline compiles with the launch's ``num_stages`` where given (fftconv's
+    kernels launch with 1; Triton's default of 3 misreads their shared memory), and with
+    Triton's default where not (shortconv's and shortrows' launches)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import triton.language as tl\n"
+            "from fastconv.tools.offline import compile_kernel\n"
+            "from fastconv.backends.triton import fftconv\n"
+            "ptrs = {n: '*fp32' for n in ('f1r_ptr', 'f1i_ptr', 'tw_r_ptr', 'tw_i_ptr',"
+            " 'f2r_ptr', 'f2i_ptr', 'g1r_ptr', 'g1i_ptr')}\n"
+            "for st in (1, None):\n"
+            "    k = compile_kernel(fftconv._long_conv_kernel, dict(N1=16, N2=16, R=16,"
+            " HAS_BIAS=False, DT=tl.bfloat16), ptrs, num_stages=st)\n"
+            "    print(k.metadata.num_stages)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["1", "3"], run.stdout
+
+
 @pytest.mark.parametrize("route", ["direct", "fft", "fused_fft"])
 def test_long_conv1d_compiles_whole_whichever_route_was_measured(route, monkeypatch):
     """torch.compile (fullgraph) of long_conv1d with each route stored for the shape: the

@@ -28,9 +28,10 @@ from triton.compiler import ASTSource
 
 def compile_kernel(fn, constexprs: dict, pointers: dict, unit: tuple = (), *,
                    data: str = "*bf16", num_warps: int = 4, capability: int = 90,
-                   maxnreg: int | None = None):
+                   maxnreg: int | None = None, num_stages: int | None = None):
     """``fn`` (a ``triton.jit`` function) compiled for ``sm_<capability>`` (``maxnreg``: a
-    cap on a thread's registers, where given): the arguments in
+    cap on a thread's registers, where given; ``num_stages``: the launch's software
+    pipelining depth, Triton's default where not given): the arguments in
     ``constexprs`` fixed, pointers of ``data``'s type unless ``pointers`` names another
     (``{"part_ptr": "*fp32"}``), the integer arguments named in ``unit`` the constant 1 (a
     unit stride, as a launch specialises it), the others 32-bit; pointers and integers
@@ -51,7 +52,8 @@ def compile_kernel(fn, constexprs: dict, pointers: dict, unit: tuple = (), *,
             if name not in ("dim", "seqlen"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
-    options = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    options = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
+               **({"num_stages": num_stages} if num_stages else {})}
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
