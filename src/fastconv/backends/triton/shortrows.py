@@ -221,9 +221,13 @@ def _backward_rows_kernel(x_ptr, init_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dh_ptr,
 #: kernels interleaved; results/seqconv/2026-12-07-rows/): the backward 1.25x / 1.12x /
 #: 1.14x shortconv.py's at widths 4 / 8 / 16 (1.04x at 2, 1.41x at b1 d8192 L16384 w4;
 #: 75.7 % of its byte floor at width 4 against 60.6 %); the forward only at width 16
-#: (1.04x), shortconv.py's column loads being 5-13 % faster at widths 2-8.
-TILES = {5: (None, (64, 128, 4, 1)), 9: (None, (64, 128, 4, 1)),
-         17: ((64, 64, 8, 1), (32, 128, 4, 1))}
+#: (1.04x), shortconv.py's column loads being 5-13 % faster at widths 2-8. The backward's
+#: widths 6-17 then took 8 warps (results/seqconv/2026-12-07-versions/, the same case, one
+#: process, Triton 3.6): 1.13x the 4-warp tile at widths 8 and 16 (52.1 % of the byte floor
+#: against 46.1 %, 31.3 % against 27.7 %). A cap of 128 registers gave 1.21x and 1.27x
+#: there, but spills 72-344 bytes at Triton 3.8 (tools.offline), so it is not taken.
+TILES = {5: (None, (64, 128, 4, 1)), 9: (None, (64, 128, 8, 1)),
+         17: ((64, 64, 8, 1), (32, 128, 8, 1))}
 
 
 def tiles(width: int) -> tuple:
