@@ -76,6 +76,22 @@ def test_long_conv1d_measured_route_is_kept_and_correct():
 def test_fused_fft_route_within_the_contract(dtype, batch, dim, seqlen, k, layout):
     """The fused FFT kernel compiled for the GPU (16-bit tensor-core products), forward and
     backward, against float64; and the route long_conv1d measured for the shape, correct."""
+    _check_fused_route(dtype, batch, dim, seqlen, k, layout)
+
+
+@pytest.mark.parametrize("batch, dim, seqlen, k, layout", [
+    (3, 130, 3001, 3001, "seqlen"), (1, 64, 4100, 7, "dim"), (2, 33, 8192, 5000, "seqlen")])
+def test_split_fft_route_within_the_contract(batch, dim, seqlen, k, layout):
+    """Past 4,096 points the fused route runs fftsplit's kernels (bf16 only)."""
+    from fastconv import longconv
+
+    assert longconv._fused_kernels(seqlen, k).__name__.endswith("fftsplit")
+    _check_fused_route(torch.bfloat16, batch, dim, seqlen, k, layout)
+
+
+def _check_fused_route(dtype, batch, dim, seqlen, k, layout):
+    """The fused route's forward and backward against float64 (real FFTs), deterministic,
+    and long_conv1d's measured route within the contract."""
     from fastconv import longconv
 
     x, w, b = _inputs(k, layout, batch, dim, seqlen)

@@ -867,6 +867,15 @@ def test_fused_fft_route_gradients_match_the_definition():
         assert _rel(mine.grad, ref.grad) < 1e-5
 
 
+def _long_grads(x, w, grad):
+    """(dx, dw) of long_conv1d's definition for the output gradient, float64 autograd."""
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    out = torch.zeros(xd.shape, dtype=torch.float64)
+    for j in range(w.shape[1]):
+        out = out + F.pad(wd[:, j, None] * xd[..., :x.shape[-1] - j], (j, 0))
+    return torch.autograd.grad(out, (xd, wd), grad.double())
+
+
 @pytest.mark.parametrize("batch, dim, seqlen, k, layout, need", [
     (3, 2, 37, 37, "seqlen", "both"), (2, 3, 129, 100, "dim", "both"),
     (1, 2, 300, 277, "seqlen", "dx"), (2, 2, 200, 5, "dim", "dw")])
@@ -884,11 +893,7 @@ def test_fused_fft_backward_kernel_matches_the_definition(monkeypatch, batch, di
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
         grad = grad.transpose(1, 2).contiguous().transpose(1, 2)
     w = torch.randn(dim, k, generator=g) / k ** 0.5
-    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
-    out = torch.zeros(batch, dim, seqlen, dtype=torch.float64)
-    for j in range(k):
-        out = out + F.pad(wd[:, j, None] * xd[..., :seqlen - j], (j, 0))
-    ref_dx, ref_dw = torch.autograd.grad(out, (xd, wd), grad.double())
+    ref_dx, ref_dw = _long_grads(x, w, grad)
     empty_like = torch.empty_like
     monkeypatch.setattr(torch, "empty_like",
                         lambda *a, **kw: empty_like(*a, **kw).fill_(float("nan")))
@@ -898,6 +903,90 @@ def test_fused_fft_backward_kernel_matches_the_definition(monkeypatch, batch, di
         assert dx.shape == x.shape and _rel(dx, ref_dx) < 1e-5
     if dw is not None:
         assert dw.shape == w.shape and _rel(dw, ref_dw) < 1e-5
+
+
+def _poisoned(monkeypatch):
+    """torch.empty and torch.empty_like fill what they make with NaN (an element a kernel
+    reads or returns without writing it fails the test)."""
+    empty, empty_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    monkeypatch.setattr(torch, "empty_like",
+                        lambda *a, **kw: empty_like(*a, **kw).fill_(float("nan")))
+
+
+@pytest.mark.parametrize("batch, dim, seqlen, k, bias, layout, bk", [
+    (2, 3, 200, 200, True, "seqlen", 32),  # M = 256: 16 x 16, one block
+    (1, 2, 137, 9, False, "dim", 32),  # one batch row (the pair's second masked)
+    (3, 2, 300, 277, True, "seqlen", 16),  # M = 512: 32 x 16, two blocks of 16 rows
+])
+def test_split_fft_kernel_matches_the_definition(monkeypatch, batch, dim, seqlen, k, bias,
+                                                 layout, bk):
+    """The two-halves FFT kernel (interpreter, float32 operands) at small sizes (the same
+    code runs past 4,096 points on a GPU) against float64, its buffers poisoned."""
+    from fastconv.backends.triton import fftsplit
+
+    monkeypatch.setattr(fftsplit, "BK", bk)
+    g = torch.Generator().manual_seed(seqlen + k + 1)
+    x = torch.randn(batch, dim, seqlen, generator=g)
+    if layout == "dim":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    w = torch.randn(dim, k, generator=g) / k ** 0.5
+    b = torch.randn(dim, generator=g) if bias else None
+    _poisoned(monkeypatch)
+    out = fftsplit.long_conv(x, w, b)
+    assert out.shape == x.shape and out.isfinite().all()
+    assert _rel(out, _long_reference(x, w, b)) < 1e-5
+
+
+@pytest.mark.parametrize("batch, dim, seqlen, k, layout, need, bk", [
+    (3, 2, 137, 100, "seqlen", "both", 32), (2, 2, 200, 200, "dim", "dx", 32),
+    (1, 2, 300, 277, "seqlen", "dw", 16), (2, 1, 260, 31, "dim", "both", 16)])
+def test_split_fft_backward_kernel_matches_the_definition(monkeypatch, batch, dim, seqlen, k,
+                                                          layout, need, bk):
+    """The two-halves backward kernel's dx and dw (interpreter, float32 operands) against
+    float64 autograd of the definition, x and the output gradient in either layout, the
+    buffers poisoned, only what is asked for."""
+    from fastconv.backends.triton import fftsplit
+
+    monkeypatch.setattr(fftsplit, "BK", bk)
+    g = torch.Generator().manual_seed(seqlen * k + 1)
+    x = torch.randn(batch, dim, seqlen, generator=g)
+    grad = torch.randn(batch, dim, seqlen, generator=g)
+    if layout == "dim":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+        grad = grad.transpose(1, 2).contiguous().transpose(1, 2)
+    w = torch.randn(dim, k, generator=g) / k ** 0.5
+    ref_dx, ref_dw = _long_grads(x, w, grad)
+    _poisoned(monkeypatch)
+    dx, dw = fftsplit.long_conv_backward(x, w, grad, need != "dw", need != "dx")
+    assert (dx is None) == (need == "dw") and (dw is None) == (need == "dx")
+    if dx is not None:
+        assert dx.shape == x.shape and _rel(dx, ref_dx) < 1e-5
+    if dw is not None:
+        assert dw.shape == w.shape and _rel(dw, ref_dw) < 1e-5
+
+
+def test_split_fft_route_takes_over_past_4096_points_for_bf16():
+    """fftsplit is offered where fftconv's transform would pass 4,096 points, up to seqlen
+    8,192, for bfloat16 only (fp16 has not run on a GPU); the fused route runs whichever
+    module holds the shape."""
+    from fastconv import longconv
+    from fastconv.backends.triton import fftconv, fftsplit
+
+    def x(seqlen, dtype=torch.bfloat16):
+        return torch.empty(2, 4, seqlen, dtype=dtype)
+
+    assert fftsplit.eligible(x(2049), 2049) and not fftconv.eligible(x(2049), 2049)
+    assert fftsplit.eligible(x(8192), 8192) and fftsplit.eligible(x(4097), 1)
+    assert not fftsplit.eligible(x(2048), 2048)  # 4,096 points: fftconv's
+    assert not fftsplit.eligible(x(8193), 8)  # a half of 16,384 points
+    assert not fftsplit.eligible(x(3000, torch.float16), 3000)
+    assert not fftsplit.eligible(x(3000, torch.float32), 3000)
+    assert longconv._fused_kernels(2048, 2048) is fftconv
+    assert longconv._fused_kernels(2049, 2049) is fftsplit
+    assert longconv._fused_kernels(4097, 1) is fftsplit
+    assert fftsplit.sizes(3000, 3000) == (4096, 64, 64, 64, 32)
+    assert fftsplit.sizes(200, 5) == (256, 16, 16, 16, 16)
 
 
 def test_fused_fft_route_is_offered_for_16_bit_inputs_up_to_4096_points():

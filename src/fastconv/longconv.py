@@ -1,6 +1,7 @@
 """Long causal depthwise convolutions (Hyena's implicit filters): ``long_conv1d``, a
 direct convolution, real FFTs of 7-smooth lengths, or on a GPU one fused Triton kernel
-(``backends.triton.fftconv``), whichever the GPU measured fastest for the shape."""
+(``backends.triton.fftconv``, or ``fftsplit`` past its size), whichever the GPU measured
+fastest for the shape."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def long_conv1d(x: torch.Tensor, weight: torch.Tensor,
     of two padding), in float32 (float64 for float64 inputs). On a GPU, 16-bit inputs whose
     ``seqlen + K − 1`` is at most 4,096 also have a fused FFT kernel (the transforms as
     matrix products on the tensor cores, x read once and the output written once; its
-    backward one kernel of the same transforms). The first call of each shape on a GPU
+    backward one kernel of the same transforms), and bfloat16 inputs past that, up to
+    ``seqlen`` 8,192, one that splits the transform into two halves of the same tiles
+    (``backends.triton.fftsplit``). The first call of each shape on a GPU
     times the routes and keeps the fastest (``LONG_CONV_CHOICES``); elsewhere, and while
     compiling, filters longer than ``DIRECT_MAX_K`` take the real FFTs. Differentiable in
     x, weight and bias.
@@ -100,30 +103,35 @@ def _fft(x, weight, bias):
     return out.to(x.dtype)
 
 
+def _fused_kernels(seqlen: int, k: int):
+    """The module of the fused kernels for the shape: ``fftconv`` (one transform of at
+    most ``fftconv.MAX_N`` points), else ``fftsplit`` (two halves)."""
+    from .backends.triton import fftconv, fftsplit
+
+    return fftconv if fftconv.transform_size(seqlen, k) <= fftconv.MAX_N else fftsplit
+
+
 class _FusedFFT(torch.autograd.Function):
-    """The fused kernels (``backends.triton.fftconv``): the forward, and a backward of the
-    same transforms (the input's gradient is the output gradient's correlation with the
-    filter, the filter's its correlation with x summed over the batch); the bias's
-    gradient is a sum."""
+    """The fused kernels (``_fused_kernels``): the forward, and a backward of the same
+    transforms (the input's gradient is the output gradient's correlation with the filter,
+    the filter's its correlation with x summed over the batch); the bias's gradient is a
+    sum."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        from .backends.triton import fftconv
-
         ctx.save_for_backward(x, weight)
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return fftconv.long_conv(x, weight, bias)
+        return _fused_kernels(x.shape[-1], weight.shape[1]).long_conv(x, weight, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        from .backends.triton import fftconv
-
         x, weight = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad
         dx = dw = db = None
         if need_dx or need_dw:
-            dx, dw = fftconv.long_conv_backward(x, weight, grad, need_dx, need_dw)
+            kernels = _fused_kernels(x.shape[-1], weight.shape[1])
+            dx, dw = kernels.long_conv_backward(x, weight, grad, need_dx, need_dw)
         if need_db:
             db = grad.sum((0, 2), dtype=accumulate_dtype(grad.dtype)).to(ctx.bias_dtype)
         return dx, dw, db
@@ -142,11 +150,11 @@ def _choose_route(x, weight, bias, key) -> str:
     if x.device.type != "cuda" or torch.compiler.is_compiling() \
             or torch.cuda.is_current_stream_capturing():
         return guess
-    from .backends.triton import fftconv
+    from .backends.triton import fftconv, fftsplit
     from .costs import time_costs
 
     names = (["direct"] if k <= TIMED_MAX_K else []) + ["fft"]
-    if fftconv.eligible(x, k):
+    if fftconv.eligible(x, k) or fftsplit.eligible(x, k):
         names.append("fused_fft")
     if len(names) == 1:
         return guess
