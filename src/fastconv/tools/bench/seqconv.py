@@ -52,7 +52,7 @@ CASES += [SeqCase(f"causal_b{b}_d{d}_l{n}_w{w}_cl", "causal", b, d, n, w, True)
                                   (8, 4096, 2048, (2, 4, 8, 16, 24, 64, 256)))
           for w in widths]
 CASES += [SeqCase(f"decode_b{b}_d4096_w4", "decode", b, 4096, 1, 4) for b in (1, 16, 256)]
-CASES += [SeqCase(f"long_b4_d768_l{n}", "long", 4, 768, n, n) for n in (1024, 2048, 4096,
+CASES += [SeqCase(f"long_b4_d768_l{n}", "long", 4, 768, n, n) for n in (1024, 2048, 4096, 8192,
                                                                       16384, 65536)]
 CASES += [SeqCase(f"packed_b8_d4096_l2048_w{w}", "packed", 8, 4096, 2048, w) for w in (4, 16)]
 
