@@ -184,9 +184,11 @@ def _paired_kernel(x_ptr, w_ptr, b_ptr, y_ptr, h_ptr,
     x_row = x_ptr + d * sx_d  # (pointers advanced row by row: no 32-bit batch offsets)
     y_row = y_ptr + d * sy_d
     for b in range(0, batch, 2):
-        two = b + 1 < batch
+        # the pair's second row (a mask as tl.where: Triton 3.9's interpreter refuses a
+        # scalar condition in &)
+        second = tl.where(b + 1 < batch, pos < seqlen, False)
         ar = tl.load(x_row + pos * sx_t, mask=pos < seqlen, other=0.0).to(DT)
-        ai = tl.load(x_row + sx_b + pos * sx_t, mask=(pos < seqlen) & two, other=0.0).to(DT)
+        ai = tl.load(x_row + sx_b + pos * sx_t, mask=second, other=0.0).to(DT)
         out_r = tl.zeros([R, N2], dtype=tl.float32)
         out_i = tl.zeros([R, N2], dtype=tl.float32)
         for j in range(N1 // BK):
@@ -210,7 +212,7 @@ def _paired_kernel(x_ptr, w_ptr, b_ptr, y_ptr, h_ptr,
         tl.store(y_row + pos * sy_t, (out_r + bias).to(y_ptr.dtype.element_ty),
                  mask=pos < seqlen)
         tl.store(y_row + sy_b + pos * sy_t, (out_i + bias).to(y_ptr.dtype.element_ty),
-                 mask=(pos < seqlen) & two)
+                 mask=second)
         x_row += 2 * sx_b
         y_row += 2 * sy_b
 
