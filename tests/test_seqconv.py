@@ -822,6 +822,15 @@ def _long_reference(x, w, b=None):
     return ref if b is None else ref + b.detach().double()[None, :, None]
 
 
+def _poisoned(monkeypatch):
+    """torch.empty and torch.empty_like fill what they make with NaN (an element a kernel
+    reads or returns without writing it fails the test)."""
+    empty, empty_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    monkeypatch.setattr(torch, "empty_like",
+                        lambda *a, **kw: empty_like(*a, **kw).fill_(float("nan")))
+
+
 @pytest.mark.parametrize("batch, dim, seqlen, k, bias, layout", [
     (2, 3, 37, 37, True, "seqlen"),  # N = 256: 16 x 16
     (1, 2, 200, 5, False, "seqlen"),  # a short filter, R = 16 rows of 16
@@ -840,9 +849,7 @@ def test_fused_fft_kernel_matches_the_definition(monkeypatch, batch, dim, seqlen
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
     w = torch.randn(dim, k, generator=g) / k ** 0.5
     b = torch.randn(dim, generator=g) if bias else None
-    empty_like = torch.empty_like
-    monkeypatch.setattr(torch, "empty_like",
-                        lambda *a, **kw: empty_like(*a, **kw).fill_(float("nan")))
+    _poisoned(monkeypatch)
     out = fftconv.long_conv(x, w, b)
     assert out.shape == x.shape and out.isfinite().all()
     assert _rel(out, _long_reference(x, w, b)) < 1e-5
@@ -894,24 +901,13 @@ def test_fused_fft_backward_kernel_matches_the_definition(monkeypatch, batch, di
         grad = grad.transpose(1, 2).contiguous().transpose(1, 2)
     w = torch.randn(dim, k, generator=g) / k ** 0.5
     ref_dx, ref_dw = _long_grads(x, w, grad)
-    empty_like = torch.empty_like
-    monkeypatch.setattr(torch, "empty_like",
-                        lambda *a, **kw: empty_like(*a, **kw).fill_(float("nan")))
+    _poisoned(monkeypatch)
     dx, dw = fftconv.long_conv_backward(x, w, grad, need != "dw", need != "dx")
     assert (dx is None) == (need == "dw") and (dw is None) == (need == "dx")
     if dx is not None:
         assert dx.shape == x.shape and _rel(dx, ref_dx) < 1e-5
     if dw is not None:
         assert dw.shape == w.shape and _rel(dw, ref_dw) < 1e-5
-
-
-def _poisoned(monkeypatch):
-    """torch.empty and torch.empty_like fill what they make with NaN (an element a kernel
-    reads or returns without writing it fails the test)."""
-    empty, empty_like = torch.empty, torch.empty_like
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
-    monkeypatch.setattr(torch, "empty_like",
-                        lambda *a, **kw: empty_like(*a, **kw).fill_(float("nan")))
 
 
 @pytest.mark.parametrize("batch, dim, seqlen, k, bias, layout, bk", [

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fftconv import MAX_N, MIN_N, split, transform_size
+from .fftconv import _DTYPES, MAX_N, MIN_N, split, transform_size
 from .launch import INTERPRETED, launch
 
 #: the largest half transform offered (measured up to seqlen 8,192)
@@ -328,9 +328,6 @@ def _matrices(n1: int, n2: int, rows: int, device: torch.device,
                           for i, mat in enumerate((f1, tw, g1, f1o, two, g1o, f2))
                           for t in (mat.real, mat.imag)]
     return _MATRICES[key]
-
-
-_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 def long_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
