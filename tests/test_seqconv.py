@@ -117,6 +117,52 @@ def test_chunks_carried_by_final_states_equal_one_call():
     assert _rel(torch.cat([first, second, third], -1), whole) < 1e-6
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_final_states_out_is_written_and_returned(packed):
+    """causal-conv1d's ``final_states_out``: the final states written into the buffer given
+    (strided as causal-conv1d allocates it: (batch, width - 1, dim) memory), which is
+    returned in their place; the same values and gradients as without it; with seq_idx too
+    (the packed route's states)."""
+    x, w, b, s = _inputs(3, 5, 13, 4, seed=11)
+    seq_idx = torch.tensor([[0] * 6 + [1] * 7] * 3, dtype=torch.int32) if packed else None
+    want_out, want_final = _reference(x, w, b, seq_idx, s, silu=True)
+    buffer = torch.full((3, 3, 5), float("nan")).transpose(1, 2)
+    xs = x.clone().requires_grad_()
+    out, final = fastconv.causal_conv1d(xs, w, b, seq_idx, s, True, "silu",
+                                        final_states_out=buffer)
+    assert final is buffer and not final.isnan().any()
+    assert _rel(out, want_out) < 1e-6 and _rel(final, want_final) < 1e-6
+    grad_out, grad_final = torch.randn(out.shape), torch.randn(final.shape)
+    got = torch.autograd.grad((out * grad_out).sum() + (final * grad_final).sum(), xs)[0]
+    xs = x.clone().requires_grad_()
+    out, final = fastconv.causal_conv1d(xs, w, b, seq_idx, s, True, "silu")
+    want = torch.autograd.grad((out * grad_out).sum() + (final * grad_final).sum(), xs)[0]
+    assert torch.equal(got, want) and got[..., -3:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda x, w: fastconv.causal_conv1d(x, w, final_states_out=torch.empty(2, 4, 3)),
+     "final_states_out: given with return_final_states=False"),
+    (lambda x, w: fastconv.causal_conv1d(x, w, return_final_states=True,
+                                         final_states_out=torch.empty(2, 4, 4)),
+     r"final_states_out: got \(2, 4, 4\); expected \(batch, dim, width - 1\)"),
+    (lambda x, w: fastconv.causal_conv1d(x, w, return_final_states=True,
+                                         final_states_out=torch.empty(2, 4, 3).half()),
+     "final_states_out: torch.float16 on cpu; expected torch.float32"),
+    (lambda x, w: fastconv.causal_conv1d(
+        x, w, return_final_states=True,
+        final_states_out=torch.empty(2, 4, 3, requires_grad=True)),
+     "final_states_out: a leaf tensor that requires grad"),
+    (lambda x, w: fastconv.causal_conv1d(x, w, None, None, None, True, torch.empty(2, 4, 3)),
+     "activation: got a tensor; .* pass final_states_out by keyword"),
+])
+def test_bad_final_states_out_names_what_is_wrong(call, match):
+    x = torch.randn(2, 4, 9)
+    w = torch.randn(4, 4)
+    with pytest.raises(ConvError, match=match):
+        call(x, w)
+
+
 @pytest.mark.parametrize("width", [2, 4, 6])
 def test_packed_sequences_never_mix(width):
     lengths = [[5, 1, 9, 2], [17]]
@@ -1048,18 +1094,21 @@ def test_causal_conv1d_compiles_fullgraph():
     pool = torch.randn(5, 4, 3)
     index = torch.tensor([3, -1], dtype=torch.int32)  # a state pool with a padded entry
 
-    def f(x, w, b, s, seq_idx, pool):
+    def f(x, w, b, s, seq_idx, pool, buffer):
         out, final = fastconv.causal_conv1d(x, w, b, initial_states=s,
                                             return_final_states=True, activation="silu")
-        packed = fastconv.causal_conv1d(x, w, b, seq_idx, activation="silu")
+        packed, into = fastconv.causal_conv1d(x, w, b, seq_idx, return_final_states=True,
+                                              activation="silu", final_states_out=buffer)
         step = fastconv.causal_conv1d_update(x[..., :2], pool, w, b, "silu", None, index)
-        return out, final, packed, step, pool
-    eager = f(x, w, b, s, seq_idx, pool.clone())
+        return out, final, packed, step, pool, into
+    eager = f(x, w, b, s, seq_idx, pool.clone(), torch.empty(2, 4, 3))
+    buffer = torch.full((2, 4, 3), float("nan"))
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        compiled = torch.compile(f, fullgraph=True)(x, w, b, s, seq_idx, pool.clone())
+        compiled = torch.compile(f, fullgraph=True)(x, w, b, s, seq_idx, pool.clone(), buffer)
     for a, c in zip(eager, compiled):
         assert _rel(c, a) < 1e-6
+    assert torch.equal(buffer, eager[5])  # (the buffer given, written)
     assert not compiled[3][1].any() and torch.equal(compiled[4][[0, 1, 2, 4]], pool[[0, 1, 2, 4]])
     # the routes ask whether they are traced before anything else (Dynamo warned that it
     # traced kernel_device()'s lru_cache)

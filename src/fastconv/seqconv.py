@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from . import seq_ops
 from .devices import elsewhere
+from .errors import ConvError
 from .functional import _autocast, conv1d
 from .precision import parse
 from .seqargs import (
@@ -102,7 +103,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   seq_idx: torch.Tensor | None = None,
                   initial_states: torch.Tensor | None = None,
                   return_final_states: bool = False, activation: str | None = None, *,
-                  precision: str | None = None):
+                  final_states_out: torch.Tensor | None = None, precision: str | None = None):
     """Causal depthwise 1-D convolution: ``out[:, d, t] = act(bias[d] + Σ_k weight[d, k] ·
     x[:, d, t − (width − 1) + k])``, positions before the start reading ``initial_states``
     (zeros without them).
@@ -119,6 +120,10 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return_final_states: also return the ``(batch, dim, width − 1)`` inputs a next chunk
             of the row's last sequence reads (zeros where they belong to another sequence).
         activation: None, ``"silu"`` or ``"swish"`` (the same).
+        final_states_out: optional ``(batch, dim, width − 1)`` tensor of the output's dtype,
+            any strides, with ``return_final_states``: the final states are written into it
+            and it is returned in their place (causal-conv1d's argument, keyword-only here:
+            causal-conv1d passes it before ``activation``).
         precision: as :func:`fastconv.conv1d`'s, for the route through it (float32 data; the
             kernels' routes multiply-add in float32 whatever it says).
 
@@ -131,18 +136,48 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if device is not None:  # (its kernels run on the current device: fastconv.devices)
         with torch.cuda.device(device):
             return causal_conv1d(x, weight, bias, seq_idx, initial_states, return_final_states,
-                                 activation, precision=precision)
+                                 activation, final_states_out=final_states_out,
+                                 precision=precision)
     check_x(x)
     x = readable(x)
     dim = x.shape[1]
     width = check_weight(weight, dim, x)
     check_bias(bias, dim, x)
+    if isinstance(activation, torch.Tensor):
+        raise ConvError("activation: got a tensor; causal_conv1d's seventh argument is the "
+                        "activation (None, 'silu' or 'swish'): pass final_states_out by "
+                        "keyword (causal-conv1d's order puts it seventh)")
     act = activation_name(activation)
     if precision is not None:
         parse(precision)
     x, weight, bias, initial_states = _in_dtypes(x, weight, bias, initial_states)
     if initial_states is not None:
         _check_states(initial_states, x, width, "initial_states")
+    if final_states_out is not None:
+        _check_states_out(final_states_out, x, width, return_final_states)
+        out, final = _causal_conv1d(x, weight, bias, seq_idx, initial_states, True, act, width,
+                                    precision)
+        final_states_out.copy_(final)
+        return out, final_states_out
+    return _causal_conv1d(x, weight, bias, seq_idx, initial_states, return_final_states, act,
+                          width, precision)
+
+
+def _check_states_out(final_states_out, x: torch.Tensor, width: int,
+                      return_final_states: bool) -> None:
+    if not return_final_states:
+        raise ConvError("final_states_out: given with return_final_states=False; it is "
+                        "written only where the final states are returned")
+    _check_states(final_states_out, x, width, "final_states_out")
+    if final_states_out.requires_grad and final_states_out.is_leaf:
+        raise ConvError("final_states_out: a leaf tensor that requires grad; the final "
+                        "states are written into it in place")
+
+
+def _causal_conv1d(x, weight, bias, seq_idx, initial_states, return_final_states: bool,
+                   act: str, width: int, precision: str | None):
+    """:func:`causal_conv1d` of checked operands in their computing dtypes."""
+    dim = x.shape[1]
     if seq_idx is not None:
         _check_seq_idx(seq_idx, x)
         return _packed(x, weight, bias, seq_idx, initial_states, return_final_states, act)
