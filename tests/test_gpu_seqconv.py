@@ -79,14 +79,16 @@ def test_fused_fft_route_within_the_contract(dtype, batch, dim, seqlen, k, layou
     _check_fused_route(dtype, batch, dim, seqlen, k, layout)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch, dim, seqlen, k, layout", [
     (3, 130, 3001, 3001, "seqlen"), (1, 64, 4100, 7, "dim"), (2, 33, 8192, 5000, "seqlen")])
-def test_split_fft_route_within_the_contract(batch, dim, seqlen, k, layout):
-    """Past 4,096 points the fused route runs fftsplit's kernels (bf16 only)."""
+def test_split_fft_route_within_the_contract(batch, dim, seqlen, k, layout, dtype):
+    """Past 4,096 points the fused route runs fftsplit's kernels (offered for bf16 only:
+    float16's rows check the kernels before ``fftsplit.eligible`` takes it)."""
     from fastconv import longconv
 
     assert longconv._fused_kernels(seqlen, k).__name__.endswith("fftsplit")
-    _check_fused_route(torch.bfloat16, batch, dim, seqlen, k, layout)
+    _check_fused_route(dtype, batch, dim, seqlen, k, layout)
 
 
 def _check_fused_route(dtype, batch, dim, seqlen, k, layout):
