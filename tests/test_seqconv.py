@@ -781,6 +781,96 @@ def test_update_circular_buffer_and_state_pool():
         assert torch.equal(pool[3, :, t % 4], x[0, :, t])
 
 
+def _varlen_states_reference(x, cu_seqlens, state_len):
+    """causal-conv1d's definition, a loop over sequences and state positions."""
+    batch = len(cu_seqlens) - 1
+    states = torch.zeros(batch, x.shape[1], state_len, dtype=torch.float64)
+    for i in range(batch):
+        start, end = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
+        for j in range(state_len):
+            row = end - state_len + j
+            if start <= row < end:
+                states[i, :, j] = x[row].double()
+    return states
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_varlen_states_are_each_sequence_s_last_inputs(dtype, index_dtype):
+    """causal_conv1d_varlen_states: sequences longer and shorter than the state, an empty
+    one, x a slice of a wider buffer (a projection's output), the result dim-contiguous in
+    x's dtype with every position written; the gradient x receives is the states' own."""
+    g = torch.Generator().manual_seed(13)
+    wide = torch.randn(29, 11, generator=g).to(dtype)
+    x = wide[:, 2:9]  # (total_tokens 29, dim 7), rows 11 apart
+    cu = torch.tensor([0, 9, 11, 11, 20, 29], dtype=index_dtype)
+    got = fastconv.causal_conv1d_varlen_states(x, cu, 5)
+    assert got.shape == (5, 7, 5) and got.dtype == dtype and got.stride(1) == 1
+    assert torch.equal(got.double(), _varlen_states_reference(x, cu, 5))
+    past = torch.tensor([0, 27, 31], dtype=index_dtype)  # rows 29 and 30 are outside x
+    assert torch.equal(fastconv.causal_conv1d_varlen_states(x, past, 5)[1].double(),
+                       torch.cat([torch.zeros(7, 1), x[27:29].T.double(),
+                                  torch.zeros(7, 2)], 1))
+    leaf = x.float().detach().requires_grad_()
+    weights = torch.randn(5, 7, 5, generator=g)
+    grad = torch.autograd.grad((fastconv.causal_conv1d_varlen_states(leaf, cu, 5)
+                                * weights).sum(), leaf)[0]
+    want = torch.zeros(29, 7)
+    for i in range(5):
+        for j in range(5):
+            row = int(cu[i + 1]) - 5 + j
+            if int(cu[i]) <= row:
+                want[row] += weights[i, :, j]
+    assert torch.equal(grad, want)
+
+
+def test_varlen_states_carry_a_packed_prefill_into_decode():
+    """A packed prefill (causal_conv1d with seq_idx), each sequence's states from
+    causal_conv1d_varlen_states, then one decode step per sequence: as each sequence run
+    alone with its next token."""
+    g = torch.Generator().manual_seed(17)
+    dim, width = 6, 4
+    lengths = [7, 2, 5]
+    total = sum(lengths)
+    x = torch.randn(total + len(lengths), dim, generator=g)  # the prefill, then next tokens
+    w, b = torch.randn(dim, width, generator=g), torch.randn(dim, generator=g)
+    cu = torch.tensor([0, 7, 9, 14], dtype=torch.int32)
+    seq_idx = torch.repeat_interleave(torch.arange(3, dtype=torch.int32),
+                                      torch.tensor(lengths)).unsqueeze(0)
+    prefill = fastconv.causal_conv1d(x[:total].T.unsqueeze(0), w, b, seq_idx,
+                                     activation="silu")[0]
+    states = fastconv.causal_conv1d_varlen_states(x[:total], cu, width - 1)
+    step = fastconv.causal_conv1d_update(x[total:], states, w, b, "silu")
+    for i in range(len(lengths)):
+        start, end = int(cu[i]), int(cu[i + 1])
+        alone = torch.cat([x[start:end], x[total + i:total + i + 1]]).T
+        want = fastconv.causal_conv1d(alone.unsqueeze(0).contiguous(), w, b,
+                                      activation="silu")[0]
+        assert _rel(prefill[:, start:end], want[:, :-1]) < 1e-6
+        assert _rel(step[i], want[:, -1]) < 1e-6
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda x, cu: fastconv.causal_conv1d_varlen_states(x.unsqueeze(0), cu, 3),
+     r"x: got .*expected a floating \(total_tokens, dim\)"),
+    (lambda x, cu: fastconv.causal_conv1d_varlen_states(x.int(), cu, 3), "x: got"),
+    (lambda x, cu: fastconv.causal_conv1d_varlen_states(x, cu.float(), 3),
+     r"cu_seqlens: got .*expected \(batch \+ 1,\) int32 or int64"),
+    (lambda x, cu: fastconv.causal_conv1d_varlen_states(x, cu[:0], 3), "cu_seqlens: got"),
+    (lambda x, cu: fastconv.causal_conv1d_varlen_states(x, cu.view(1, -1), 3),
+     "cu_seqlens: got"),
+    (lambda x, cu: fastconv.causal_conv1d_varlen_states(x, cu, 0),
+     "state_len: got 0; expected an int >= 1"),
+    (lambda x, cu: fastconv.causal_conv1d_varlen_states(x, cu, True), "state_len: got True"),
+    (lambda x, cu: fastconv.causal_conv1d_varlen_states(x, cu, 2.0), "state_len: got 2.0"),
+])
+def test_bad_varlen_states_arguments_name_what_is_wrong(call, match):
+    x = torch.randn(9, 4)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    with pytest.raises(ConvError, match=match):
+        call(x, cu)
+
+
 @pytest.mark.parametrize("route", ["kernel", "circular", "tokens"])
 @pytest.mark.parametrize("index", [[3, -1, 1, 5], [0, -1, 7, 2], [-1, -2, 9, 6]])
 def test_update_pads_entries_whose_pool_index_is_outside_the_pool(route, index):
@@ -1100,7 +1190,9 @@ def test_causal_conv1d_compiles_fullgraph():
         packed, into = fastconv.causal_conv1d(x, w, b, seq_idx, return_final_states=True,
                                               activation="silu", final_states_out=buffer)
         step = fastconv.causal_conv1d_update(x[..., :2], pool, w, b, "silu", None, index)
-        return out, final, packed, step, pool, into
+        states = fastconv.causal_conv1d_varlen_states(x[0].T, cu_seqlens, 3)
+        return out, final, packed, step, pool, into, states
+    cu_seqlens = torch.tensor([0, 5, 6, 11], dtype=torch.int32)
     eager = f(x, w, b, s, seq_idx, pool.clone(), torch.empty(2, 4, 3))
     buffer = torch.full((2, 4, 3), float("nan"))
     with warnings.catch_warnings(record=True) as said:

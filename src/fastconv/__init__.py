@@ -8,7 +8,7 @@ by those who use them.
 import importlib
 
 from . import dispatch, nn
-from .decode import causal_conv1d_update
+from .decode import causal_conv1d_update, causal_conv1d_varlen_states
 from .env import __version__
 from .epilogue import ACTIVATIONS, Epilogue
 from .errors import ConvError, ConvTypeError, NotSupported
@@ -30,7 +30,8 @@ from .seqconv import causal_conv1d
 
 __all__ = [
     "ACTIVATIONS", "ConvError", "ConvProblem", "ConvTypeError", "Epilogue", "NotSupported",
-    "Precision", "TOLERANCE", "causal_conv1d", "causal_conv1d_update", "conv1d", "conv2d",
+    "Precision", "TOLERANCE", "causal_conv1d", "causal_conv1d_update",
+    "causal_conv1d_varlen_states", "conv1d", "conv2d",
     "conv_bn_act1d", "conv_bn_act2d", "conv_transpose1d", "conv_transpose2d",
     "__version__", "compile", "dispatch", "explain", "growth", "long_conv1d", "nn", "optimize",
 ]

@@ -3,7 +3,8 @@
 (``backends/triton/decode.py``: the window's dot product in float32, SiLU, the state rows
 shifted in place, a state pool's rows by index); several tokens, a circular state, autograd
 and torch.compile's tracing take torch operations. Neither synchronises the host: both
-capture in a CUDA graph."""
+capture in a CUDA graph. ``causal_conv1d_varlen_states`` gives packed sequences' states
+after their prefill."""
 
 from __future__ import annotations
 
@@ -97,6 +98,52 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     if used is not None:
         out = torch.where(used.view(-1, 1, 1), out, 0)  # a padded entry's output: zeros
     return out.squeeze(-1) if one else out
+
+
+def causal_conv1d_varlen_states(x: torch.Tensor, cu_seqlens: torch.Tensor,
+                                state_len: int) -> torch.Tensor:
+    """The decode states of packed sequences after their prefill (causal-conv1d's function
+    of the name, as Mamba-2's variable-length inference calls it): each sequence's last
+    ``state_len`` inputs, zeros before its start, ready for :func:`causal_conv1d_update`.
+
+    Args:
+        x: ``(total_tokens, dim)``, the sequences one after another (any strides: a slice
+            of a wider projection's output too).
+        cu_seqlens: ``(batch + 1,)`` int32 or int64 on x's device, non-decreasing from 0 to
+            at most ``total_tokens``: sequence ``i`` is rows ``cu_seqlens[i]`` to
+            ``cu_seqlens[i + 1] − 1``. Its values stay on the device (no host
+            synchronisation: the call captures in a CUDA graph); rows it names outside x
+            read as zeros.
+        state_len: the states' length, ≥ 1 (usually ``width − 1`` or the state pool's).
+
+    Returns ``(batch, dim, state_len)`` in x's dtype, dim-contiguous (causal-conv1d's
+    layout): ``states[i, :, j] = x[cu_seqlens[i + 1] − state_len + j]`` where that row is
+    in sequence ``i``, else 0. Torch operations: differentiable in x, and traced by
+    torch.compile.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point() \
+            or x.shape[1] == 0:
+        raise ConvError(f"x: got {described(x)}; expected a floating (total_tokens, dim) "
+                        f"tensor with dim > 0")
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 \
+            or cu_seqlens.numel() == 0 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ConvError(f"cu_seqlens: got {described(cu_seqlens)}; expected (batch + 1,) "
+                        f"int32 or int64")
+    if cu_seqlens.device != x.device:
+        raise ConvError(f"cu_seqlens: on {cu_seqlens.device}; expected x's {x.device}")
+    if isinstance(state_len, bool) or not isinstance(state_len, int) or state_len < 1:
+        raise ConvError(f"state_len: got {state_len!r}; expected an int >= 1")
+    total, dim = x.shape
+    batch = cu_seqlens.numel() - 1
+    ends = cu_seqlens[1:].long().unsqueeze(1)
+    rows = ends - state_len + torch.arange(state_len, device=x.device)  # (batch, state_len)
+    inside = (rows >= cu_seqlens[:-1].long().unsqueeze(1)) & (rows >= 0) & (rows < total)
+    if total == 0:
+        states = x.new_zeros(batch, state_len, dim)
+    else:
+        picked = x.index_select(0, rows.clamp(0, total - 1).flatten())
+        states = torch.where(inside.unsqueeze(-1), picked.view(batch, state_len, dim), 0)
+    return states.transpose(1, 2)
 
 
 def _pool_writes(index, used, rows, new):
