@@ -1039,6 +1039,46 @@ def test_eager_calls_with_autograd_take_torchs_convolution_untimed(monkeypatch):
     plans.clear_plans()
 
 
+def test_a_graph_choice_never_loses_to_aten_on_warm_operands():
+    """The CUDA-graph ranking takes a candidate over aten only where its GPU time on the
+    call's own operands is within WARM_TOLERANCE of aten's: a tile faster on rotated
+    operands but slower on warm ones gives way to aten, then to the next candidate that
+    passes; the eager ranking (GPU + host) is unchanged, and without an aten row nothing
+    is left out."""
+    from fastconv.dispatch import policy
+    from fastconv.dispatch.timing import Row
+
+    assert policy.WARM_TOLERANCE == 0.02
+    aten = Row("aten", None, gpu_ms=0.0154, host_ms=0.010, graph_ms=0.0171)
+    tile = Row("triton", "t", gpu_ms=0.0182, host_ms=0.004, graph_ms=0.0160)  # warm: 1.18x
+    near = Row("triton", "n", gpu_ms=0.0157, host_ms=0.004, graph_ms=0.0165)  # within 2 %
+    far = Row("cudnn", 3, gpu_ms=0.0158, host_ms=0.004, graph_ms=0.0150)  # 2.6 % slower warm
+    assert policy.best([aten, tile], True).backend == "aten"
+    assert policy.best([tile, near, aten], True).config == "n"
+    assert policy.best([far, aten], True).backend == "aten"
+    assert policy.best([aten, tile], False).config == "t"  # 0.0222 against 0.0254 eagerly
+    assert policy.best([tile, near], True).config == "t"  # no aten row: graph time alone
+    assert policy.warm_losers([aten, tile, near, far]) == [tile, far]  # (explain notes them)
+    broken = Row("aten", None, gpu_ms=0.0154, host_ms=0.010)  # its capture failed
+    assert policy.best([broken, tile], True).config == "t"
+
+
+def test_explain_notes_a_candidate_left_out_for_losing_on_warm_operands(monkeypatch):
+    """explain's graph ranking marks the rows the warm-operand rule left out, and the
+    choice is aten's."""
+    from fastconv.dispatch.timing import Row
+
+    rows = [Row("aten", None, gpu_ms=0.0154, host_ms=0.01, graph_ms=0.0171),
+            Row("triton", "t", gpu_ms=0.0182, host_ms=0.004, graph_ms=0.0160)]
+    monkeypatch.setattr(dispatch.store, "CACHE", plancache.PlanCache())
+    monkeypatch.setattr(dispatch.timing, "benchmark", lambda *args, **kwargs: rows)
+    with dispatch.settings(graph=True):
+        found = dispatch.explain(_problem(), mode="benchmark", run=lambda *a: None)
+    assert found.choice.backend == "aten"
+    assert rows[1].note == "slower than aten on warm operands: not taken for a CUDA graph"
+    assert "slower than aten on warm operands" in str(found)
+
+
 def test_an_upgrades_final_timing_retimes_only_rows_that_could_still_win():
     """``upgrades.contenders``: timed rows within RETIME_FACTOR of the best in either the
     eager (GPU + host) or the CUDA-graph ranking; an untimed row is not one."""

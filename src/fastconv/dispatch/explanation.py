@@ -79,5 +79,10 @@ def explain(problem: ConvProblem, backend: str = "auto", *, mode: str | None = N
             choice = Choice("none", None)
     for r in rows:
         r.chosen = r.backend == choice.backend and r.config == choice.config
+    if graph:
+        graphed = [r for r in rows if r.timed and r.graph_ms is not None]
+        for r in policy.warm_losers(graphed or rows):
+            r.note = "; ".join(filter(None, (r.note, "slower than aten on warm operands: "
+                                             "not taken for a CUDA graph")))
     return Explanation(problem, mode, op, rows, choice, graph,
                        provisional=key in upgrades.UPGRADES)
