@@ -979,14 +979,21 @@ def test_fused_fft_kernel_matches_the_definition(monkeypatch, batch, dim, seqlen
     buffer poisoned so that an element it does not write fails the test."""
     from fastconv.backends.triton import fftconv
 
-    g = torch.Generator().manual_seed(seqlen + k)
+    _check_forward_kernel(monkeypatch, fftconv, seqlen + k, batch, dim, seqlen, k, bias,
+                          layout)
+
+
+def _check_forward_kernel(monkeypatch, kernels, seed, batch, dim, seqlen, k, bias, layout):
+    """``kernels.long_conv`` against float64, x in the layout, its buffers poisoned so that
+    an element it does not write fails the check."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, dim, seqlen, generator=g)
     if layout == "dim":
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
     w = torch.randn(dim, k, generator=g) / k ** 0.5
     b = torch.randn(dim, generator=g) if bias else None
     _poisoned(monkeypatch)
-    out = fftconv.long_conv(x, w, b)
+    out = kernels.long_conv(x, w, b)
     assert out.shape == x.shape and out.isfinite().all()
     assert _rel(out, _long_reference(x, w, b)) < 1e-5
 
@@ -1029,7 +1036,15 @@ def test_fused_fft_backward_kernel_matches_the_definition(monkeypatch, batch, di
     gradient transposed: not contiguous), the buffers poisoned, only what is asked for."""
     from fastconv.backends.triton import fftconv
 
-    g = torch.Generator().manual_seed(seqlen * k)
+    _check_backward_kernel(monkeypatch, fftconv, seqlen * k, batch, dim, seqlen, k, layout,
+                           need)
+
+
+def _check_backward_kernel(monkeypatch, kernels, seed, batch, dim, seqlen, k, layout, need):
+    """``kernels.long_conv_backward``'s dx and dw against float64 autograd of the
+    definition: x and the output gradient in the layout, the buffers poisoned, only what
+    ``need`` asks for."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, dim, seqlen, generator=g)
     grad = torch.randn(batch, dim, seqlen, generator=g)
     if layout == "dim":
@@ -1038,7 +1053,7 @@ def test_fused_fft_backward_kernel_matches_the_definition(monkeypatch, batch, di
     w = torch.randn(dim, k, generator=g) / k ** 0.5
     ref_dx, ref_dw = _long_grads(x, w, grad)
     _poisoned(monkeypatch)
-    dx, dw = fftconv.long_conv_backward(x, w, grad, need != "dw", need != "dx")
+    dx, dw = kernels.long_conv_backward(x, w, grad, need != "dw", need != "dx")
     assert (dx is None) == (need == "dw") and (dw is None) == (need == "dx")
     if dx is not None:
         assert dx.shape == x.shape and _rel(dx, ref_dx) < 1e-5
@@ -1058,16 +1073,8 @@ def test_split_fft_kernel_matches_the_definition(monkeypatch, batch, dim, seqlen
     from fastconv.backends.triton import fftsplit
 
     monkeypatch.setattr(fftsplit, "BK", bk)
-    g = torch.Generator().manual_seed(seqlen + k + 1)
-    x = torch.randn(batch, dim, seqlen, generator=g)
-    if layout == "dim":
-        x = x.transpose(1, 2).contiguous().transpose(1, 2)
-    w = torch.randn(dim, k, generator=g) / k ** 0.5
-    b = torch.randn(dim, generator=g) if bias else None
-    _poisoned(monkeypatch)
-    out = fftsplit.long_conv(x, w, b)
-    assert out.shape == x.shape and out.isfinite().all()
-    assert _rel(out, _long_reference(x, w, b)) < 1e-5
+    _check_forward_kernel(monkeypatch, fftsplit, seqlen + k + 1, batch, dim, seqlen, k, bias,
+                          layout)
 
 
 @pytest.mark.parametrize("batch, dim, seqlen, k, layout, need, bk", [
@@ -1081,21 +1088,8 @@ def test_split_fft_backward_kernel_matches_the_definition(monkeypatch, batch, di
     from fastconv.backends.triton import fftsplit
 
     monkeypatch.setattr(fftsplit, "BK", bk)
-    g = torch.Generator().manual_seed(seqlen * k + 1)
-    x = torch.randn(batch, dim, seqlen, generator=g)
-    grad = torch.randn(batch, dim, seqlen, generator=g)
-    if layout == "dim":
-        x = x.transpose(1, 2).contiguous().transpose(1, 2)
-        grad = grad.transpose(1, 2).contiguous().transpose(1, 2)
-    w = torch.randn(dim, k, generator=g) / k ** 0.5
-    ref_dx, ref_dw = _long_grads(x, w, grad)
-    _poisoned(monkeypatch)
-    dx, dw = fftsplit.long_conv_backward(x, w, grad, need != "dw", need != "dx")
-    assert (dx is None) == (need == "dw") and (dw is None) == (need == "dx")
-    if dx is not None:
-        assert dx.shape == x.shape and _rel(dx, ref_dx) < 1e-5
-    if dw is not None:
-        assert dw.shape == w.shape and _rel(dw, ref_dw) < 1e-5
+    _check_backward_kernel(monkeypatch, fftsplit, seqlen * k + 1, batch, dim, seqlen, k,
+                           layout, need)
 
 
 def test_split_fft_route_takes_over_past_4096_points_for_bf16():
